@@ -1,0 +1,187 @@
+"""ModelSpec / LayerGraph: a model's architecture from its HF config alone (no weights).
+
+Every linear layer is listed under its HF module path with its role (q, k, v, qkv, o, gate,
+up, down, lm_head), block index and shape, plus the groups a serving runtime fuses (q/k/v
+into one GEMM, gate/up into one GEMM) so the search can make them share a choice. The same
+names address the modules of a loaded transformers model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplan.errors import ModelConfigError
+
+# model_type -> family. Families share a module layout.
+_FAMILIES = {
+    "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
+    "gemma": "llama", "gemma2": "llama", "gemma3_text": "llama", "gpt_neox": "gpt_neox",
+}
+_MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx",
+              "jamba", "olmoe", "phimoe", "gpt_oss", "llama4"}
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "down", "lm_head")
+
+
+@dataclass(frozen=True)
+class LinearLayer:
+    """One linear layer: y = x @ W.T with W of shape [out_features, in_features]."""
+
+    name: str
+    role: str
+    block: int  # transformer block index; -1 for lm_head
+    in_features: int
+    out_features: int
+    fuse_group: str  # layers with the same group run as one GEMM in serving runtimes
+
+    @property
+    def params(self) -> int:
+        return self.in_features * self.out_features
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture facts the cost model and the search need."""
+
+    model_type: str
+    family: str
+    hidden: int
+    intermediate: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    tie_embeddings: bool
+    gated_mlp: bool
+    dtype: str
+    layers: tuple[LinearLayer, ...] = field(repr=False)
+    name: str = ""
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], name: str = "") -> ModelSpec:
+        """Build from a parsed HF config.json. Raises ModelConfigError for MoE/unknown types."""
+        if not isinstance(cfg, dict):
+            raise ModelConfigError("config.json must hold a JSON object")
+        model_type = str(cfg.get("model_type", "")).lower()
+        if "text_config" in cfg and model_type not in _FAMILIES:
+            return cls.from_config(cfg["text_config"], name)
+        if model_type in _MOE_TYPES or any((cfg.get(k) or 0) > 1 for k in _MOE_KEYS):
+            raise ModelConfigError(
+                f"'{model_type}' is a mixture-of-experts model; autoplan does not plan MoE models "
+                "yet. Use a dense model (Llama, Mistral, Qwen2/3, Gemma, GPT-NeoX)"
+            )
+        if model_type not in _FAMILIES:
+            raise ModelConfigError(
+                f"unsupported model_type '{model_type or '(missing)'}' in config; supported: "
+                f"{', '.join(sorted(_FAMILIES))}"
+            )
+        try:
+            hidden = int(cfg["hidden_size"])
+            n_layers = int(cfg["num_hidden_layers"])
+            n_heads = int(cfg["num_attention_heads"])
+            intermediate = int(cfg["intermediate_size"])
+            vocab = int(cfg["vocab_size"])
+        except KeyError as exc:
+            raise ModelConfigError(f"config.json lacks required key {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ModelConfigError(f"config.json has a non-integer size: {exc}") from None
+        n_kv = int(cfg.get("num_key_value_heads") or n_heads)
+        head_dim = int(cfg.get("head_dim") or hidden // n_heads)
+        if min(hidden, n_layers, n_heads, intermediate, vocab, n_kv, head_dim) <= 0:
+            raise ModelConfigError("config.json sizes must be positive integers")
+        if n_heads % n_kv:
+            raise ModelConfigError(f"num_attention_heads {n_heads} is not a multiple of "
+                                   f"num_key_value_heads {n_kv}")
+        family = _FAMILIES[model_type]
+        tie = bool(cfg.get("tie_word_embeddings", family == "llama" and model_type == "gemma"))
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        builder = _llama_layers if family == "llama" else _neox_layers
+        layers = builder(n_layers, hidden, intermediate, n_heads * head_dim, n_kv * head_dim, vocab)
+        return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv, head_dim,
+                   vocab, tie, family == "llama", dtype, tuple(layers), name)
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> ModelSpec:
+        """Read a config.json file, or the config.json inside an HF model folder."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        if not p.is_file():
+            raise ModelConfigError(f"no config.json at '{path}': pass an HF model folder or a "
+                                   "config.json file")
+        try:
+            cfg = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelConfigError(f"{p} is not valid JSON: {exc}") from None
+        return cls.from_config(cfg, name=p.parent.name if p.name == "config.json" else p.stem)
+
+    # ---- derived facts ---------------------------------------------------------------------
+    def layer(self, name: str) -> LinearLayer:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(name)
+
+    @property
+    def linear_params(self) -> int:
+        """Parameters in linear layers, lm_head included."""
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def total_params(self) -> int:
+        """Unique parameters (a tied lm_head shares the embedding matrix)."""
+        norms = (2 * self.n_layers + 1) * self.hidden
+        lm_head = self.vocab * self.hidden if not self.tie_embeddings else 0
+        return self.linear_params - self.vocab * self.hidden + lm_head + self.embedding_params + norms
+
+    def kv_bytes_per_token(self, kv_bytes: float = 2.0) -> float:
+        """KV-cache bytes per token of context: 2 (K and V) x layers x kv heads x head_dim."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * kv_bytes
+
+
+def _llama_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: int,
+                  vocab: int) -> list[LinearLayer]:
+    out: list[LinearLayer] = []
+    for i in range(n_layers):
+        attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        qkv, gate_up = f"model.layers.{i}.qkv", f"model.layers.{i}.gate_up"
+        out += [
+            LinearLayer(f"{attn}.q_proj", "q", i, hidden, q_out, qkv),
+            LinearLayer(f"{attn}.k_proj", "k", i, hidden, kv_out, qkv),
+            LinearLayer(f"{attn}.v_proj", "v", i, hidden, kv_out, qkv),
+            LinearLayer(f"{attn}.o_proj", "o", i, q_out, hidden, f"{attn}.o_proj"),
+            LinearLayer(f"{mlp}.gate_proj", "gate", i, hidden, inter, gate_up),
+            LinearLayer(f"{mlp}.up_proj", "up", i, hidden, inter, gate_up),
+            LinearLayer(f"{mlp}.down_proj", "down", i, inter, hidden, f"{mlp}.down_proj"),
+        ]
+    out.append(LinearLayer("lm_head", "lm_head", -1, hidden, vocab, "lm_head"))
+    return out
+
+
+def _neox_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: int,
+                 vocab: int) -> list[LinearLayer]:
+    out: list[LinearLayer] = []
+    for i in range(n_layers):
+        attn, mlp = f"gpt_neox.layers.{i}.attention", f"gpt_neox.layers.{i}.mlp"
+        out += [
+            LinearLayer(f"{attn}.query_key_value", "qkv", i, hidden, q_out + 2 * kv_out,
+                        f"{attn}.query_key_value"),
+            LinearLayer(f"{attn}.dense", "o", i, q_out, hidden, f"{attn}.dense"),
+            LinearLayer(f"{mlp}.dense_h_to_4h", "up", i, hidden, inter, f"{mlp}.dense_h_to_4h"),
+            LinearLayer(f"{mlp}.dense_4h_to_h", "down", i, inter, hidden, f"{mlp}.dense_4h_to_h"),
+        ]
+    out.append(LinearLayer("embed_out", "lm_head", -1, hidden, vocab, "embed_out"))
+    return out
+
+
+__all__ = ["LinearLayer", "ModelSpec", "ROLES"]
