@@ -1,17 +1,19 @@
 """Hardware target catalog: one TOML file per target in autoplan/data/targets/,
-validated into frozen pydantic models. Unknown keys are rejected; every figure has a source.
+validated into frozen pydantic models. Unknown keys are rejected; every figure has a source
+that resolves in autoplan/data/references.toml (or is "measured" / "assumed").
 
 Peaks are DENSE tensor/matrix rates (NVIDIA datasheets print 2:4-sparse peaks: hw-facts.md).
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from functools import cache
 from importlib import resources
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoplan.errors import AutoplanError, UnknownNameError
 
@@ -27,6 +29,15 @@ class Figure(BaseModel):
     source: str = Field(min_length=1, description="reference key (hw-facts.md §5) or 'measured'")
     uncertain: bool = False
     note: str = ""
+
+    @model_validator(mode="after")
+    def _honest(self) -> Figure:
+        # hw-facts marks derived arithmetic and assumptions 🟡: they must read as uncertain.
+        if self.source == "assumed" and not (self.uncertain and self.note):
+            raise ValueError("an 'assumed' figure needs uncertain = true and a note saying why")
+        if self.note.startswith("derived:") and not self.uncertain:
+            raise ValueError("a derived figure must be marked uncertain = true")
+        return self
 
 
 class Target(BaseModel):
@@ -50,7 +61,16 @@ class Target(BaseModel):
     price_per_hour: Figure = Field(description="default $/hour for one device (or one socket)")
     cores: int | None = None
     l2_mb: Figure | None = None
+    llc_mb: Figure | None = Field(
+        default=None, description="last-level cache: CPU L3, AMD Infinity Cache"
+    )
+    clock_ghz: Figure | None = Field(
+        default=None, description="clock the CPU peaks assume (peaks scale with it)"
+    )
     features: tuple[str, ...] = ()
+    device_match: tuple[str, ...] = Field(
+        default=(), description="regexes on the normalized driver name; probes match by them"
+    )
     measured: bool = False
 
     @field_validator("name")
@@ -59,6 +79,41 @@ class Target(BaseModel):
         if v != v.lower():
             raise ValueError("target names are lowercase")
         return v
+
+    @field_validator("device_match")
+    @classmethod
+    def _regexes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"device_match '{pattern}' is not a regex: {exc}") from exc
+        return v
+
+    @property
+    def platform(self) -> str:
+        """Where runtimes run: "nvidia-gpu", "amd-gpu" or "cpu"."""
+        return f"{self.vendor}-gpu" if self.kind == "gpu" else "cpu"
+
+    def sparse_multiplier(self, math: str) -> float:
+        """2:4 speedup of the peak for a math dtype (1.0 where 2:4 is not accelerated)."""
+        fig = self.sparse24.get(math)  # type: ignore[call-overload]
+        return fig.value if fig else 1.0
+
+    def figures(self) -> dict[str, Figure]:
+        """Every figure by dotted path (`peak_tflops.bf16`), for audits and tables."""
+        out: dict[str, Figure] = {}
+        for field_name in type(self).model_fields:
+            value = getattr(self, field_name)
+            if isinstance(value, Figure):
+                out[field_name] = value
+            elif isinstance(value, dict):
+                out.update({f"{field_name}.{k}": f for k, f in value.items()})
+        return out
+
+    def uncertain_figures(self) -> list[str]:
+        """Dotted paths of figures marked uncertain."""
+        return [path for path, fig in self.figures().items() if fig.uncertain]
 
     def peak(self, math: str) -> float | None:
         """Dense peak in FLOP/s (or OP/s) for a math dtype, or None if not accelerated."""
@@ -72,12 +127,40 @@ class Target(BaseModel):
 
     @property
     def memory_bytes(self) -> float:
+        """Device (or typical node) memory in bytes."""
         return self.memory_gb.value * 1e9
 
 
 def _target_files() -> dict[str, str]:
     folder = resources.files("autoplan") / "data" / "targets"
     return {f.name[: -len(".toml")]: f.read_text() for f in folder.iterdir() if f.name.endswith(".toml")}
+
+
+# Sources that are not literature keys: this machine's measurement, or a stated assumption.
+SPECIAL_SOURCES = ("measured", "assumed")
+
+
+@cache
+def load_references() -> dict[str, str]:
+    """Reference key -> location (autoplan/data/references.toml)."""
+    text = (resources.files("autoplan") / "data" / "references.toml").read_text()
+    return dict(tomllib.loads(text)["refs"])
+
+
+def check_source(source: str, where: str) -> None:
+    """Raise if `source` is neither a reference key nor a special source.
+
+    Args:
+        source: the figure's or rule's source key.
+        where: what names the place in the error message (a file and field).
+
+    Raises:
+        AutoplanError: the key does not resolve.
+    """
+    if source not in SPECIAL_SOURCES and source not in load_references():
+        raise AutoplanError(
+            f"{where}: source '{source}' is not in autoplan/data/references.toml; add it there"
+        )
 
 
 @cache
@@ -91,8 +174,48 @@ def load_catalog() -> dict[str, Target]:
             raise AutoplanError(f"catalog file {stem}.toml is invalid: {exc}") from exc
         if target.name != stem:
             raise AutoplanError(f"catalog file {stem}.toml declares name '{target.name}'")
+        for path, fig in target.figures().items():
+            check_source(fig.source, f"catalog file {stem}.toml, {path}")
         catalog[target.name] = target
+    _check_aliases(catalog)
     return catalog
+
+
+def _check_aliases(catalog: dict[str, Target]) -> None:
+    seen: dict[str, str] = {}
+    for target in catalog.values():
+        for alias in (target.name, *target.aliases):
+            key = alias.lower()
+            if seen.get(key, target.name) != target.name or key == "local":
+                raise AutoplanError(f"target alias '{alias}' is claimed twice; rename one")
+            seen[key] = target.name
+
+
+def _normalize_device_name(name: str) -> str:
+    # Drivers report "NVIDIA A100-SXM4-80GB" or "AMD Instinct MI300X": drop the vendor
+    # word and separators so one regex per target covers the spellings.
+    text = re.sub(r"[-_/]+", " ", name.lower())
+    text = re.sub(r"\b(nvidia|amd|instinct)\b", " ", text)
+    return " ".join(text.split())
+
+
+def match_device(name: str) -> Target | None:
+    """The catalog target whose `device_match` regex fits a driver-reported name.
+
+    Args:
+        name: the device name as pynvml/amdsmi report it.
+
+    Returns:
+        The best match (the longest matching regex wins, so "h100 pcie" beats "h100"),
+        or None when no catalog entry describes that device.
+    """
+    normalized = _normalize_device_name(name)
+    best: tuple[int, Target] | None = None
+    for target in load_catalog().values():
+        for pattern in target.device_match:
+            if re.search(pattern, normalized) and (best is None or len(pattern) > best[0]):
+                best = (len(pattern), target)
+    return best[1] if best else None
 
 
 def _aliases(catalog: dict[str, Target]) -> dict[str, str]:
@@ -104,6 +227,7 @@ def _aliases(catalog: dict[str, Target]) -> dict[str, str]:
 
 
 def target_names() -> list[str]:
+    """Every target name users can pass, `local` included."""
     return sorted([*load_catalog(), "local"])
 
 
@@ -121,4 +245,15 @@ def get_target(name: str) -> Target:
     raise UnknownNameError("target", name, [*catalog, "local"])
 
 
-__all__ = ["Figure", "MathDtype", "Target", "get_target", "load_catalog", "target_names"]
+__all__ = [
+    "Figure",
+    "MathDtype",
+    "SPECIAL_SOURCES",
+    "Target",
+    "check_source",
+    "get_target",
+    "load_catalog",
+    "load_references",
+    "match_device",
+    "target_names",
+]
