@@ -1,0 +1,257 @@
+"""Serving-runtime matrix: which (sparsity, precision) choices a runtime ACCELERATES on a target.
+
+The facts live in autoplan/data/runtimes.toml (validated here, unknown keys rejected). A
+question is answered in a fixed order, so every refusal carries the most specific reason:
+global deny rules (hardware facts), the runtime's deny rules, the target's own math (from the
+catalog), the runtime's accel rules, then "no kernel". Channel pruning is answered as the
+dense choice of the same precision because it only shrinks the matrix.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from autoplan.errors import AutoplanError, UnknownNameError
+from autoplan.formats import DENSE, Choice, Precision
+from autoplan.targets import Target, check_source, load_catalog
+
+Platform = Literal["nvidia-gpu", "amd-gpu", "cpu", "*"]
+_SPARSITY_TOKENS = frozenset(
+    {"dense", "2:4", "n:m", "block", "block16", "block32", "block64", "unstructured", "*"}
+)
+
+
+@dataclass(frozen=True)
+class Support:
+    """The answer to "does this runtime accelerate this choice on this target?".
+
+    Attributes:
+        ok: True when accelerated kernels exist.
+        reason: one line saying why (or why not), naming the fix where there is one.
+        source: reference key (autoplan/data/references.toml) or `target:<name>`.
+    """
+
+    ok: bool
+    reason: str
+    source: str
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+class Rule(BaseModel):
+    """One row of the matrix: which choices on which hardware, and why."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sparsity: tuple[str, ...] = ("*",)
+    precision: tuple[str, ...] = ("*",)
+    families: tuple[str, ...] = ("*",)
+    platforms: tuple[Platform, ...] = ("*",)
+    reason: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+    @field_validator("sparsity")
+    @classmethod
+    def _sparsity_tokens(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = sorted(set(v) - _SPARSITY_TOKENS)
+        if bad:
+            raise ValueError(f"unknown sparsity tokens {bad}; use {sorted(_SPARSITY_TOKENS)}")
+        return v
+
+    @field_validator("precision")
+    @classmethod
+    def _precisions(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        known = {p.value for p in Precision} | {"*"}
+        bad = sorted(set(v) - known)
+        if bad:
+            raise ValueError(f"unknown precisions {bad}; use {sorted(known)}")
+        return v
+
+    def matches(self, target: Target, choice: Choice) -> bool:
+        """True when the rule covers this target and choice."""
+        return (
+            _hit(self.sparsity, _sparsity_tokens(choice))
+            and _hit(self.precision, {choice.precision.value})
+            and _hit(self.families, {target.family})
+            and _hit(self.platforms, {target.platform})
+        )
+
+
+class Runtime(BaseModel):
+    """A serving engine at a version, with its deny and accel rules."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    version: str = Field(min_length=1)
+    checked: str = Field(min_length=1, description="when the facts were last checked")
+    platforms: tuple[Platform, ...]
+    default_for: tuple[Platform, ...] = ()
+    sources: tuple[str, ...] = Field(min_length=1)
+    note: str = ""
+    deny: tuple[Rule, ...] = ()
+    accel: tuple[Rule, ...] = ()
+
+
+class Matrix(BaseModel):
+    """The whole runtimes.toml file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1]
+    deny: tuple[Rule, ...] = ()
+    runtime: tuple[Runtime, ...]
+
+
+def _hit(allowed: tuple[str, ...], values: set[str]) -> bool:
+    return "*" in allowed or not values.isdisjoint(allowed)
+
+
+def _sparsity_tokens(choice: Choice) -> set[str]:
+    sp = choice.sparsity
+    if sp.kind == "nm":
+        return {"2:4"} if (sp.n, sp.m) == (2, 4) else {"n:m"}
+    if sp.kind == "block":
+        return {"block", f"block{sp.block}"}
+    return {sp.kind}
+
+
+@cache
+def load_matrix() -> Matrix:
+    """Parse and check autoplan/data/runtimes.toml (sources resolve, families exist).
+
+    Raises:
+        AutoplanError: the data file is malformed; the message names the problem.
+    """
+    text = (resources.files("autoplan") / "data" / "runtimes.toml").read_text()
+    try:
+        matrix = Matrix.model_validate(tomllib.loads(text))
+    except (ValidationError, tomllib.TOMLDecodeError) as exc:
+        raise AutoplanError(f"autoplan/data/runtimes.toml is invalid: {exc}") from exc
+    families = {t.family for t in load_catalog().values()} | {"*"}
+    rules = [("(global)", r) for r in matrix.deny]
+    for rt in matrix.runtime:
+        rules += [(rt.name, r) for r in (*rt.deny, *rt.accel)]
+        for key in rt.sources:
+            check_source(key, f"runtimes.toml, runtime {rt.name}")
+    for owner, rule in rules:
+        check_source(rule.source, f"runtimes.toml, {owner} rule '{rule.reason[:40]}'")
+        unknown = sorted(set(rule.families) - families)
+        if unknown:
+            raise AutoplanError(f"runtimes.toml, {owner}: unknown families {unknown}")
+    return matrix
+
+
+def runtime_names() -> list[str]:
+    """Every runtime name, sorted."""
+    return sorted(rt.name for rt in load_matrix().runtime)
+
+
+def get_runtime(name: str) -> Runtime:
+    """The runtime entry for a name (case-insensitive).
+
+    Raises:
+        UnknownNameError: no such runtime; lists the known names and the nearest match.
+    """
+    key = name.strip().lower()
+    for rt in load_matrix().runtime:
+        if rt.name == key:
+            return rt
+    raise UnknownNameError("runtime", name, runtime_names())
+
+
+def default_runtime(target: Target) -> str:
+    """The runtime autoplan plans for when the user names none (vLLM on GPUs, ORT on CPUs).
+
+    Raises:
+        AutoplanError: no runtime is the default for the target's platform.
+    """
+    for rt in load_matrix().runtime:
+        if target.platform in rt.default_for:
+            return rt.name
+    raise AutoplanError(f"no default runtime for {target.platform} targets; pass --runtime")
+
+
+def _hardware_gap(target: Target, choice: Choice) -> str:
+    """Why the target itself cannot run the choice fast, or "" when it can."""
+    info = choice.precision.info
+    # Weight-only formats dequantize and multiply at the activation dtype, which on CPUs
+    # without BF16 math is fp32.
+    maths = (info.math, "fp32") if info.weight_only else (info.math,)
+    if not any(target.peak(m) for m in maths):
+        return (
+            f"{target.name} has no {info.math} matrix math for {choice.precision.value}; "
+            "pick a precision its peaks list (autoplan targets)"
+        )
+    if choice.sparsity.kind == "nm" and target.sparse_multiplier(info.math) <= 1.0:
+        return f"{target.name} has no 2:4 sparse {info.math} math; use dense or channel pruning"
+    return ""
+
+
+def supports(target: Target, runtime: str, choice: Choice) -> Support:
+    """Whether `runtime` accelerates `choice` on `target`, with the reason and its source.
+
+    Args:
+        target: a catalog or measured target.
+        runtime: a runtime name (see runtime_names()).
+        choice: the layer's (sparsity, precision).
+
+    Returns:
+        Support(ok, reason, source); never raises for a known runtime.
+
+    Raises:
+        UnknownNameError: the runtime is unknown.
+    """
+    rt = get_runtime(runtime)
+    if target.platform not in rt.platforms:
+        return Support(
+            False,
+            f"{rt.name} does not run on {target.platform} targets (it runs on "
+            f"{', '.join(rt.platforms)}); pick another runtime",
+            rt.sources[0],
+        )
+    if choice.sparsity.kind == "channel":
+        inner = supports(target, runtime, Choice(DENSE, choice.precision))
+        prefix = "channel pruning runs as a smaller dense matrix; "
+        return replace(inner, reason=prefix + inner.reason)
+    for rule in (*load_matrix().deny, *rt.deny):
+        if rule.matches(target, choice):
+            return Support(False, rule.reason, rule.source)
+    gap = _hardware_gap(target, choice)
+    if gap:
+        return Support(False, gap, f"target:{target.name}")
+    for rule in rt.accel:
+        if rule.matches(target, choice):
+            return Support(True, f"{rt.name} {rt.version}: {rule.reason}", rule.source)
+    return Support(
+        False,
+        f"{rt.name} {rt.version} has no accelerated kernel for {choice} on {target.family}",
+        rt.sources[0],
+    )
+
+
+def accelerated_choices(target: Target, runtime: str, candidates: Iterable[Choice]) -> list[Choice]:
+    """The candidates `runtime` accelerates on `target`, in their given order."""
+    return [c for c in candidates if supports(target, runtime, c).ok]
+
+
+__all__ = [
+    "Matrix",
+    "Rule",
+    "Runtime",
+    "Support",
+    "accelerated_choices",
+    "default_runtime",
+    "get_runtime",
+    "load_matrix",
+    "runtime_names",
+    "supports",
+]
