@@ -1,0 +1,155 @@
+"""Efficiency constants of the analytic cost model: global per hardware FAMILY, never per point.
+
+Every constant below cites its evidence in /work/shared/reference/hw-facts.md (§2 tables,
+§3.4 efficiency factors). Where the references hold no evidence for a family, the value is a
+prior stated as such (``evidence`` says "prior"). The constants were chosen once against the
+published measurements of ``autoplan/data/measurements.toml`` taken together (`autoplan
+validate`), not tuned per measurement.
+
+Terms (see autoplan/cost/linear.py for how they enter the step time):
+    eta_bw:      achieved / peak memory bandwidth of a well-tuned 16-bit or FP8 GEMV kernel.
+    eta_c:       achieved / peak dense FLOP/s of a large GEMM (prefill-sized M).
+    kernel_s:    fixed cost of one GPU kernel (launch, tail, sync) inside a decode/prefill step,
+                 with CUDA/HIP graphs. It is why small models at batch 1 reach only 30-40 % of
+                 HBM bandwidth (hw-facts §2F): modelled as a fixed overhead, not a lower eta.
+    step_s:      fixed cost per engine step (scheduler, sampling sync, host work).
+    power_frac:  average board power / TDP while serving (hw-facts §3.3: 60-90 % of TDP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.formats import Choice, Precision
+from autoplan.targets import Target
+
+
+@dataclass(frozen=True)
+class FamilyEfficiency:
+    """Efficiency constants of one hardware family."""
+
+    family: str
+    eta_bw: float
+    eta_c: float
+    kernel_s: float
+    step_s: float
+    power_frac: float
+    evidence: str
+
+
+_GPU_POWER = 0.75  # hw-facts §3.3: P_avg 60-90 % of TDP; middle of the range
+_CPU_POWER = 0.70  # prior: CPUs serving LLMs run memory-bound, below full package power
+
+_FAMILIES: dict[str, FamilyEfficiency] = {
+    f.family: f
+    for f in (
+        FamilyEfficiency(
+            "ampere", 0.70, 0.74, 4.5e-6, 40e-6, _GPU_POWER,
+            "eta_bw: A100 Llama-3-8B BF16 decode 1,435.5/2,039 GB/s [TORCHAO-Q] (§3.4); eta_c: "
+            "A100 BF16 231/312 TF at 16k^3 (§2H E3); kernel_s: llama.cpp 7B Q4_0 A100 at 38 % "
+            "of peak BW (§2F) leaves ~2.3 ms/step of fixed time over ~400 kernels",
+        ),
+        FamilyEfficiency(
+            "hopper", 0.69, 0.70, 3.5e-6, 40e-6, _GPU_POWER,
+            "eta_bw: H100 M=1 8192^2 BF16 2.30 TB/s [HUMMING], FP8 GEMV 0.61-0.73 [VLLM-5144] "
+            "(§3.4); eta_c: prior 0.70 (SlideSparse H100 absolutes are unreliable, §2H E3); "
+            "kernel_s: llama.cpp 7B Q4_0 H100 at 32 % of peak BW (§2F)",
+        ),
+        FamilyEfficiency(
+            "ada", 0.72, 0.85, 3.0e-6, 40e-6, _GPU_POWER,
+            "eta_bw: RTX 4090 72 % (§2F); eta_c: RTX 4090 FP8 0.93-0.94 at 16k^3 (§2H E3), "
+            "lowered for the L40S's lower clocks under its 350 W cap (prior)",
+        ),
+        FamilyEfficiency(
+            "blackwell", 0.70, 0.65, 3.0e-6, 40e-6, _GPU_POWER,
+            "eta_c: B200 FP8 and BF16 0.65 at 16k^3 (§2H E3), 0.23-0.42 at M=128-512 explained "
+            "by bandwidth + kernel time (§2H E2); eta_bw: prior = Hopper (HBM3e)",
+        ),
+        FamilyEfficiency(
+            "blackwell-ultra", 0.70, 0.65, 3.0e-6, 40e-6, _GPU_POWER,
+            "prior: same as Blackwell (no published B300 kernel efficiency in the references)",
+        ),
+        FamilyEfficiency(
+            "cdna3", 0.60, 0.50, 5.0e-6, 50e-6, _GPU_POWER,
+            "prior: no MI300X GEMV/GEMM efficiency in the references (§4 gaps); set below "
+            "Hopper because ROCm GEMM efficiency is commonly reported lower",
+        ),
+        FamilyEfficiency(
+            "cdna4", 0.60, 0.50, 5.0e-6, 50e-6, _GPU_POWER,
+            "prior: same as CDNA3 (MI355X official efficiency not retrieved, §4)",
+        ),
+        FamilyEfficiency(
+            "cpu", 0.60, 0.50, 15e-6, 100e-6, _CPU_POWER,
+            "eta_bw: 0.41-0.74 on multi-socket CPUs depending on NUMA [LLAMA-11744] (§3.4), "
+            "middle value; eta_c: prior (sustained AMX clock unknown, §1d); kernel_s: prior "
+            "for a thread-pool barrier per op",
+        ),
+    )
+}
+
+# Family names the catalog uses that share a row above.
+_FAMILY_ALIASES = {
+    "hopper-pcie": "hopper", "ampere-sxm": "ampere", "blackwell-b300": "blackwell-ultra",
+    "blackwell_ultra": "blackwell-ultra", "mi300": "cdna3", "mi355": "cdna4",
+}
+
+# Weight-only kernels dequantize in the GEMV loop and stream below the 16-bit bandwidth at
+# small batch (hw-facts §3.4, §3.7 #2): A100 int8wo 56 % and int4wo 37 % vs BF16 70 %
+# [TORCHAO-Q]; H100 Marlin W4 37 % vs W16 69 % [HUMMING]. Expressed relative to eta_bw so
+# that they hold for every GPU family; CPUs dequantize in registers at memory speed (C4).
+_WEIGHT_ONLY_BW_FACTOR = {8: 0.80, 4: 0.54}
+
+# 2:4 kernels reach "up to 90 % SOL" of the dense kernel (cuSPARSELt, §2B K7): the byte
+# reduction in decode is applied with this slightly lower bandwidth efficiency (§3.5).
+SPARSE24_BW_FACTOR = 0.90
+
+# Block-sparse (BSR) kernels: CUTLASS/Triton show 1.2-1.6x at 50 % sparsity when the block
+# matches the memory layout (seeds-digest, per-vendor playbooks): efficiency of the kept
+# blocks relative to a dense GEMM, larger blocks closer to dense tiles.
+BLOCK_COMPUTE_EFF = {16: 0.60, 32: 0.70, 64: 0.80}
+BLOCK_BW_FACTOR = 0.85  # index gathers cost some streaming efficiency (prior)
+
+
+def family_efficiency(target: Target) -> FamilyEfficiency:
+    """The constants of a target's family; CPUs share one row, unknown GPUs get Hopper's."""
+    family = _FAMILY_ALIASES.get(target.family, target.family)
+    if family in _FAMILIES:
+        return _FAMILIES[family]
+    if target.kind == "cpu":
+        return _FAMILIES["cpu"]
+    base = _FAMILIES["hopper"]
+    return FamilyEfficiency(family, base.eta_bw, base.eta_c, base.kernel_s, base.step_s,
+                            base.power_frac, f"prior: unknown family '{family}', Hopper's values")
+
+
+def bandwidth_factor(target: Target, choice: Choice) -> float:
+    """Streaming efficiency of a choice's kernel relative to the family's 16-bit eta_bw."""
+    info = choice.precision.info
+    factor = 1.0
+    if info.weight_only and target.kind == "gpu":
+        factor *= _WEIGHT_ONLY_BW_FACTOR[info.value_bits]
+    kind = choice.sparsity.kind
+    if kind == "nm":
+        factor *= SPARSE24_BW_FACTOR
+    elif kind == "block":
+        factor *= BLOCK_BW_FACTOR
+    return factor
+
+
+def baseline_precision(target: Target) -> Precision:
+    """The precision of an uncompressed layer: BF16 on GPUs; on CPUs BF16 where the target
+    lists a BF16 matrix peak (AMX, AVX512-BF16), else FP32."""
+    if target.kind == "cpu" and target.peak("bf16") is None:
+        return Precision.FP32
+    return Precision.BF16
+
+
+def all_families() -> dict[str, FamilyEfficiency]:
+    """Every documented family row (for reports and docs)."""
+    return dict(_FAMILIES)
+
+
+__all__ = [
+    "BLOCK_BW_FACTOR", "BLOCK_COMPUTE_EFF", "FamilyEfficiency", "SPARSE24_BW_FACTOR",
+    "all_families", "bandwidth_factor", "baseline_precision", "family_efficiency",
+]

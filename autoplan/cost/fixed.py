@@ -1,0 +1,118 @@
+"""The parts of a step that do not depend on the per-layer choices: attention with its
+KV-cache traffic, norms and elementwise ops, embeddings, sampling, and fixed overheads.
+
+They run at the baseline precision with a 16-bit KV cache (``kv_bytes`` overrides it).
+Formulas follow hw-facts §3.1 (LLM-Viewer) and §3.3:
+    decode attention:  KV read = B * ctx * kv_bytes_per_token; 4 * B * ctx * heads * d FLOPs
+    prefill attention: causal 2 * B * S^2 * heads * d FLOPs (qk + sv, half masked)
+    norms / elementwise / embeddings: memory-bound passes over the activations.
+Each non-GEMM kernel also pays the family's per-kernel overhead, and each engine step its
+``step_s`` (hw-facts §2F: fixed costs dominate small models on big GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autoplan.cost.efficiency import FamilyEfficiency
+from autoplan.modelspec import ModelSpec
+from autoplan.targets import Target
+from autoplan.workload import Workload
+
+# Non-GEMM kernels per transformer block in a tuned runtime (vLLM / TensorRT-LLM): two
+# fused residual-add + norm, rotary embedding, KV-cache write, attention, activation.
+_BLOCK_KERNELS = 6
+# Per step: embedding gather, final norm, logits processing + sampling.
+_STEP_KERNELS = 3
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """Seconds of one prefill pass over the batch's prompts and of one decode step."""
+
+    prefill_s: float
+    decode_s: float
+
+    def __add__(self, other: PhaseTime) -> PhaseTime:
+        return PhaseTime(self.prefill_s + other.prefill_s, self.decode_s + other.decode_s)
+
+    def scaled(self, factor: float) -> PhaseTime:
+        return PhaseTime(self.prefill_s * factor, self.decode_s * factor)
+
+
+ZERO = PhaseTime(0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class FixedCost:
+    """Non-linear parts by name, and the KV bytes one decode step reads (for MBU)."""
+
+    parts: dict[str, PhaseTime]
+    kv_read_bytes: float
+
+    @property
+    def total(self) -> PhaseTime:
+        out = ZERO
+        for part in self.parts.values():
+            out = out + part
+        return out
+
+
+def _roof(bytes_: float, flops: float, bw: float, peak: float) -> float:
+    return max(bytes_ / bw, flops / peak)
+
+
+def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload: Workload,
+               base_peak: float, kv_bytes: float, chunk_tokens: int) -> FixedCost:
+    """Attention, elementwise, embedding and overhead terms for a workload.
+
+    Args:
+        spec: the model architecture.
+        target: the hardware.
+        eff: the family's efficiency constants.
+        workload: batch and lengths; decode is costed at the mean decode context.
+        base_peak: FLOP/s of the baseline math (attention runs there).
+        kv_bytes: bytes per KV-cache element.
+        chunk_tokens: prefill tokens per engine step (chunked prefill).
+
+    Returns:
+        The fixed terms.
+    """
+    bw, peak = eff.eta_bw * target.bandwidth, eff.eta_c * base_peak
+    b, s, ctx = workload.batch, workload.input_len, workload.mean_decode_context
+    layers, d, heads = spec.n_layers, spec.head_dim, spec.n_heads
+    q_out, kv_out = heads * d, spec.n_kv_heads * d
+    chunks = math.ceil(b * s / chunk_tokens)
+    kv_tok = spec.kv_bytes_per_token(kv_bytes)
+
+    # Attention. Decode reads the whole KV cache once per step; prefill is compute-bound.
+    kv_read = b * ctx * kv_tok
+    attn_dec = _roof(kv_read + layers * b * q_out * 4, layers * 4 * b * ctx * heads * d, bw, peak)
+    attn_pre = _roof(layers * b * s * (2 * q_out + 2 * kv_out) * 2,
+                     layers * 2 * b * s * s * heads * d, bw, peak)
+
+    # Elementwise passes per token per block (bytes): 2 norms and 2 residual adds over the
+    # hidden state, rotary on q and k, the MLP activation, the KV-cache write.
+    mlp_act = (3 if spec.gated_mlp else 2) * spec.intermediate * 2
+    per_tok = layers * (10 * spec.hidden * 2 + 2 * (q_out + kv_out) * 2 + mlp_act
+                        + 2 * kv_out * kv_bytes)
+    elem = PhaseTime(b * s * per_tok / bw, b * per_tok / bw)
+
+    emb_tok = spec.hidden * 2 * 3  # gather + final norm read/write
+    sample = b * spec.vocab * 4 * 2  # fp32 logits written and read by the sampler
+    embed = PhaseTime((b * s * emb_tok + sample) / bw, (b * emb_tok + sample) / bw)
+
+    kernels = layers * _BLOCK_KERNELS + _STEP_KERNELS
+    overhead = PhaseTime(chunks * (kernels * eff.kernel_s + eff.step_s),
+                         kernels * eff.kernel_s + eff.step_s)
+    parts = {
+        "attention": PhaseTime(attn_pre, attn_dec),
+        "norms_elementwise": elem,
+        "embedding_sampling": embed,
+        "kernel_overhead": overhead,
+    }
+    return FixedCost(parts, kv_read)
+
+
+__all__ = ["FixedCost", "PhaseTime", "ZERO", "fixed_cost"]

@@ -1,0 +1,112 @@
+"""Time and bytes of one linear layer (one GEMM) under one Choice: a roofline with overheads.
+
+    t(m) = max(bytes / (eta_bw * f_bw * BW), flops / (eta_c * peak(math) * s)) + kernels * kernel_s
+
+- bytes: stored weight bytes (params x bits_per_weight / 8, with scales and sparse index
+  metadata, hw-facts §3.6) + activations read at the choice's activation width + outputs
+  written in 16 bit.
+- flops: 2 * m * in * out, run at the peak of the choice's math dtype (weight-only formats
+  dequantize and run at the 16-bit peak; FP4 without FP4 units is refused).
+- 2:4: the byte reduction always applies (decode gains through it); the compute term is
+  divided by the shape-dependent speedup s (autoplan/cost/sparse.py; < 1 for small shapes).
+- block-sparse: kept blocks only, at BLOCK_COMPUTE_EFF of dense efficiency.
+- channel pruning: a smaller dense matrix (density x params, no index).
+- unstructured: no GPU/CPU runtime accelerates it; served dense, so it costs like dense.
+- kernels: one GEMM kernel per fused group (q/k/v, gate/up share one), plus one dynamic
+  activation-quantization kernel for W8A8/W4A4 formats; a group's kernel time is split
+  evenly between its members so that per-layer terms add up (the search gives fused groups
+  one choice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.cost.efficiency import BLOCK_COMPUTE_EFF, FamilyEfficiency, bandwidth_factor
+from autoplan.cost.sparse import sparse24_speedup
+from autoplan.errors import UnsupportedFormatError
+from autoplan.formats import Choice, Precision
+from autoplan.targets import Target
+
+
+@dataclass(frozen=True)
+class GemmTime:
+    """One GEMM call: seconds (without kernel overhead) and what bounds it."""
+
+    seconds: float
+    bound: str  # "memory" | "compute" | "measured"
+
+
+def sparse24_accelerated(target: Target, choice: Choice) -> bool:
+    """Whether the target's hardware accelerates this N:M choice's math dtype (2:4 only)."""
+    sp = choice.sparsity
+    if sp.kind != "nm" or (sp.n, sp.m) != (2, 4):
+        return False
+    return choice.precision.info.math in target.sparse24
+
+
+def stored_bits(target: Target, choice: Choice) -> float:
+    """Bits stored per ORIGINAL weight as a runtime would hold this choice on this target.
+
+    Patterns the target cannot accelerate (unstructured, N:M other than a supported 2:4) are
+    served as dense matrices with zeros, so they keep the dense bits.
+    """
+    sp, bits = choice.sparsity, choice.precision.info.weight_bits
+    if sp.kind == "channel":
+        return sp.density * bits
+    if sp.kind == "block" or sparse24_accelerated(target, choice):
+        return choice.bits_per_weight()
+    return bits
+
+
+def math_peak(target: Target, choice: Choice, baseline: Precision) -> float:
+    """FLOP/s of the matmul unit this choice runs on.
+
+    Raises:
+        UnsupportedFormatError: the target has no matrix peak for the choice's math dtype.
+    """
+    info = choice.precision.info
+    peak = target.peak(info.math)
+    if peak is None and info.weight_only:
+        # Weight-only kernels compute in the activation dtype; on a CPU without BF16 units
+        # that is the baseline (FP32) path.
+        peak = target.peak(baseline.info.math)
+    if peak is None:
+        known = ", ".join(sorted(target.peak_tflops))
+        raise UnsupportedFormatError(
+            f"{target.name} cannot run {choice.precision.value}: it has no {info.math} matrix "
+            f"units (it has: {known}); pick a precision whose math it supports"
+        )
+    return peak
+
+
+def gemm_time(target: Target, eff: FamilyEfficiency, choice: Choice, m: int, n: int, k: int,
+              baseline: Precision) -> GemmTime:
+    """Roofline time of y[m, n] = x[m, k] @ W[n, k].T under a choice (no kernel overhead)."""
+    info, sp = choice.precision.info, choice.sparsity
+    n_eff = n * sp.density if sp.kind == "channel" else n
+    weight_bytes = k * n * stored_bits(target, choice) / 8
+    act_bytes = m * (k * info.act_bytes + n_eff * 2.0)
+    mem_s = (weight_bytes + act_bytes) / (eff.eta_bw * bandwidth_factor(target, choice)
+                                          * target.bandwidth)
+    flops = 2.0 * m * n * k
+    if sp.kind == "channel":
+        flops *= sp.density
+    elif sp.kind == "block":
+        flops *= sp.density / BLOCK_COMPUTE_EFF[sp.block]
+    elif sparse24_accelerated(target, choice):
+        flops /= sparse24_speedup(m, n, k, info.math, target)
+    comp_s = flops / (eff.eta_c * math_peak(target, choice, baseline))
+    if comp_s > mem_s:
+        return GemmTime(comp_s, "compute")
+    return GemmTime(mem_s, "memory")
+
+
+def kernels_per_call(choice: Choice) -> int:
+    """GEMM kernel plus a dynamic activation-quantization kernel for W8A8/W4A4 formats."""
+    info = choice.precision.info
+    return 1 + (0 if info.weight_only or info.act_bytes >= 2 else 1)
+
+
+__all__ = ["GemmTime", "gemm_time", "kernels_per_call", "math_peak", "sparse24_accelerated",
+           "stored_bits"]

@@ -1,0 +1,58 @@
+"""Measured GEMM times (microbenchmark JSON) that replace the analytic linear time.
+
+Schema written by backends/microbench.py: {"schema_version": 1, "device": ..., "rows":
+[{"m", "n", "k", "choice", "median_us", ...}]}. An exact (m, n, k, choice) match replaces the
+roofline term of that GEMM; the per-kernel overhead is still added, because a kernel-level
+benchmark times the kernel, not its place in a serving step. No interpolation: a shape that
+was not measured keeps the analytic time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoplan.errors import UserInputError
+from autoplan.formats import Choice
+
+
+@dataclass(frozen=True)
+class MeasuredTable:
+    """(m, n, k, choice) -> seconds."""
+
+    rows: dict[tuple[int, int, int, Choice], float] = field(default_factory=dict)
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any] | None) -> MeasuredTable:
+        """Read a microbenchmark document (or None for no measurements)."""
+        if not doc:
+            return cls()
+        version = doc.get("schema_version", 1)
+        if version != 1:
+            raise UserInputError(f"measured table schema_version {version} is not supported "
+                                 "(this autoplan reads 1); re-run the microbenchmark")
+        rows: dict[tuple[int, int, int, Choice], float] = {}
+        for i, row in enumerate(doc.get("rows", [])):
+            try:
+                key = (int(row["m"]), int(row["n"]), int(row["k"]), Choice.parse(str(row["choice"])))
+                seconds = float(row["median_us"]) * 1e-6
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UserInputError(f"measured row {i} is malformed ({exc}); each row needs "
+                                     "m, n, k, choice and median_us") from None
+            if seconds <= 0:
+                raise UserInputError(f"measured row {i} has a non-positive median_us")
+            rows[key] = seconds
+        return cls(rows)
+
+    def seconds(self, m: int, n: int, k: int, choice: Choice) -> float | None:
+        """The measured time of this GEMM, or None."""
+        if not self.rows:
+            return None
+        return self.rows.get((m, n, k, choice))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+__all__ = ["MeasuredTable"]

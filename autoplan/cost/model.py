@@ -1,0 +1,191 @@
+"""CostModel: predicted prefill and decode step times of a model on a target for a workload.
+
+Additivity (what the search relies on): for decisions D (one Choice per linear layer),
+
+    step(D) = sum over linear layers L of layer_time(L, D[L])  +  fixed_time()
+
+holds exactly for both phases (PhaseTime.prefill_s: one prefill pass over the batch's
+prompts; PhaseTime.decode_s: one decode step at the mean context). Every reported metric is
+a function of these two sums (report.py), so an objective that is linear in them (request
+latency, energy, GPU-seconds per token) is additive per layer, and the optimum over
+per-layer choices is a multiple-choice knapsack that can be solved exactly.
+
+``layer_time`` is memoized on (shape, role class, fused-group size, choice): a Llama-8B
+evaluation is ~225 dictionary look-ups, so thousands of trials per second are possible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from autoplan.cost.efficiency import baseline_precision, family_efficiency
+from autoplan.cost.fixed import ZERO, FixedCost, PhaseTime, fixed_cost
+from autoplan.cost.linear import gemm_time, kernels_per_call, math_peak, stored_bits
+from autoplan.cost.measured import MeasuredTable
+from autoplan.cost.report import (Estimate, LayerBreakdown, Memory, Metrics, Objective,
+                                  metrics_from_times)
+from autoplan.errors import UnknownNameError, UserInputError
+from autoplan.formats import DENSE, Choice
+from autoplan.modelspec import LinearLayer, ModelSpec
+from autoplan.targets import Target
+from autoplan.workload import Workload
+
+Decisions = Choice | str | Mapping[str, Choice | str] | None
+
+# vLLM's default gpu_memory_utilization: the share of device memory a runtime plans with.
+USABLE_MEMORY = 0.90
+# Prefill tokens per engine step (vLLM / TensorRT-LLM max_num_batched_tokens default order).
+PREFILL_CHUNK = 8192
+
+
+class CostModel:
+    """Analytic cost model for one (model, target, workload).
+
+    Args:
+        spec: the model architecture (dense models only; ModelSpec refuses MoE).
+        target: the hardware.
+        workload: batch, input and output lengths.
+        measured: optional microbenchmark document ({"rows": [{"m","n","k","choice",
+            "median_us"}]}); an exact (m, n, k, choice) row replaces the analytic GEMM time.
+        kv_bytes: bytes per KV-cache element (2 = 16-bit cache).
+        price_per_hour: $/hour for the device; default the target's catalog price.
+    """
+
+    def __init__(self, spec: ModelSpec, target: Target, workload: Workload, *,
+                 measured: Mapping[str, Any] | None = None, kv_bytes: float = 2.0,
+                 price_per_hour: float | None = None) -> None:
+        self.spec, self.target, self.workload = spec, target, workload
+        self.eff = family_efficiency(target)
+        self.baseline = Choice(DENSE, baseline_precision(target))
+        self.kv_bytes = kv_bytes
+        self.price_per_hour = target.price_per_hour.value if price_per_hour is None else price_per_hour
+        if self.price_per_hour < 0:
+            raise UserInputError(f"price per hour must be >= 0, got {self.price_per_hour}")
+        self.measured = MeasuredTable.from_document(measured)
+        self._groups = Counter(layer.fuse_group for layer in spec.layers)
+        self._memo: dict[tuple, PhaseTime] = {}
+        tokens = workload.batch * workload.input_len
+        self._chunks = math.ceil(tokens / PREFILL_CHUNK)
+        self._chunk_m = min(tokens, PREFILL_CHUNK)
+        self._last_m = tokens - (self._chunks - 1) * self._chunk_m
+        self._fixed: FixedCost | None = None
+
+    # ---- per-layer terms ---------------------------------------------------------------
+    def _gemm(self, choice: Choice, m: int, n: int, k: int) -> float:
+        hit = self.measured.seconds(m, n, k, choice)
+        if hit is not None:
+            return hit
+        return gemm_time(self.target, self.eff, choice, m, n, k, self.baseline.precision).seconds
+
+    def layer_time(self, layer: LinearLayer, choice: Choice) -> PhaseTime:
+        """Prefill (whole batch) and decode-step seconds of one linear layer under a choice."""
+        lm_head = layer.role == "lm_head"
+        group = self._groups.get(layer.fuse_group, 1)
+        key = (layer.in_features, layer.out_features, lm_head, group, choice)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        n, k, b = layer.out_features, layer.in_features, self.workload.batch
+        overhead = kernels_per_call(choice) * self.eff.kernel_s / group
+        decode = self._gemm(choice, b, n, k) + overhead
+        if lm_head:  # logits only for each sequence's last prompt position
+            prefill = decode
+        else:
+            prefill = (self._chunks - 1) * (self._gemm(choice, self._chunk_m, n, k) + overhead)
+            prefill += self._gemm(choice, self._last_m, n, k) + overhead
+        result = PhaseTime(prefill, decode)
+        self._memo[key] = result
+        return result
+
+    def fixed_time(self) -> PhaseTime:
+        """Attention, norms/elementwise, embeddings/sampling and fixed overheads."""
+        return self._fixed_cost().total
+
+    def _fixed_cost(self) -> FixedCost:
+        if self._fixed is None:
+            peak = math_peak(self.target, self.baseline, self.baseline.precision)
+            self._fixed = fixed_cost(self.spec, self.target, self.eff, self.workload, peak,
+                                     self.kv_bytes, PREFILL_CHUNK)
+        return self._fixed
+
+    # ---- decisions -----------------------------------------------------------------------
+    def resolve(self, decisions: Decisions) -> tuple[Choice, ...]:
+        """One Choice per linear layer, in ``spec.layers`` order (missing -> baseline)."""
+        if decisions is None:
+            return (self.baseline,) * len(self.spec.layers)
+        if isinstance(decisions, (Choice, str)):
+            choice = Choice.parse(decisions) if isinstance(decisions, str) else decisions
+            return (choice,) * len(self.spec.layers)
+        names = {layer.name for layer in self.spec.layers}
+        for name in decisions:
+            if name not in names:
+                raise UnknownNameError("layer", name, names)
+        out = []
+        for layer in self.spec.layers:
+            choice = decisions.get(layer.name, self.baseline)
+            out.append(Choice.parse(choice) if isinstance(choice, str) else choice)
+        return tuple(out)
+
+    def step_times(self, decisions: Decisions) -> PhaseTime:
+        """Fast path: total prefill and decode step seconds (sum of layer terms + fixed)."""
+        total = self.fixed_time()
+        prefill, decode = total.prefill_s, total.decode_s
+        for layer, choice in zip(self.spec.layers, self.resolve(decisions)):
+            t = self.layer_time(layer, choice)
+            prefill += t.prefill_s
+            decode += t.decode_s
+        return PhaseTime(prefill, decode)
+
+    def metric_from_times(self, prefill_s: float, decode_s: float,
+                          objective: Objective | str) -> float:
+        """One objective from step times (units and direction: report.Objective, DIRECTION)."""
+        return getattr(self._metrics(prefill_s, decode_s), Objective(objective).value)
+
+    def _metrics(self, prefill_s: float, decode_s: float) -> Metrics:
+        return metrics_from_times(prefill_s, decode_s, self.workload,
+                                  price_per_hour=self.price_per_hour,
+                                  power_w=self.eff.power_frac * self.target.tdp_w.value)
+
+    # ---- full estimate -------------------------------------------------------------------
+    def memory(self, choices: tuple[Choice, ...]) -> Memory:
+        """Weights (as stored) + KV cache at batch x (input + output) + activation workspace."""
+        spec, w = self.spec, self.workload
+        base_bytes = self.baseline.precision.info.weight_bits / 8
+        weights = sum(layer.params * stored_bits(self.target, c) / 8
+                      for layer, c in zip(spec.layers, choices))
+        lm_choice = choices[-1] if spec.layers[-1].role == "lm_head" else self.baseline
+        if not (spec.tie_embeddings and lm_choice == self.baseline):
+            weights += spec.embedding_params * base_bytes  # separate input embedding
+        weights += (2 * spec.n_layers + 1) * spec.hidden * base_bytes  # norms
+        kv = w.batch * (w.input_len + w.output_len) * spec.kv_bytes_per_token(self.kv_bytes)
+        widest = (spec.n_heads + 2 * spec.n_kv_heads) * spec.head_dim + 2 * spec.intermediate
+        workspace = self._chunk_m * (widest + 2 * spec.hidden) * 2 + w.batch * spec.vocab * 4
+        return Memory(weights, kv, workspace, self.target.memory_bytes * USABLE_MEMORY)
+
+    def evaluate(self, decisions: Decisions = None) -> Estimate:
+        """Every predicted metric with the per-layer breakdown."""
+        choices = self.resolve(decisions)
+        rows = []
+        for layer, choice in zip(self.spec.layers, choices):
+            t = self.layer_time(layer, choice)
+            rows.append(LayerBreakdown(layer.name, layer.role, str(choice), t.prefill_s,
+                                       t.decode_s, layer.params * stored_bits(self.target, choice) / 8))
+        fixed = self._fixed_cost()
+        total = fixed.total
+        for row in rows:
+            total = total + PhaseTime(row.prefill_s, row.decode_s)
+        memory = self.memory(choices)
+        read = sum(r.weight_bytes for r in rows) + fixed.kv_read_bytes
+        return Estimate(
+            model=self.spec.name or self.spec.model_type, target=self.target.name,
+            workload=self.workload.model_dump(), baseline=str(self.baseline),
+            metrics=self._metrics(total.prefill_s, total.decode_s), memory=memory,
+            mbu=read / total.decode_s / self.target.bandwidth if total.decode_s else 0.0,
+            layers=tuple(rows), fixed={k: v for k, v in fixed.parts.items()},
+        )
+
+
+__all__ = ["CostModel", "Decisions", "PREFILL_CHUNK", "USABLE_MEMORY", "ZERO"]

@@ -1,0 +1,143 @@
+"""Validate the cost model against published speedups (autoplan/data/measurements.toml).
+
+Each point predicts the candidate/baseline ratio with the same global per-family constants
+(efficiency.py): nothing is fitted per point. MAPE is the mean absolute percentage error of
+the predicted speedup ratios against the published ones, over every point that could be
+evaluated (a point whose target is missing from the catalog is reported as skipped).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from autoplan.cost.configs import resolve_config
+from autoplan.cost.efficiency import family_efficiency
+from autoplan.cost.linear import gemm_time, kernels_per_call
+from autoplan.cost.efficiency import baseline_precision
+from autoplan.cost.model import CostModel
+from autoplan.errors import AutoplanError
+from autoplan.formats import Choice
+from autoplan.targets import get_target
+from autoplan.workload import Workload
+
+_HIGHER_IS_BETTER = {"throughput", "decode_tokens_per_s"}
+_LOWER_IS_BETTER = {"ttft": "ttft_s", "latency": "request_latency_s"}
+_SIDE_KEYS = ("batch", "input_len", "output_len", "kv_bytes", "max_batch")
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """One validation point: predicted vs published speedup."""
+
+    id: str
+    source: str
+    metric: str
+    published: float
+    predicted: float | None
+    detail: str  # batch sizes used, or why the point was skipped
+
+    @property
+    def error(self) -> float | None:
+        """Signed relative error of the predicted ratio."""
+        if self.predicted is None:
+            return None
+        return (self.predicted - self.published) / self.published
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """Every point and the MAPE over the evaluated ones."""
+
+    points: tuple[PointResult, ...]
+
+    @property
+    def mape(self) -> float:
+        errors = [abs(p.error) for p in self.points if p.error is not None]
+        return sum(errors) / len(errors) if errors else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mape": self.mape, "evaluated": sum(p.predicted is not None for p in self.points),
+            "points": [p.__dict__ | {"error": p.error} for p in self.points],
+        }
+
+
+@cache
+def load_measurements() -> tuple[dict[str, Any], ...]:
+    """The published points, as parsed TOML tables."""
+    text = (resources.files("autoplan") / "data" / "measurements.toml").read_text()
+    return tuple(tomllib.loads(text)["points"])
+
+
+def _side(point: dict[str, Any], side: str) -> dict[str, Any]:
+    merged = {k: point[k] for k in _SIDE_KEYS if k in point}
+    return merged | point[side]
+
+
+def _max_batch(model: str, side: dict[str, Any]) -> int:
+    """Largest batch (<= max_batch) whose weights, KV cache and workspace fit."""
+    spec, target, choice = resolve_config(model), get_target(side["target"]), Choice.parse(side["choice"])
+
+    def fits(batch: int) -> bool:
+        wl = Workload(batch=batch, input_len=side.get("input_len", 512),
+                      output_len=side.get("output_len", 128))
+        cm = CostModel(spec, target, wl, kv_bytes=side.get("kv_bytes", 2.0))
+        return cm.memory(cm.resolve(choice)).fits
+
+    lo, hi = 0, int(side.get("max_batch", 256))
+    while lo < hi:  # invariant: lo fits (or is 0), hi+1 does not
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    if lo == 0:
+        raise AutoplanError(f"{model} with {side['choice']} does not fit on {side['target']}")
+    return lo
+
+
+def _value(point: dict[str, Any], side_name: str) -> tuple[float, str]:
+    side = _side(point, side_name)
+    target, choice = get_target(side["target"]), Choice.parse(side["choice"])
+    if point["metric"] == "gemm":
+        eff = family_efficiency(target)
+        m, n, k = point["m"], point["n"], point["k"]
+        t = gemm_time(target, eff, choice, m, n, k, baseline_precision(target)).seconds
+        return t + kernels_per_call(choice) * eff.kernel_s, f"{m}x{n}x{k}"
+    batch = side.get("batch", 1)
+    if batch == "max":
+        batch = _max_batch(point["model"], side)
+    wl = Workload(batch=batch, input_len=side.get("input_len", 512),
+                  output_len=side.get("output_len", 128))
+    cm = CostModel(resolve_config(point["model"]), target, wl, kv_bytes=side.get("kv_bytes", 2.0))
+    metrics = cm.evaluate(choice).metrics
+    metric = point["metric"]
+    if metric in _HIGHER_IS_BETTER:
+        return getattr(metrics, metric), f"B={batch}"
+    return getattr(metrics, _LOWER_IS_BETTER[metric]), f"B={batch}"
+
+
+def validate_point(point: dict[str, Any]) -> PointResult:
+    """Predict one point's speedup ratio."""
+    base = dict(id=point["id"], source=point["source"], metric=point["metric"],
+                published=float(point["published"]))
+    try:
+        cand, cand_detail = _value(point, "candidate")
+        ref, ref_detail = _value(point, "baseline")
+    except AutoplanError as exc:
+        return PointResult(**base, predicted=None, detail=f"skipped: {exc}")
+    if point["metric"] in _HIGHER_IS_BETTER:
+        ratio = cand / ref
+    else:  # times: speedup = baseline time / candidate time
+        ratio = ref / cand
+    detail = cand_detail if cand_detail == ref_detail else f"{cand_detail} vs {ref_detail}"
+    return PointResult(**base, predicted=ratio, detail=detail)
+
+
+def validate() -> ValidationReport:
+    """Every published point, predicted."""
+    return ValidationReport(tuple(validate_point(p) for p in load_measurements()))
+
+
+__all__ = ["PointResult", "ValidationReport", "load_measurements", "validate", "validate_point"]
