@@ -238,6 +238,26 @@ def supports(target: Target, runtime: str, choice: Choice) -> Support:
     )
 
 
+def backend_supports(
+    backend: str, platforms: tuple[str, ...], target: Target, runtime: str, choice: Choice
+) -> Support:
+    """`supports()` as seen by one vendor backend, which only drives its own platforms.
+
+    Args:
+        backend: the backend's name (nvidia, amd, cpu).
+        platforms: the target platforms the backend drives.
+        target, runtime, choice: as for `supports()`.
+    """
+    if target.platform not in platforms:
+        return Support(
+            False,
+            f"the {backend} backend drives {', '.join(platforms)} targets, not {target.name} "
+            f"({target.platform}); use the matching backend",
+            f"target:{target.name}",
+        )
+    return supports(target, runtime, choice)
+
+
 def accelerated_choices(target: Target, runtime: str, candidates: Iterable[Choice]) -> list[Choice]:
     """The candidates `runtime` accelerates on `target`, in their given order."""
     return [c for c in candidates if supports(target, runtime, c).ok]
@@ -249,6 +269,7 @@ __all__ = [
     "Runtime",
     "Support",
     "accelerated_choices",
+    "backend_supports",
     "default_runtime",
     "get_runtime",
     "load_matrix",

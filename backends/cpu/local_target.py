@@ -1,0 +1,166 @@
+"""The `local` target: this machine's CPU as a Target, built from the CPU probe.
+
+Bandwidth and GEMM rates are measured (a few seconds), then cached as JSON in the user cache
+dir (`$AUTOPLAN_CACHE`, else ~/.cache/autoplan) keyed by CPU model and core count, so later
+calls are instant. `refresh=True` measures again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from autoplan.backends.cpu.probe import (
+    BF16_FLAGS,
+    INT8_FLAGS,
+    CpuInfo,
+    cpu_info,
+    measure_bandwidth,
+    measure_matmul,
+)
+from autoplan.targets import Figure, Target
+
+# Bump when the measurement or the Target schema changes, so old cache files are redone.
+CACHE_VERSION = 1
+# AWS m7i on-demand, 2026 (hw-facts §1e [C3X]): the default price of one vCPU-hour.
+PRICE_PER_VCPU_HOUR = 0.0504
+# No power reading on most machines; a rough per-core figure keeps J/token finite.
+ASSUMED_WATTS_PER_CORE = 10.0
+
+
+def cache_dir() -> Path:
+    """Where autoplan caches measurements: `$AUTOPLAN_CACHE` or ~/.cache/autoplan."""
+    return Path(os.environ.get("AUTOPLAN_CACHE") or Path.home() / ".cache" / "autoplan")
+
+
+def cache_path(info: CpuInfo) -> Path:
+    """The cache file for this CPU model and core count."""
+    slug = re.sub(r"[^a-z0-9]+", "-", info.model.lower()).strip("-") or "cpu"
+    return cache_dir() / f"local-target-{slug}-{info.cores}c.json"
+
+
+def _family(info: CpuInfo) -> str:
+    # The widest matrix/vector unit decides which efficiency constants apply.
+    if "amx_bf16" in info.flags or "amx_int8" in info.flags:
+        return "local-amx"
+    if "avx512f" in info.flags:
+        return "local-avx512"
+    if "avx2" in info.flags:
+        return "local-avx2"
+    if info.arch in ("aarch64", "arm64"):
+        return "local-arm64"
+    return "local-generic"
+
+
+def _measured(value: float, note: str) -> Figure:
+    return Figure(value=round(value, 6), source="measured", note=note)
+
+
+def _power(info: CpuInfo) -> Figure:
+    rapl = Path("/sys/class/powercap/intel-rapl:0/constraint_0_max_power_uw")
+    try:
+        return _measured(int(rapl.read_text()) / 1e6, "RAPL package power limit")
+    except (OSError, ValueError):
+        return Figure(
+            value=ASSUMED_WATTS_PER_CORE * info.cores,
+            source="assumed",
+            uncertain=True,
+            note=f"no power reading; {ASSUMED_WATTS_PER_CORE:g} W per core assumed",
+        )
+
+
+def _peaks(info: CpuInfo) -> dict[str, Figure]:
+    wanted = ["fp32"]
+    # Only dtypes the CPU has native math for count as peaks; torch would emulate others.
+    if info.has_any(BF16_FLAGS):
+        wanted.append("bf16")
+    if info.has_any(INT8_FLAGS):
+        wanted.append("int8")
+    peaks: dict[str, Figure] = {}
+    for kind in wanted:
+        try:
+            rate, n = measure_matmul(kind)
+        except (RuntimeError, NotImplementedError):  # torch lacks the kernel here
+            continue
+        peaks[kind] = _measured(rate, f"torch {n}x{n} GEMM, {info.threads} threads")
+    return peaks
+
+
+def measure_local_target(info: CpuInfo) -> Target:
+    """Measure this machine (a few seconds) and describe it as a Target."""
+    gbps, method = measure_bandwidth()
+    caches = info.caches_kb
+    stamp = time.strftime("%Y-%m-%d")
+    return Target(
+        name="local",
+        description=f"this machine: {info.model}, {info.cores} cores (measured {stamp})",
+        vendor="cpu-local",
+        kind="cpu",
+        family=_family(info),
+        cores=info.cores,
+        features=tuple(sorted(info.flags)),
+        memory_gb=_measured(info.memory_gb, "MemTotal from /proc/meminfo"),
+        bandwidth_gbps=_measured(gbps, method),
+        peak_tflops=_peaks(info),  # type: ignore[arg-type]
+        tdp_w=_power(info),
+        price_per_hour=Figure(
+            value=round(PRICE_PER_VCPU_HOUR * info.threads, 4),
+            source="C3X",
+            uncertain=True,
+            note=f"derived: AWS m7i {PRICE_PER_VCPU_HOUR} $/vCPU-h (2026) x {info.threads} vCPU",
+        ),
+        l2_mb=_measured(caches["L2"] / 1024, "per core, /sys cache info") if "L2" in caches else None,
+        llc_mb=_measured(caches["L3"] / 1024, "/sys cache info") if "L3" in caches else None,
+        clock_ghz=_measured(info.clock_ghz, "/proc/cpuinfo current clock") if info.clock_ghz else None,
+        measured=True,
+    )
+
+
+def _load(path: Path) -> Target | None:
+    try:
+        payload = json.loads(path.read_text())
+        if payload.get("version") != CACHE_VERSION:
+            return None
+        return Target.model_validate(payload["target"])
+    except (OSError, ValueError, KeyError, ValidationError):
+        return None  # unreadable or stale: measure again
+
+
+def _save(path: Path, target: Target) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"version": CACHE_VERSION, "target": target.model_dump(mode="json")}
+    # Atomic write: parallel workers may read the cache while one process writes it.
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
+        json.dump(payload, tmp, indent=2, sort_keys=True)
+    os.replace(tmp.name, path)
+
+
+def local_target(refresh: bool = False) -> Target:
+    """This machine as a Target, from the cache unless `refresh` or nothing is cached.
+
+    Args:
+        refresh: measure again even when a cached measurement exists.
+
+    Returns:
+        The measured `local` target (figures with source "measured").
+    """
+    info = cpu_info()
+    path = cache_path(info)
+    cached = None if refresh else _load(path)
+    if cached is not None:
+        return cached
+    target = measure_local_target(info)
+    try:
+        _save(path, target)
+    except OSError:
+        pass  # a read-only home still gets a (slower) measured target
+    return target
+
+
+__all__ = ["cache_dir", "cache_path", "local_target", "measure_local_target"]
