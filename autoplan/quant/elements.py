@@ -1,0 +1,135 @@
+"""Element formats, bit-exact: rounding onto FP8, E2M1 and 16-bit grids, and E8M0 scales.
+
+Every ``cast_*`` function rounds to nearest, ties to even, onto the format's grid and
+returns the *values* in the input's floating dtype (fake quantization), so callers can keep
+computing in float32. Casts saturate to the format's largest finite value, as the
+quantization kernels of vLLM, TensorRT-LLM and compressed-tensors do, rather than producing
+NaN (E4M3) or inf (E5M2). The integer codes come from ``encode_*`` or from a plain
+``.to(torch.float8_*)`` of already-rounded values, which is then exact.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+E4M3_MAX = 448.0
+E5M2_MAX = 57344.0
+E2M1_MAX = 6.0
+E2M1_EMAX = 2  # exponent of E2M1's largest power of two (4 = 2**2), OCP MX spec table 1
+E8M0_BIAS = 127
+E8M0_NAN = 0xFF
+
+# Magnitudes of the eight non-negative E2M1 codes 0b000..0b111.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _saturating_cast(x: Tensor, dtype: torch.dtype, fmax: float) -> Tensor:
+    # Clamp first: torch's float8 casts are not guaranteed to saturate, and serving kernels
+    # clamp to +-max before converting. NaN survives clamp and the cast.
+    return (
+        x.float()
+        .clamp(-fmax, fmax)
+        .to(dtype)
+        .to(x.dtype if x.is_floating_point() else torch.float32)
+    )
+
+
+def cast_fp8_e4m3(x: Tensor) -> Tensor:
+    """Round to the FP8 E4M3 (``e4m3fn``: no inf, max 448, subnormals) grid, saturating."""
+    return _saturating_cast(x, torch.float8_e4m3fn, E4M3_MAX)
+
+
+def cast_fp8_e5m2(x: Tensor) -> Tensor:
+    """Round to the FP8 E5M2 (IEEE-like, max 57344) grid, saturating instead of inf."""
+    return _saturating_cast(x, torch.float8_e5m2, E5M2_MAX)
+
+
+def round_to_bf16(x: Tensor) -> Tensor:
+    """Round to bfloat16 (RNE) and return in the input dtype."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def round_to_fp16(x: Tensor) -> Tensor:
+    """Round to IEEE float16 (RNE) and return in the input dtype; overflow gives inf as in fp16."""
+    return x.to(torch.float16).to(x.dtype)
+
+
+def cast_e2m1(x: Tensor) -> Tensor:
+    """Round to the FP4 E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6} with sign, RNE, saturating at 6.
+
+    E2M1 spacing is 0.5 below 2, 1 in [2, 4) and 2 in [4, 6]. Dividing by the spacing (a power
+    of two, so exact) and applying torch.round (round-half-even) lands ties on the even
+    mantissa: 2.5 -> 2, 3.5 -> 4, 5 -> 4, 0.25 -> 0, 0.75 -> 1. At a binade edge the quotient
+    rounds up onto the next binade's first value, which is what the format does too.
+    """
+    xf = x.float()
+    mag = xf.abs().clamp(max=E2M1_MAX)
+    step = torch.where(mag < 2.0, 0.5, torch.where(mag < 4.0, 1.0, 2.0))
+    q = torch.round(mag / step) * step
+    return torch.copysign(q, xf).to(x.dtype if x.is_floating_point() else torch.float32)
+
+
+def encode_e2m1(values: Tensor) -> Tensor:
+    """4-bit E2M1 codes (sign in bit 3), one per uint8, of values already on the E2M1 grid."""
+    v = values.float()
+    mag = v.abs()
+    # 0, .5, 1, 1.5, 2 -> 0..4 (2*mag); 3, 4 -> 5, 6 (mag + 2); 6 -> 7
+    idx = torch.where(mag <= 2.0, mag * 2, torch.where(mag <= 4.0, mag + 2, 7.0))
+    sign = torch.signbit(v).to(torch.uint8) << 3
+    return idx.to(torch.uint8) | sign
+
+
+def decode_e2m1(codes: Tensor) -> Tensor:
+    """Float32 values of 4-bit E2M1 codes (the low nibble of each uint8)."""
+    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
+    return table[(codes & 0xF).long()]
+
+
+def mx_shared_exponent(amax: Tensor, emax_elem: int = E2M1_EMAX) -> Tensor:
+    """OCP MX shared exponent ``floor(log2(amax)) - emax_elem`` as float32 (NaN if not finite).
+
+    frexp gives the exponent exactly; ``log2`` in float can round a value just below a power
+    of two up to it and pick the wrong binade. A zero block gives -inf, which the E8M0
+    encoding clamps to its smallest scale 2**-127.
+    """
+    a = amax.float()
+    _, exp = torch.frexp(a)
+    e = (exp - 1).float() - emax_elem
+    e = torch.where(a == 0, torch.full_like(e, float("-inf")), e)
+    return torch.where(torch.isfinite(a), e, torch.full_like(e, float("nan")))
+
+
+def encode_e8m0(exponent: Tensor) -> Tensor:
+    """E8M0 codes (uint8) of power-of-two exponents: clamp to [-127, 127], bias 127, NaN -> 0xFF."""
+    e = exponent.float()
+    code = (e.clamp(-E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS).nan_to_num(E8M0_NAN)
+    return code.to(torch.uint8)
+
+
+def decode_e8m0(codes: Tensor) -> Tensor:
+    """Float32 scales ``2**(code - 127)`` of E8M0 codes; 0xFF decodes to NaN."""
+    c = codes.to(torch.int32)
+    scale = torch.exp2((c - E8M0_BIAS).float())
+    return torch.where(c == E8M0_NAN, torch.full_like(scale, float("nan")), scale)
+
+
+__all__ = [
+    "E2M1_EMAX",
+    "E2M1_MAX",
+    "E2M1_VALUES",
+    "E4M3_MAX",
+    "E5M2_MAX",
+    "E8M0_BIAS",
+    "E8M0_NAN",
+    "cast_e2m1",
+    "cast_fp8_e4m3",
+    "cast_fp8_e5m2",
+    "decode_e2m1",
+    "decode_e8m0",
+    "encode_e2m1",
+    "encode_e8m0",
+    "mx_shared_exponent",
+    "round_to_bf16",
+    "round_to_fp16",
+]

@@ -1,0 +1,112 @@
+"""SimulatedLinear: an nn.Linear that computes as the compressed serving kernel would."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from autoplan.errors import UserInputError
+from autoplan.formats import Choice
+from autoplan.quant.activations import quantize_activation
+from autoplan.quant.weights import QuantizedWeight, quantize_weight
+
+
+class SimulatedLinear(nn.Module):
+    """A linear layer running one Choice: pruned, quantized weights and fake-quantized inputs.
+
+    Forward: activations are fake-quantized as the precision's kernel does (dynamic
+    per-token for FP8/INT8 W8A8, per-16/32 blocks for NVFP4/MXFP4 W4A4, unchanged for
+    weight-only formats), then multiplied with the simulated weight in float32, and the
+    result is cast back to the input dtype.
+
+    Attributes:
+        choice: the layer's (sparsity, precision).
+        mask: keep-mask of the weight (True = kept), all True when dense.
+        quantized: the QuantizedWeight (codes and scales, for auditing and export).
+        act_scale: optional static activation scale (NVFP4: the FP32 global scale).
+    """
+
+    def __init__(
+        self,
+        quantized: QuantizedWeight,
+        mask: Tensor,
+        bias: Tensor | None,
+        choice: Choice,
+        act_scale: Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.choice = choice
+        self.quantized = quantized
+        self.out_features, self.in_features = quantized.dequant.shape
+        self.register_buffer("weight", quantized.dequant.detach().float(), persistent=False)
+        self.register_buffer("mask", mask.to(torch.bool), persistent=False)
+        self.register_buffer(
+            "bias", None if bias is None else bias.detach().float(), persistent=False
+        )
+        self.act_scale = act_scale
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        choice: Choice,
+        *,
+        mask: Tensor | None = None,
+        hessian: Tensor | None = None,
+        method: str = "rtn",
+        weight: Tensor | None = None,
+        act_scale: Tensor | None = None,
+    ) -> SimulatedLinear:
+        """Compress ``linear`` to ``choice``: prune first, then quantize the pruned weight.
+
+        The mask is applied before any scale is computed, so scales are recalibrated on the
+        kept weights and pruned weights stay exactly zero.
+
+        Args:
+            linear: the original layer (left unchanged).
+            choice: sparsity x precision.
+            mask: keep-mask; when None and the choice is sparse, a magnitude mask is
+                computed (SparseGPT when ``hessian`` is given).
+            hessian: [in, in] input Hessian, for GPTQ and SparseGPT.
+            method: "rtn" or "gptq".
+            weight: replacement weight to quantize (e.g. ``PruneResult.weight`` from
+                SparseGPT, whose kept weights are reconstructed); defaults to linear's.
+            act_scale: static activation scale, see ``quantize_activation``.
+
+        Returns:
+            The SimulatedLinear.
+        """
+        w = linear.weight.detach() if weight is None else weight.detach()
+        if w.shape != linear.weight.shape:
+            raise UserInputError(
+                f"replacement weight {tuple(w.shape)} does not match the layer's "
+                f"{tuple(linear.weight.shape)}"
+            )
+        if mask is None and choice.sparsity.kind != "dense":
+            # Imported here: autoplan.prune uses autoplan.quant.hessian, so a module-level
+            # import would be circular.
+            from autoplan.prune import compute_mask
+
+            score = "sparsegpt" if hessian is not None else "magnitude"
+            pruned = compute_mask(w, choice.sparsity, score=score, hessian=hessian)
+            mask, w = pruned.mask, pruned.weight
+        if mask is None:
+            mask = torch.ones_like(w, dtype=torch.bool)
+        if mask.shape != w.shape:
+            raise UserInputError(
+                f"mask shape {tuple(mask.shape)} does not match weight {tuple(w.shape)}"
+            )
+        quantized = quantize_weight(w, choice.precision, method=method, hessian=hessian, mask=mask)
+        return cls(quantized, mask, linear.bias, choice, act_scale)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Fake-quantize ``x`` and multiply with the simulated weight in float32."""
+        xq = quantize_activation(x.float(), self.choice.precision, static_scale=self.act_scale)
+        return F.linear(xq, self.weight, self.bias).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, choice={self.choice}"
+
+
+__all__ = ["SimulatedLinear"]

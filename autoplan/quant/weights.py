@@ -1,0 +1,120 @@
+"""quantize_weight: the one entry point that turns a weight matrix into a simulated format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from autoplan.errors import UserInputError
+from autoplan.formats import Precision
+from autoplan.quant.elements import encode_e2m1
+from autoplan.quant.gptq import gptq_quantize
+from autoplan.quant.schemes import Scheme, quantize_rows, weight_scheme
+
+METHODS = ("rtn", "gptq")
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A weight as the serving kernel would see it.
+
+    Attributes:
+        dequant: the simulated weight, same shape and dtype as the input weight.
+        scales: named scale tensors in their storage dtypes, named as compressed-tensors
+            checkpoints name them: ``weight_scale`` ([out, 1] per channel, [1] per tensor,
+            [out, n_groups] for grouped formats: bf16/fp16/fp32 for INT, float8_e4m3fn for
+            NVFP4, uint8 E8M0 codes for MXFP4) and ``global_scale`` (NVFP4, FP32 [1]).
+            Empty for fp32/bf16/fp16.
+        codes: the stored values: int8 for INT8/INT4 (INT4 in [-8, 7], unpacked),
+            float8 for FP8, uint8 4-bit E2M1 codes for NVFP4/MXFP4 (sign in bit 3), None for
+            16/32-bit floats.
+        precision: the format.
+    """
+
+    dequant: Tensor
+    scales: dict[str, Tensor] = field(default_factory=dict)
+    codes: Tensor | None = None
+    precision: Precision = Precision.FP32
+
+
+def _pack_codes(codes: Tensor, scheme: Scheme) -> Tensor | None:
+    if scheme.code_dtype is None:
+        return None
+    if scheme.code_dtype is torch.uint8:  # E2M1
+        return encode_e2m1(codes)
+    return codes.to(scheme.code_dtype)
+
+
+def quantize_weight(
+    w: Tensor,
+    precision: Precision,
+    *,
+    method: str = "rtn",
+    hessian: Tensor | None = None,
+    per_channel: bool = True,
+    mask: Tensor | None = None,
+    blocksize: int = 128,
+    damp: float = 0.01,
+) -> QuantizedWeight:
+    """Quantize a linear weight ``w`` [out, in] to ``precision``, bit-exactly.
+
+    Scales are computed from the weight after ``mask`` is applied (a pruned weight gets
+    scales recalibrated on what is kept) and masked positions are exactly zero afterwards.
+
+    Args:
+        w: the weight, any float dtype; groups run along the input dim (dim 1).
+        precision: target format. Weight-only and W8A8 variants quantize weights the same.
+        method: "rtn" (round to nearest) or "gptq" (needs ``hessian``).
+        hessian: [in, in] Hessian ``2 X^T X / n`` of the layer inputs, for GPTQ.
+        per_channel: one scale per output channel (default) or one per tensor; only FP8
+            and INT8 have a per-tensor variant, grouped formats ignore it.
+        mask: optional keep-mask (True = kept) of ``w``'s shape.
+        blocksize: GPTQ lazy-batch width.
+        damp: GPTQ dampening, as a fraction of the mean Hessian diagonal.
+
+    Returns:
+        The QuantizedWeight.
+
+    Raises:
+        UserInputError: unknown method, wrong shapes, or GPTQ without a Hessian.
+    """
+    if method not in METHODS:
+        raise UserInputError(
+            f"unknown quantization method '{method}': use one of {', '.join(METHODS)}"
+        )
+    if w.ndim != 2:
+        raise UserInputError(
+            f"quantize_weight needs a 2-D [out, in] weight, got shape {tuple(w.shape)}"
+        )
+    if mask is not None and mask.shape != w.shape:
+        raise UserInputError(
+            f"mask shape {tuple(mask.shape)} does not match weight {tuple(w.shape)}"
+        )
+    scheme = weight_scheme(precision, w.dtype, per_channel=per_channel)
+    if method == "gptq":
+        if hessian is None:
+            raise UserInputError("method='gptq' needs the layer Hessian: pass hessian=2*X.T@X/n")
+        deq, codes, scale, ctx = gptq_quantize(
+            w, hessian, scheme, mask=mask, blocksize=blocksize, damp=damp
+        )
+    else:
+        wf = w.detach().float()
+        if mask is not None:
+            wf = wf * mask
+        ctx = scheme.prepare(wf)
+        deq, codes, scale = quantize_rows(wf, scheme, ctx)
+    if mask is not None:  # the -0.0 of a masked negative weight becomes a clean +0 code
+        keep = mask.to(torch.bool)
+        deq = torch.where(keep, deq, torch.zeros_like(deq))
+        codes = torch.where(keep, codes, torch.zeros_like(codes))
+    return QuantizedWeight(
+        dequant=deq.to(w.dtype),
+        scales=scheme.scale_dict(scale, ctx),
+        codes=_pack_codes(codes, scheme),
+        precision=precision,
+    )
+
+
+__all__ = ["METHODS", "QuantizedWeight", "quantize_weight"]
