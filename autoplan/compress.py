@@ -1,0 +1,157 @@
+"""Apply per-layer decisions to a real model: calibration statistics, then prune and
+quantize each linear exactly as its format defines, swapping in SimulatedLinear modules.
+
+Statistics are taken once from the ORIGINAL model's activations (one forward pass over the
+calibration tokens); every layer is then compressed independently. This keeps profiling,
+verification and export consistent: the same (layer, choice, settings, statistics) always
+gives the same weights. Sequential (compressed-input) calibration as in the GPTQ paper is a
+possible refinement, not done here.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from autoplan.errors import UserInputError
+from autoplan.formats import Choice
+from autoplan.models.graph import get_linear, set_module
+from autoplan.prune import compute_mask
+from autoplan.quant import HessianAccumulator, SimulatedLinear
+
+PRUNE_SCORES = ("magnitude", "wanda", "sparsegpt")
+QUANT_METHODS = ("rtn", "gptq")
+
+
+@dataclass(frozen=True)
+class CompressionSettings:
+    """How masks and quantized weights are computed (the choice says what, this says how)."""
+
+    prune_score: str = "wanda"
+    quant_method: str = "rtn"
+
+    def __post_init__(self) -> None:
+        if self.prune_score not in PRUNE_SCORES:
+            raise UserInputError(
+                f"unknown pruning score '{self.prune_score}': use {', '.join(PRUNE_SCORES)}"
+            )
+        if self.quant_method not in QUANT_METHODS:
+            raise UserInputError(
+                f"unknown quantization method '{self.quant_method}': use {', '.join(QUANT_METHODS)}"
+            )
+
+    @property
+    def needs_hessian(self) -> bool:
+        return self.prune_score == "sparsegpt" or self.quant_method == "gptq"
+
+
+@torch.no_grad()
+def collect_stats(
+    model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor]
+) -> dict[str, HessianAccumulator]:
+    """Input Hessians (2 X^T X / n; the diagonal gives Wanda's norms) of the named linears."""
+    names = list(layer_names)
+    stats: dict[str, HessianAccumulator] = {}
+    by_module: dict[int, list[str]] = {}
+    handles = []
+    for name in names:
+        linear = get_linear(model, name)
+        by_module.setdefault(id(linear), []).append(name)
+        stats[name] = HessianAccumulator(linear.in_features)
+    seen: set[int] = set()
+    for name in names:
+        linear = get_linear(model, name)
+        if id(linear) in seen:
+            continue
+        seen.add(id(linear))
+        targets = [stats[n] for n in by_module[id(linear)]]
+
+        def hook(_m, inputs, _out, targets=targets):  # noqa: ANN001 - torch hook signature
+            for acc in targets:
+                acc.add(inputs[0])
+
+        handles.append(linear.register_forward_hook(hook))
+    try:
+        for batch in batches:
+            model(input_ids=batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+def compress_linear(
+    linear: nn.Linear, choice: Choice, stats: HessianAccumulator | None,
+    settings: CompressionSettings,
+) -> SimulatedLinear:
+    """Prune (mask first, so scales are calibrated on kept weights) then quantize one layer."""
+    hessian = stats.hessian if stats is not None else None
+    weight = None
+    mask = None
+    if choice.sparsity.kind != "dense":
+        score = settings.prune_score
+        if stats is None and score != "magnitude":
+            raise UserInputError(f"pruning score '{score}' needs calibration statistics")
+        pruned = compute_mask(
+            linear.weight.detach(), choice.sparsity, score=score,
+            act_norm=stats.act_norm() if stats is not None else None,
+            hessian=hessian if score == "sparsegpt" else None,
+        )
+        mask, weight = pruned.mask, pruned.weight
+    return SimulatedLinear.from_linear(
+        linear, choice, mask=mask, weight=weight,
+        hessian=hessian if settings.quant_method == "gptq" else None,
+        method=settings.quant_method,
+    )
+
+
+def compressed_copy(
+    model: nn.Module, decisions: Mapping[str, Choice],
+    stats: Mapping[str, HessianAccumulator] | None, settings: CompressionSettings,
+    baseline: Choice | None = None,
+) -> tuple[nn.Module, dict[str, SimulatedLinear]]:
+    """A deep copy of `model` with every decided layer replaced by its SimulatedLinear.
+
+    Layers whose choice equals `baseline` (e.g. dense+fp32 on CPU) are left as they are.
+    A tied lm_head is untied in the copy so compressing it never touches the embeddings.
+    """
+    out = copy.deepcopy(model)
+    swapped: dict[str, SimulatedLinear] = {}
+    for name, choice in decisions.items():
+        if baseline is not None and choice == baseline:
+            continue
+        sim = compress_linear(get_linear(out, name), choice,
+                              stats.get(name) if stats else None, settings)
+        set_module(out, name, sim)
+        swapped[name] = sim
+    return out, swapped
+
+
+def tensor_digest(t: Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and bytes (for the plan's audit section)."""
+    t = t.detach().contiguous().cpu()
+    h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def audit_digests(swapped: Mapping[str, SimulatedLinear]) -> dict[str, dict[str, str]]:
+    """layer -> {mask, weight, each scale tensor -> sha256}."""
+    out: dict[str, dict[str, str]] = {}
+    for name, sim in sorted(swapped.items()):
+        entry = {"mask": tensor_digest(sim.mask), "weight": tensor_digest(sim.weight)}
+        for key, scale in sorted(sim.quantized.scales.items()):
+            entry[key] = tensor_digest(scale)
+        out[name] = entry
+    return out
+
+
+__all__ = [
+    "CompressionSettings", "audit_digests", "collect_stats", "compress_linear",
+    "compressed_copy", "tensor_digest",
+]

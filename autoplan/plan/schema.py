@@ -1,0 +1,135 @@
+"""The plan file: the versioned, auditable result of `autoplan search`.
+
+`schema_version` is independent of the package version. Plans written by an older schema are
+migrated on load (autoplan/plan/io.py); a plan from a newer autoplan is refused with a
+message to upgrade. Every model forbids unknown keys, so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelRef(_Strict):
+    id: str
+    content_hash: str
+    model_type: str
+    n_layers: int
+    params: int
+
+
+class TargetRef(_Strict):
+    name: str
+    price_per_hour: float
+    price_source: str
+
+
+class RuntimeRef(_Strict):
+    name: str
+    version: str
+
+
+class Budget(_Strict):
+    text: str = Field(description="as the user wrote it, e.g. 'kl<=0.05'")
+    metric: str = Field(description="kl | ppl | suite")
+    limit: float = Field(description="kl: nats/token; ppl: max relative increase; suite: min points change")
+    suite_file: str | None = None
+
+
+class Compression(_Strict):
+    prune_score: str
+    quant_method: str
+
+
+class Predicted(_Strict):
+    """Cost-model predictions (never measurements) for one set of decisions."""
+
+    label: str
+    tokens_per_s: float
+    ttft_s: float
+    tpot_s: float
+    request_latency_s: float
+    memory_gb: float
+    fits: bool
+    energy_j_per_token: float
+    usd_per_1m_tokens: float
+    weight_gb: float
+
+
+class Quality(_Strict):
+    """Quality measured on the real compressed model, next to the surrogate's prediction."""
+
+    kl: float
+    ppl: float
+    ppl_ref: float
+    suite_score: float | None = None
+    suite_ref: float | None = None
+    surrogate_kl: float
+    budget_met: bool
+    eval_tokens: int
+
+
+class Certificate(_Strict):
+    """Exact optimum of the additive surrogate problem and the search's gap to it."""
+
+    solver: str
+    optimum_objective: float
+    search_objective: float
+    gap: float
+    surrogate_limit: float
+
+
+class SearchMeta(_Strict):
+    sampler: str
+    seed: int
+    trials: int
+    wall_time_s: float
+    study: str
+    storage: str = Field(description="storage URL with any password removed")
+    real_evaluations: int
+    rounds: list[dict[str, Any]] = []
+    certificate: Certificate | None = None
+    gain_over_best_uniform: float | None = None
+    best_uniform: str | None = None
+    outcome: str = Field(description="'plan' | 'uniform-fallback' | 'baseline-fallback'")
+    note: str = ""
+
+
+class Audit(_Strict):
+    calibration_source: str
+    calibration_hash: str
+    tensors: dict[str, dict[str, str]] = Field(
+        description="layer -> {tensor name -> sha256} for every mask and scale tensor"
+    )
+
+
+class Plan(_Strict):
+    schema_version: int = SCHEMA_VERSION
+    autoplan_version: str
+    created: str
+    model: ModelRef
+    target: TargetRef
+    runtime: RuntimeRef
+    workload: dict[str, int]
+    objective: str
+    budget: Budget
+    compression: Compression
+    decisions: dict[str, str] = Field(description="layer name -> 'sparsity+precision'")
+    predicted: dict[str, Predicted] = Field(description="plan, baseline, best_uniform")
+    quality: Quality
+    search: SearchMeta
+    audit: Audit
+
+
+__all__ = [
+    "SCHEMA_VERSION", "Audit", "Budget", "Certificate", "Compression", "ModelRef", "Plan",
+    "Predicted", "Quality", "RuntimeRef", "SearchMeta", "TargetRef",
+]
