@@ -8,6 +8,8 @@ because symlinks do not survive wheels, sdists or Windows checkouts.
 
 from __future__ import annotations
 
+import difflib
+import json
 from importlib import resources
 from pathlib import Path
 
@@ -35,14 +37,10 @@ def resolve_config(model: str) -> ModelSpec:
     path = Path(model).expanduser()
     if path.exists():
         return ModelSpec.from_path(path)
-    import json
-
     key = model.strip().lower().removesuffix(".json")
     bundled = bundled_configs()
     if key in bundled:
         return ModelSpec.from_config(json.loads(bundled[key]), name=key)
-    import difflib
-
     close = difflib.get_close_matches(key, bundled, n=1, cutoff=0.5)
     hint = f" Did you mean '{close[0]}'?" if close else ""
     raise ModelConfigError(

@@ -42,7 +42,7 @@ def sparse24_accelerated(target: Target, choice: Choice) -> bool:
     sp = choice.sparsity
     if sp.kind != "nm" or (sp.n, sp.m) != (2, 4):
         return False
-    return choice.precision.info.math in target.sparse24
+    return target.sparse_multiplier(choice.precision.info.math) > 1.0
 
 
 def stored_bits(target: Target, choice: Choice) -> float:

@@ -75,8 +75,8 @@ def sparse24_speedup(m: int, n: int, k: int, math_dtype: str, target: Target) ->
     Returns:
         The speedup; below 1 for small shapes.
     """
-    mult = target.sparse24.get(math_dtype)  # type: ignore[call-overload]
-    if mult is None or mult.value <= 1.0:
+    mult = target.sparse_multiplier(math_dtype)
+    if mult <= 1.0:
         return 1.0
     table = _table(target.family, math_dtype)
     size = max(1.0, (float(m) * n * k) ** (1.0 / 3.0))
@@ -91,7 +91,7 @@ def sparse24_speedup(m: int, n: int, k: int, math_dtype: str, target: Target) ->
         (x0, (_, y0)), (x1, (_, y1)) = (logs[i - 1], table[i - 1]), (logs[i], table[i])
         speed = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     # The curves were measured on parts with a 2x sparse peak; a weaker multiplier caps them.
-    return speed * min(1.0, mult.value / 2.0)
+    return speed * min(1.0, mult / 2.0)
 
 
 __all__ = ["sparse24_speedup"]

@@ -15,9 +15,8 @@ from importlib import resources
 from typing import Any
 
 from autoplan.cost.configs import resolve_config
-from autoplan.cost.efficiency import family_efficiency
+from autoplan.cost.efficiency import baseline_precision, family_efficiency
 from autoplan.cost.linear import gemm_time, kernels_per_call
-from autoplan.cost.efficiency import baseline_precision
 from autoplan.cost.model import CostModel
 from autoplan.errors import AutoplanError
 from autoplan.formats import Choice

@@ -1,0 +1,155 @@
+"""`autoplan estimate`: predicted speed, memory, energy and $ of one uniform choice vs the
+uncompressed baseline, optionally with the per-layer breakdown."""
+
+from __future__ import annotations
+
+import click
+from pydantic import ValidationError
+from rich.table import Table
+
+from autoplan.cli._output import console, emit_json, err_console, json_option
+from autoplan.cost import CostModel, Estimate, resolve_config
+from autoplan.errors import UnsupportedFormatError, UserInputError
+from autoplan.formats import Choice, Precision, Sparsity
+from autoplan.runtimes import default_runtime, runtime_names, supports
+from autoplan.targets import get_target
+from autoplan.workload import Workload
+
+# (label, Metrics attribute, unit scale, format, higher is better)
+_ROWS = (
+    ("decode tokens/s (predicted)", "decode_tokens_per_s", 1.0, "{:,.0f}", True),
+    ("output tokens/s end-to-end (predicted)", "throughput", 1.0, "{:,.0f}", True),
+    ("TTFT ms (predicted)", "ttft_s", 1e3, "{:,.2f}", False),
+    ("TPOT ms (predicted)", "tpot_s", 1e3, "{:,.3f}", False),
+    ("request latency s (predicted)", "request_latency_s", 1.0, "{:,.3f}", False),
+    ("energy J/output token (predicted)", "energy", 1.0, "{:,.4f}", False),
+    ("$ per 1M output tokens (predicted)", "cost", 1.0, "{:,.4f}", False),
+)
+
+
+def _positive(name: str, value: int) -> int:
+    if value < 1:
+        raise UserInputError(f"--{name} must be a positive integer, got {value}")
+    return value
+
+
+def _speedups(cand: Estimate, base: Estimate) -> dict[str, float]:
+    out = {}
+    for _label, attr, _scale, _fmt, higher in _ROWS:
+        c, b = getattr(cand.metrics, attr), getattr(base.metrics, attr)
+        if c and b:
+            out[attr] = c / b if higher else b / c
+    return out
+
+
+def _summary(cand: Estimate, base: Estimate, choice: Choice, runtime: str) -> Table:
+    table = Table(title=f"{cand.model} on {cand.target} ({runtime}), batch "
+                        f"{cand.workload['batch']}, {cand.workload['input_len']} in / "
+                        f"{cand.workload['output_len']} out: PREDICTED by the cost model")
+    table.add_column("metric")
+    table.add_column(str(choice), justify="right")
+    table.add_column(f"baseline {base.baseline}", justify="right")
+    table.add_column("gain", justify="right")
+    speed = _speedups(cand, base)
+    for label, attr, scale, fmt, _higher in _ROWS:
+        table.add_row(label, fmt.format(getattr(cand.metrics, attr) * scale),
+                      fmt.format(getattr(base.metrics, attr) * scale),
+                      f"{speed[attr]:.2f}x" if attr in speed else "-")
+    for label, est_mem in (("memory GB", lambda e: e.memory.total_bytes / 1e9),
+                           ("  weights GB", lambda e: e.memory.weights_bytes / 1e9),
+                           ("  KV cache GB", lambda e: e.memory.kv_cache_bytes / 1e9)):
+        table.add_row(label, f"{est_mem(cand):,.2f}", f"{est_mem(base):,.2f}", "")
+    fit = lambda e: "yes" if e.memory.fits else "[red]NO[/red]"  # noqa: E731
+    table.add_row(f"fits ({cand.memory.capacity_bytes / 1e9:,.0f} GB usable)", fit(cand),
+                  fit(base), "")
+    table.add_row("MBU (predicted)", f"{cand.mbu:.2f}", f"{base.mbu:.2f}", "")
+    return table
+
+
+def _breakdown(est: Estimate) -> Table:
+    table = Table(title="per-layer breakdown (predicted)")
+    for col in ("layer", "choice", "prefill ms", "decode us", "decode share", "weights MB"):
+        table.add_column(col, justify="left" if col in ("layer", "choice") else "right",
+                         overflow="fold")
+    decode = est.metrics.decode_s
+    for row in est.layers:
+        table.add_row(row.name, row.choice, f"{row.prefill_s * 1e3:.3f}",
+                      f"{row.decode_s * 1e6:.1f}", f"{row.decode_s / decode:.1%}",
+                      f"{row.weight_bytes / 1e6:.1f}")
+    for name, t in est.fixed.items():
+        table.add_row(f"[dim]{name}[/dim]", "-", f"{t.prefill_s * 1e3:.3f}",
+                      f"{t.decode_s * 1e6:.1f}", f"{t.decode_s / decode:.1%}", "-")
+    return table
+
+
+def _pick_runtime(tgt, runtime: str | None, choice: Choice):
+    """The named runtime; else the target's default, or the first runtime that accelerates
+    the choice when the default cannot (said on stderr so the user knows)."""
+    if runtime:
+        return runtime, supports(tgt, runtime, choice)
+    default = default_runtime(tgt)
+    first = supports(tgt, default, choice)
+    if first.ok:
+        return default, first
+    for name in runtime_names():
+        answer = supports(tgt, name, choice)
+        if answer.ok:
+            err_console.print(f"note: {default} cannot run {choice} ({first.reason}); "
+                              f"estimating for {name}")
+            return name, answer
+    return default, first
+
+
+@click.command("estimate")
+@click.option("--model", "model", required=True,
+              help="HF model folder, config.json, or bundled name (e.g. llama-3.1-8b).")
+@click.option("--target", required=True, help="Hardware target (autoplan targets), e.g. h100.")
+@click.option("--precision", default=None, help="e.g. bf16, fp8, int8, int4_g128, nvfp4.")
+@click.option("--sparsity", default="dense", show_default=True,
+              help="dense, 2:4, block32@50, channel@25, unstructured@50.")
+@click.option("--runtime", default=None, help="Serving runtime (default: the target's).")
+@click.option("--batch", type=int, default=1, show_default=True, help="Concurrent sequences.")
+@click.option("--input-len", type=int, default=512, show_default=True)
+@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--price-per-hour", type=float, default=None, help="$/hour (default: catalog).")
+@click.option("--breakdown", is_flag=True, help="Show the per-layer breakdown.")
+@json_option
+def command(model: str, target: str, precision: str | None, sparsity: str, runtime: str | None,
+            batch: int, input_len: int, output_len: int, price_per_hour: float | None,
+            breakdown: bool, as_json: bool) -> None:
+    """Predict speed, memory, energy and $/1M tokens of one choice for every linear layer."""
+    for name, value in (("batch", batch), ("input-len", input_len), ("output-len", output_len)):
+        _positive(name, value)
+    if price_per_hour is not None and price_per_hour < 0:
+        raise UserInputError(f"--price-per-hour must be >= 0, got {price_per_hour}")
+    tgt = get_target(target)
+    spec = resolve_config(model)
+    try:
+        workload = Workload(batch=batch, input_len=input_len, output_len=output_len)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UserInputError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
+    cm = CostModel(spec, tgt, workload, price_per_hour=price_per_hour)
+    prec = Precision.parse(precision) if precision else cm.baseline.precision
+    choice = Choice(Sparsity.parse(sparsity), prec)
+    runtime, support = _pick_runtime(tgt, runtime, choice)
+    if not support.ok:
+        raise UnsupportedFormatError(support.reason)
+    cand, base = cm.evaluate(choice), cm.evaluate(None)
+    for est in {id(cand): cand, id(base): base}.values():
+        if not est.memory.fits:
+            err_console.print(f"warning: {est.baseline if est is base else choice} needs "
+                              f"{est.memory.total_bytes / 1e9:,.1f} GB, more than the "
+                              f"{est.memory.capacity_bytes / 1e9:,.0f} GB usable on {tgt.name}")
+    if as_json:
+        doc = {"predicted": True, "runtime": runtime, "choice": str(choice),
+               "candidate": cand.to_json(), "baseline": base.to_json(),
+               "speedup": _speedups(cand, base)}
+        if not breakdown:
+            for side in ("candidate", "baseline"):
+                doc[side].pop("layers")
+        emit_json(doc)
+        return
+    console.print(_summary(cand, base, choice, runtime))
+    if breakdown:
+        console.print(_breakdown(cand))

@@ -1,0 +1,37 @@
+"""Bundled model configs: the user-facing copies equal the canonical package data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoplan.cost import bundled_configs, resolve_config
+from autoplan.errors import ModelConfigError
+
+_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(_EXAMPLES.glob("*.json")), ids=lambda p: p.stem)
+def test_example_config_equals_bundled_copy(path: Path) -> None:
+    assert bundled_configs()[path.stem] == path.read_text()
+
+
+@pytest.mark.parametrize("name", sorted(bundled_configs()))
+def test_bundled_config_loads(name: str) -> None:
+    spec = resolve_config(name)
+    assert spec.layers and spec.n_layers > 0
+
+
+def test_public_shapes() -> None:
+    spec = resolve_config("llama-3.1-8b")
+    assert (spec.hidden, spec.intermediate, spec.n_layers, spec.n_kv_heads) == (4096, 14336, 32, 8)
+    assert 8.0e9 < spec.total_params < 8.1e9
+    assert 70.4e9 < resolve_config("llama-3.1-70b").total_params < 70.8e9
+    assert 7.5e9 < resolve_config("qwen2.5-7b").total_params < 7.7e9
+    assert 7.2e9 < resolve_config("mistral-7b-v0.3").total_params < 7.3e9
+
+
+def test_unknown_name_lists_bundled() -> None:
+    with pytest.raises(ModelConfigError, match="llama-3.1-8b"):
+        resolve_config("llama-3.1-8")

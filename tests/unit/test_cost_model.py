@@ -1,0 +1,186 @@
+"""Hand-computed checks of the analytic cost model (autoplan/cost)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoplan.cost import (
+    CostModel,
+    Objective,
+    PhaseTime,
+    baseline_precision,
+    family_efficiency,
+    resolve_config,
+    sparse24_speedup,
+    usd_per_million_tokens,
+)
+from autoplan.cost.linear import stored_bits
+from autoplan.errors import ModelConfigError, UnknownNameError, UnsupportedFormatError
+from autoplan.formats import Choice
+from autoplan.modelspec import ModelSpec
+from autoplan.targets import Figure, Target, get_target
+from autoplan.workload import Workload
+
+
+def _fig(value: float) -> Figure:
+    return Figure(value=value, source="TEST")
+
+
+def _toy_target(kind: str = "gpu", peaks: dict | None = None, sparse: dict | None = None) -> Target:
+    """1 TB/s, 100 TF BF16 / 200 TF FP8, 80 GB, Hopper constants."""
+    return Target(
+        name="toy", description="toy", vendor="nvidia", kind=kind, family="hopper",
+        memory_gb=_fig(80), bandwidth_gbps=_fig(1000),
+        peak_tflops={k: _fig(v) for k, v in (peaks or {"bf16": 100, "fp8": 200}).items()},
+        sparse24={k: _fig(v) for k, v in (sparse if sparse is not None else {"bf16": 2}).items()},
+        tdp_w=_fig(500), price_per_hour=_fig(4.0),
+    )
+
+
+_TOY_CFG = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 8192,
+            "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 32000}
+
+
+def _toy_model(batch: int = 1, input_len: int = 128, output_len: int = 64) -> CostModel:
+    spec = ModelSpec.from_config(_TOY_CFG, name="toy")
+    return CostModel(spec, _toy_target(), Workload(batch=batch, input_len=input_len,
+                                                   output_len=output_len))
+
+
+@pytest.mark.parametrize("text, bits", [("bf16", 16), ("fp8", 8), ("2:4+fp16", 9),
+                                        ("2:4+fp8", 5), ("int4_g128", 4.125), ("nvfp4", 4.5),
+                                        ("mxfp4", 4.25)])
+def test_bits_per_weight(text: str, bits: float) -> None:
+    assert Choice.parse(text).bits_per_weight() == pytest.approx(bits)
+
+
+def test_unaccelerated_2to4_is_stored_dense() -> None:
+    no_sparse = _toy_target(sparse={})
+    assert stored_bits(no_sparse, Choice.parse("2:4+bf16")) == 16
+    assert stored_bits(_toy_target(), Choice.parse("2:4+bf16")) == pytest.approx(9)
+    assert stored_bits(no_sparse, Choice.parse("channel@25+bf16")) == pytest.approx(12)
+
+
+def test_decode_of_bandwidth_bound_layer() -> None:
+    cm = _toy_model(batch=1)
+    eff = family_efficiency(cm.target)
+    layer = cm.spec.layer("model.layers.0.self_attn.o_proj")  # its own fused group
+    bytes_ = 4096 * 4096 * 2 + 1 * (4096 * 2 + 4096 * 2)
+    expected = bytes_ / (eff.eta_bw * 1e12) + eff.kernel_s
+    assert cm.layer_time(layer, cm.baseline).decode_s == pytest.approx(expected)
+
+
+def test_fused_group_splits_kernel_overhead() -> None:
+    cm = _toy_model(batch=1)
+    eff = family_efficiency(cm.target)
+    q = cm.spec.layer("model.layers.0.self_attn.q_proj")
+    bytes_ = 4096 * 4096 * 2 + 4096 * 2 + 4096 * 2
+    assert cm.layer_time(q, cm.baseline).decode_s == pytest.approx(
+        bytes_ / (eff.eta_bw * 1e12) + eff.kernel_s / 3)
+
+
+def test_compute_bound_prefill() -> None:
+    cm = _toy_model(batch=4, input_len=1024)  # 4,096 tokens: one prefill chunk
+    eff = family_efficiency(cm.target)
+    layer = cm.spec.layer("model.layers.0.self_attn.o_proj")
+    flops = 2 * 4096 * 4096 * 4096
+    expected = flops / (eff.eta_c * 100e12) + eff.kernel_s
+    assert cm.layer_time(layer, cm.baseline).prefill_s == pytest.approx(expected)
+
+
+def test_sparse_speedup_depends_on_shape() -> None:
+    h100 = get_target("h100-sxm")
+    assert sparse24_speedup(64, 64, 64, "fp8", h100) < 1.0
+    assert sparse24_speedup(1024, 1024, 1024, "fp8", h100) < 1.0
+    assert sparse24_speedup(8192, 8192, 8192, "fp8", h100) > 1.4
+    assert sparse24_speedup(8192, 8192, 8192, "fp8", _toy_target(sparse={})) == 1.0
+
+
+def test_2to4_decode_is_a_byte_reduction() -> None:
+    cm = _toy_model(batch=1)
+    layer = cm.spec.layer("model.layers.0.mlp.down_proj")
+    dense = cm.layer_time(layer, Choice.parse("bf16")).decode_s
+    sparse = cm.layer_time(layer, Choice.parse("2:4+bf16")).decode_s
+    assert 1.3 < dense / sparse < 16 / 9
+
+
+def test_usd_per_million_tokens() -> None:
+    assert usd_per_million_tokens(800, 4.0) == pytest.approx(1.3889, abs=1e-4)
+    cm = _toy_model()
+    tps = cm.workload.batch * cm.workload.output_len / (0.1 + 63 * 0.01)
+    assert cm.metric_from_times(0.1, 0.01, Objective.COST) == pytest.approx(
+        4.0 / (tps * 3600) * 1e6)
+    assert cm.metric_from_times(0.1, 0.01, "latency") == pytest.approx(0.1 + 63 * 0.01)
+
+
+def test_memory_fit() -> None:
+    wl = Workload(batch=1, input_len=1024, output_len=256)
+    big = CostModel(resolve_config("llama-3.1-70b"), get_target("h100-sxm"), wl)
+    assert not big.evaluate("bf16").memory.fits  # ~141 GB of weights on 80 GB
+    assert big.evaluate("bf16").memory.weights_bytes == pytest.approx(141e9, rel=0.01)
+    on_h200 = CostModel(resolve_config("llama-3.1-70b"), get_target("h200"), wl)
+    assert on_h200.evaluate("fp8").memory.fits
+    kv = CostModel(resolve_config("llama-3.1-8b"), get_target("h100"), wl).evaluate().memory
+    assert kv.kv_cache_bytes == pytest.approx(1280 * 128 * 1024)  # 128 KiB/token (hw-facts)
+
+
+def test_additivity_of_step_times() -> None:
+    cm = _toy_model(batch=8, input_len=256, output_len=32)
+    decisions = {"model.layers.0.mlp.down_proj": Choice.parse("2:4+bf16"),
+                 "model.layers.1.self_attn.o_proj": "fp8", "lm_head": "int4_g128"}
+    est = cm.evaluate(decisions)
+    total = cm.fixed_time()
+    for layer, choice in zip(cm.spec.layers, cm.resolve(decisions)):
+        total = total + cm.layer_time(layer, choice)
+    assert est.metrics.prefill_s == pytest.approx(total.prefill_s, rel=1e-12)
+    assert est.metrics.decode_s == pytest.approx(total.decode_s, rel=1e-12)
+    assert cm.step_times(decisions) == PhaseTime(pytest.approx(total.prefill_s),
+                                                 pytest.approx(total.decode_s))
+    assert est.metrics.decode_tokens_per_s == pytest.approx(8 / total.decode_s)
+
+
+def test_per_layer_decisions_mapping() -> None:
+    cm = _toy_model()
+    est = cm.evaluate({"model.layers.1.mlp.up_proj": "2:4+bf16"})
+    choices = {row.name: row.choice for row in est.layers}
+    assert choices["model.layers.1.mlp.up_proj"] == "2:4+bf16"
+    assert choices["model.layers.0.mlp.up_proj"] == "dense+bf16"
+    with pytest.raises(UnknownNameError, match="Did you mean"):
+        cm.evaluate({"model.layers.1.mlp.up_prj": "fp8"})
+
+
+def test_moe_refused() -> None:
+    with pytest.raises(ModelConfigError, match="mixture-of-experts"):
+        ModelSpec.from_config({**_TOY_CFG, "model_type": "mixtral", "num_local_experts": 8})
+
+
+def test_unsupported_math_refused() -> None:
+    cm = _toy_model()
+    with pytest.raises(UnsupportedFormatError, match="fp4"):
+        cm.evaluate("nvfp4")
+
+
+def test_measured_row_replaces_analytic_time() -> None:
+    spec = ModelSpec.from_config(_TOY_CFG)
+    doc = {"schema_version": 1, "device": "toy",
+           "rows": [{"m": 1, "n": 4096, "k": 4096, "choice": "bf16", "median_us": 500.0}]}
+    cm = CostModel(spec, _toy_target(), Workload(batch=1), measured=doc)
+    eff = family_efficiency(cm.target)
+    layer = spec.layer("model.layers.0.self_attn.o_proj")
+    assert cm.layer_time(layer, cm.baseline).decode_s == pytest.approx(500e-6 + eff.kernel_s)
+
+
+def test_baseline_precision_per_kind() -> None:
+    assert baseline_precision(get_target("h100")).value == "bf16"
+    assert baseline_precision(_toy_target(kind="cpu", peaks={"fp32": 5})).value == "fp32"
+
+
+def test_small_model_not_absurdly_fast() -> None:
+    cm = CostModel(resolve_config("smollm2-135m"), get_target("h100"), Workload(batch=1))
+    tps = cm.evaluate().metrics.decode_tokens_per_s
+    # 270 MB of weights would stream in 0.12 ms (8,000 tok/s); fixed kernel costs dominate.
+    assert 200 < tps < 2000
+    assert math.isfinite(cm.evaluate().to_json()["metrics"]["energy"])
