@@ -1,0 +1,153 @@
+"""Runtime matrix: the published facts about which runtime accelerates what, where."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.errors import UnknownNameError
+from autoplan.formats import Choice, Precision, Sparsity
+from autoplan.runtimes import (
+    Rule,
+    accelerated_choices,
+    default_runtime,
+    load_matrix,
+    runtime_names,
+    supports,
+)
+from autoplan.targets import get_target, load_catalog, load_references
+
+GPU_TARGETS = [t for t in load_catalog().values() if t.kind == "gpu"]
+ALL_PRECISIONS = [Choice(Sparsity(), p) for p in Precision]
+
+
+def ok(target: str, runtime: str, choice: str) -> bool:
+    return supports(get_target(target), runtime, Choice.parse(choice)).ok
+
+
+def test_runtime_names():
+    assert {"vllm", "tensorrt-llm", "sglang", "onnxruntime", "llama.cpp"} <= set(runtime_names())
+
+
+def test_every_runtime_and_rule_has_a_version_and_a_resolvable_source():
+    refs = load_references()
+    matrix = load_matrix()
+    for rt in matrix.runtime:
+        assert rt.version and rt.checked and rt.sources
+        assert all(key in refs for key in rt.sources)
+        for rule in (*rt.deny, *rt.accel):
+            assert rule.source in refs and rule.reason
+    assert all(rule.source in refs for rule in matrix.deny)
+
+
+def test_unknown_keys_and_tokens_are_rejected():
+    with pytest.raises(ValueError, match="extra"):
+        Rule(reason="r", source="s", bogus=1)
+    with pytest.raises(ValueError, match="sparsity tokens"):
+        Rule(sparsity=("3:4x",), reason="r", source="s")
+    with pytest.raises(ValueError, match="precisions"):
+        Rule(precision=("fp9",), reason="r", source="s")
+
+
+@pytest.mark.parametrize("runtime", ["vllm", "sglang"])
+@pytest.mark.parametrize("target", GPU_TARGETS, ids=lambda t: t.name)
+def test_vllm_and_sglang_never_accelerate_2_4(runtime, target):
+    for precision in ("bf16", "fp16", "fp8_e4m3", "int8", "int4_g128"):
+        support = supports(target, runtime, Choice.parse(f"2:4+{precision}"))
+        assert not support.ok
+    assert "36799" in load_references()[support.source]
+
+
+def test_tensorrt_llm_is_the_2_4_path_on_nvidia():
+    assert ok("h100", "tensorrt-llm", "2:4+fp8")
+    assert ok("h100", "tensorrt-llm", "2:4+bf16")
+    assert ok("a100", "tensorrt-llm", "2:4+bf16")
+    assert not ok("a100", "tensorrt-llm", "2:4+fp8")  # Ampere has no FP8
+    support = supports(get_target("mi300x"), "tensorrt-llm", Choice.parse("bf16"))
+    assert not support.ok and "nvidia" in support.reason
+
+
+def test_mi300_2_4_is_bf16_and_int8_only():
+    assert ok("mi300x", "autoplan", "2:4+bf16")
+    assert ok("mi300x", "autoplan", "2:4+int8")
+    support = supports(get_target("mi300x"), "autoplan", Choice.parse("2:4+fp8"))
+    assert not support.ok and "hipSPARSELt" in support.reason
+
+
+def test_block_sparse_runs_on_amd_through_autoplan_kernels_only():
+    assert ok("mi300x", "autoplan", "block32@50+bf16")
+    assert ok("mi355x", "autoplan", "block64@50+fp8")
+    assert not ok("mi300x", "vllm", "block32@50+bf16")
+    assert not ok("h100", "vllm", "block16@50+bf16")
+
+
+def test_fp4_only_on_blackwell_and_mi355x():
+    fp4 = [Choice.parse("nvfp4"), Choice.parse("mxfp4")]
+    for target in GPU_TARGETS:
+        runtimes = ("vllm", "sglang", "tensorrt-llm") if target.vendor == "nvidia" else ("vllm",)
+        hits = [c for rt in runtimes for c in accelerated_choices(target, rt, fp4)]
+        if target.family.startswith("blackwell"):
+            assert Choice.parse("nvfp4") in hits, target.name
+        elif target.name == "mi355x":
+            assert hits == [Choice.parse("mxfp4")]
+        else:
+            assert not hits, target.name
+
+
+def test_b300_int8_is_refused_everywhere():
+    for runtime in ("vllm", "sglang", "tensorrt-llm"):
+        support = supports(get_target("b300"), runtime, Choice.parse("int8"))
+        assert not support.ok and "fp8" in support.reason
+    assert ok("b300", "vllm", "fp8") and ok("b200", "vllm", "int8")
+
+
+def test_fp8_needs_hopper_ada_blackwell_or_mi300():
+    assert not ok("a100", "vllm", "fp8")
+    for name in ("h100", "h200", "l40s", "b200", "mi300x", "mi325x", "mi355x"):
+        assert ok(name, "vllm", "fp8"), name
+
+
+def test_weight_only_int4_via_marlin_on_nvidia_only_in_vllm():
+    assert ok("a100", "vllm", "int4_g128") and ok("h100", "vllm", "int4_g32")
+    assert not ok("mi300x", "vllm", "int4_g128")
+
+
+def test_cpu_runtimes():
+    for name in ("xeon-8480", "epyc-9654", "graviton4"):
+        assert ok(name, "onnxruntime", "int8")
+        assert ok(name, "onnxruntime", "int8_wo")
+        assert ok(name, "onnxruntime", "int4_g32")
+        assert ok(name, "onnxruntime", "fp32")
+        assert not ok(name, "onnxruntime", "2:4+int8")
+        assert ok(name, "llama.cpp", "int4_g32") and ok(name, "llama.cpp", "int8_wo")
+    assert ok("h100", "llama.cpp", "int4_g32")
+    assert not ok("spr", "vllm", "bf16")
+
+
+def test_channel_pruning_works_wherever_the_dense_choice_does():
+    for runtime in runtime_names():
+        for target in load_catalog().values():
+            for base in ALL_PRECISIONS:
+                pruned = Choice(Sparsity.parse("channel@25"), base.precision)
+                assert supports(target, runtime, pruned).ok == supports(target, runtime, base).ok
+
+
+def test_unstructured_sparsity_is_accelerated_nowhere():
+    choice = Choice.parse("unstructured@50+bf16")
+    for runtime in runtime_names():
+        for target in load_catalog().values():
+            assert not supports(target, runtime, choice).ok
+
+
+def test_default_runtime_and_unknown_runtime():
+    assert default_runtime(get_target("h100")) == "vllm"
+    assert default_runtime(get_target("mi300x")) == "vllm"
+    assert default_runtime(get_target("spr")) == "onnxruntime"
+    with pytest.raises(UnknownNameError, match="Did you mean 'vllm'") as err:
+        supports(get_target("h100"), "vlm", Choice.parse("bf16"))
+    assert "tensorrt-llm" in str(err.value)
+
+
+def test_accelerated_choices_keeps_order_and_filters():
+    h100 = get_target("h100")
+    candidates = [Choice.parse(c) for c in ("int4_g128", "2:4+fp8", "fp8", "bf16", "nvfp4")]
+    assert accelerated_choices(h100, "vllm", candidates) == [candidates[0], candidates[2], candidates[3]]
