@@ -96,14 +96,19 @@ def make_layer_op(
     x = (torch.randn(m, k, generator=gen) * 0.5).to(device=dev, dtype=act_dtype)
     base = (torch.randn(n, k, generator=gen) * 0.02).to(dev)
     copies = _copies(n, k, choice, dev)
-    build, kernel = _builder(choice, dev)
+    build, kernel = prepare_linear(choice, dev)
     weights = [build(base if i == 0 else base.roll(i, dims=1)) for i in range(copies)]
     cycle = itertools.cycle(weights)
     return (lambda: next(cycle)(x)), kernel
 
 
-def _builder(choice: Choice, dev: torch.device) -> tuple[Callable[[torch.Tensor], Callable], str]:
-    # each builder turns a float weight into a prepared callable x -> y
+def prepare_linear(
+    choice: Choice, dev: torch.device
+) -> tuple[Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]], str]:
+    """For a choice, (build, kernel name): build(float weight [N, K]) -> prepared x -> y.
+
+    Used by the sweep here and to swap real layers in end-to-end checks.
+    """
     sp, prec = choice.sparsity, choice.precision
     cuda = dev.type == "cuda"
     dense_dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16, Precision.FP32: torch.float32}
@@ -249,6 +254,7 @@ __all__ = [
     "cost_table",
     "device_name",
     "make_layer_op",
+    "prepare_linear",
     "read_cost_table",
     "run_microbench",
     "time_callable",

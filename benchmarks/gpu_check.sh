@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One prepared GPU check for a lent H200 (<= 8 minutes): layer microbenchmarks + decode speed.
+# Usage: bash benchmarks/gpu_check.sh [--cpu-smoke] [--budget-s S]
+# Results go to $OUT (the device runner's output folder) or ./gpu_results. Installs nothing:
+# it needs torch with CUDA, triton and transformers already present, and reports what is missing.
+set -u
+cd "$(dirname "$0")/.."
+OUT_DIR="${OUT:-./gpu_results}"
+mkdir -p "$OUT_DIR"
+PY="${PYTHON:-$(command -v python3 || command -v python)}"
+
+echo "== imports"
+"$PY" - <<'PYEOF' 2>&1 | tee "$OUT_DIR/imports.txt"
+import importlib
+for name in ("torch", "triton", "transformers"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"{name:13} {mod.__version__}")
+    except Exception as err:  # report, let gpu_check.py decide what still runs
+        print(f"{name:13} MISSING ({type(err).__name__}: {err})")
+try:
+    import torch
+    print("cuda         ", torch.cuda.is_available(), torch.version.cuda,
+          torch.cuda.get_device_name() if torch.cuda.is_available() else "")
+except Exception as err:
+    print("cuda          unknown:", err)
+PYEOF
+command -v nvidia-smi >/dev/null && nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1
+
+echo "== gpu_check"
+# hard stop at 470 s: the script's own guard (420 s) should end it first; results are
+# written after every section, so a kill still leaves what was measured
+timeout --signal=TERM --kill-after=10 470 "$PY" benchmarks/gpu_check.py --out "$OUT_DIR" "$@"
+rc=$?
+[ "$rc" -eq 124 ] && echo "gpu_check hit the 470 s hard limit; partial results in $OUT_DIR"
+exit "$rc"
