@@ -1,0 +1,180 @@
+"""Export a planned model for CPU: ONNX decoder + per-layer ORT quantization + manifest.
+
+`export_cpu_model` writes, atomically (a temp folder renamed into place):
+    model.onnx, model.onnx.data   the decoder (onnx_graph.py) with weights as external data
+    tokenizer files               from tokenizer.save_pretrained
+    manifest.json                 which node computes which layer in which format, with the
+                                  sha256 of every weight and scale tensor (the audit)
+    any `extra_files`             e.g. the plan, written in the same atomic step
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from autoplan.backends.cpu.onnx_graph import OPSET, build_decoder
+from autoplan.backends.cpu.ort_quant import QuantizedNode, check_cpu_choices, quantize_graph, \
+    tensor_sha256
+from autoplan.errors import AutoplanError, UserInputError
+from autoplan.formats import Choice
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "autoplan-cpu-onnx"
+MANIFEST_VERSION = 1
+INT8_ACTIVATIONS = "dynamic per-tensor uint8 asymmetric (ORT DynamicQuantizeLinear)"
+
+
+@dataclass(frozen=True)
+class CpuArtifact:
+    """A runnable CPU export on disk."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / self.manifest["files"]["model"]
+
+    @classmethod
+    def load(cls, path: str | Path) -> CpuArtifact:
+        """Open an artifact folder written by export_cpu_model."""
+        folder = Path(path)
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise UserInputError(f"'{path}' is not a CPU artifact (no {MANIFEST}): create one "
+                                 "with `autoplan apply PLAN --model M --out DIR`") from None
+        if manifest.get("format") != MANIFEST_FORMAT:
+            raise UserInputError(f"'{path}/{MANIFEST}' is not an autoplan CPU manifest")
+        if manifest.get("schema_version", 0) > MANIFEST_VERSION:
+            raise UserInputError(f"'{path}' was written by a newer autoplan: upgrade autoplan")
+        return cls(folder, manifest)
+
+
+def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[str, Choice],
+                     out_dir: str | Path, *, masks: Mapping[str, torch.Tensor] | None = None,
+                     accuracy_level: int = 0, extra_files: Mapping[str, str] | None = None,
+                     ) -> CpuArtifact:
+    """Export `model` with each layer in its planned format, runnable by ONNX Runtime on CPU.
+
+    Args:
+        model: a transformers Llama-family causal LM (fp32 or any float dtype; exported fp32).
+        tokenizer: its tokenizer (saved beside the model), or None.
+        decisions: layer name -> Choice; unlisted layers stay dense fp32.
+        out_dir: folder to create; an existing artifact there is replaced, anything else refused.
+        masks: optional layer -> {0,1} mask ([out, in]) multiplied into the weights. A layer
+            planned sparse without a mask must already hold its zeros (checked).
+        accuracy_level: MatMulNBits compute type for int4/int8_wo layers (see ort_quant).
+        extra_files: name -> text written into the folder in the same atomic step.
+
+    Returns:
+        The CpuArtifact at `out_dir`.
+    """
+    check_cpu_choices(decisions)
+    _check_sparsity(model, decisions, masks or {})
+    proto = build_decoder(model, masks=masks)
+    records = quantize_graph(proto, decisions, accuracy_level=accuracy_level)
+    manifest = _manifest(model, proto, records, accuracy_level)
+    with _atomic_dir(Path(out_dir)) as tmp:
+        onnx.save_model(proto, str(tmp / "model.onnx"), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location="model.onnx.data",
+                        size_threshold=1024)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return CpuArtifact(Path(out_dir), manifest)
+
+
+def _check_sparsity(model: torch.nn.Module, decisions: Mapping[str, Choice],
+                    masks: Mapping[str, torch.Tensor]) -> None:
+    modules = dict(model.named_modules())
+    for name, choice in decisions.items():
+        if choice.sparsity.kind == "dense" or name in masks:
+            continue
+        if name not in modules:
+            raise UserInputError(f"planned layer '{name}' is not a module of this model")
+        zeros = float((modules[name].weight == 0).float().mean())
+        # 1% slack: a masked weight may hold a few extra exact zeros, never fewer.
+        if zeros + 0.01 < choice.sparsity.ratio:
+            raise UserInputError(
+                f"layer '{name}' is planned {choice.sparsity} but only {zeros:.0%} of its "
+                "weights are zero: apply the pruning masks before export (or pass masks=)"
+            )
+
+
+def _manifest(model: torch.nn.Module, proto: onnx.ModelProto, records: list[QuantizedNode],
+              accuracy_level: int) -> dict[str, Any]:
+    import onnxruntime
+
+    layers: dict[str, Any] = {}
+    for rec in records:
+        hashes = tensor_sha256(proto, list(rec.tensors.values()))
+        layers[rec.layer] = {
+            "choice": rec.choice, "op_type": rec.op_type, "node": rec.node,
+            "tensors": {role: {"name": n, "sha256": hashes[n]} for role, n in rec.tensors.items()},
+        }
+    cfg = model.config
+    return {
+        "format": MANIFEST_FORMAT,
+        "schema_version": MANIFEST_VERSION,
+        "files": {"model": "model.onnx", "weights": "model.onnx.data"},
+        "model": {"model_type": cfg.model_type, "n_layers": cfg.num_hidden_layers,
+                  "vocab": cfg.vocab_size, "hidden": cfg.hidden_size},
+        "runtime": {"onnxruntime": onnxruntime.__version__, "opset": OPSET},
+        "int8_activations": INT8_ACTIVATIONS,
+        "nbits_accuracy_level": accuracy_level,
+        "weight_bytes": int(sum(_init_bytes(t) for t in proto.graph.initializer)),
+        "layers": layers,
+    }
+
+
+def _init_bytes(tensor: onnx.TensorProto) -> int:
+    return int(np.prod(tensor.dims)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
+class _atomic_dir:  # noqa: N801 - used as a context manager like tempfile's helpers
+    """Write into a sibling temp folder; on success swap it into place, on failure delete it."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        if target.exists() and any(target.iterdir()) and not (target / MANIFEST).is_file():
+            raise UserInputError(f"'{target}' exists and is not an autoplan artifact: choose a "
+                                 "new --out folder or remove it")
+
+    def __enter__(self) -> Path:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", dir=self.target.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        old = None
+        if self.target.exists():
+            old = self.target.with_name(f".{self.target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            self.target.rename(old)
+        try:
+            self.tmp.rename(self.target)
+        except OSError as err:
+            if old is not None:
+                old.rename(self.target)
+            raise AutoplanError(f"cannot move the export into '{self.target}': {err}") from err
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+__all__ = ["CpuArtifact", "MANIFEST", "export_cpu_model"]

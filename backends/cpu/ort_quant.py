@@ -1,0 +1,263 @@
+"""Per-layer weight quantization of an exported ONNX decoder, in the formats ONNX Runtime runs.
+
+Each planned linear layer is one `MatMul` node named after the layer (see onnx_export.py).
+This module rewrites that node in place, so the layer -> node mapping stays exact:
+
+- `int8` (W8A8): the pattern ORT's own `quantize_dynamic` emits,
+  `DynamicQuantizeLinear(x) -> MatMulInteger(x_q, W_q) -> Cast -> Mul(x_scale * w_scale)`,
+  which ORT's optimizer fuses into one `DynamicQuantizeMatMul` kernel. Weights are int8,
+  per output channel, symmetric (scale = absmax / 127). Activations are quantized by ORT per
+  *tensor* (uint8, asymmetric) at run time: identical to per-token at decode batch 1, coarser
+  for prefill and batched decode (recorded in the manifest).
+- `int4_g32/g64/g128` (W4A16) and `int8_wo` (W8A16): com.microsoft `MatMulNBits`. int4 is
+  symmetric per group along K (scale = absmax / 7, codes -7..7 stored with zero point 8);
+  int8_wo is per output channel (the channel scale repeated for every block).
+
+We pack the codes ourselves instead of calling `MatMulNBitsQuantizer`: the codes are then
+the ones the PyTorch simulation uses (not a second rounding rule), and the quantizer needs
+the optional `onnx_ir` package. The packing is checked against ORT's kernel by
+tests/unit/test_onnx_export.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from autoplan.errors import AutoplanError, UnsupportedFormatError
+from autoplan.formats import Choice, Precision
+
+MS_DOMAIN = "com.microsoft"
+INT4 = {Precision.INT4_G32: 32, Precision.INT4_G64: 64, Precision.INT4_G128: 128}
+CPU_PRECISIONS = frozenset({Precision.FP32, Precision.INT8, Precision.INT8_WO, *INT4})
+# Sparsity has no CPU kernel: masked weights run dense. N:M exists only to feed sparse tensor
+# cores, so a plan that asks for it on a CPU target was made for other hardware.
+CPU_SPARSITY_KINDS = frozenset({"dense", "unstructured", "block", "channel"})
+INT8_WO_BLOCK = 128  # MatMulNBits block for int8_wo; every block carries the channel's scale
+
+
+@dataclass(frozen=True)
+class QuantizedNode:
+    """What one layer became: the ops that compute it and the tensors that store it."""
+
+    layer: str
+    choice: str
+    op_type: str  # MatMul | MatMulInteger | MatMulNBits
+    node: str
+    tensors: dict[str, str]  # role (weight, scale, ...) -> initializer name
+
+
+def cpu_unsupported(decisions: Mapping[str, Choice]) -> dict[str, str]:
+    """Layers whose choice ONNX Runtime on CPU cannot run, with the offending choice."""
+    return {
+        name: str(choice)
+        for name, choice in decisions.items()
+        if choice.precision not in CPU_PRECISIONS or choice.sparsity.kind not in CPU_SPARSITY_KINDS
+    }
+
+
+def check_cpu_choices(decisions: Mapping[str, Choice]) -> None:
+    """Raise UnsupportedFormatError naming every layer ORT on CPU cannot run."""
+    bad = cpu_unsupported(decisions)
+    if bad:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items())[:6])
+        more = f" and {len(bad) - 6} more" if len(bad) > 6 else ""
+        raise UnsupportedFormatError(
+            f"ONNX Runtime on CPU cannot run {len(bad)} planned layer(s): {shown}{more}; "
+            f"CPU formats are {', '.join(sorted(p.value for p in CPU_PRECISIONS))} with dense, "
+            "unstructured, block or channel sparsity: re-plan for a CPU target"
+        )
+
+
+# ---- weight codes (numpy, weights laid out [K, N] as ONNX MatMul's B) -------------------------
+def int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output channel: codes [K, N] int8 in -127..127, scales [N]."""
+    absmax = np.abs(w).max(axis=0)
+    scales = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(w / scales), -127, 127).astype(np.int8)
+    return codes, scales
+
+
+def blockwise(w: np.ndarray, bits: int, block: int, per_channel: bool = False
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric codes per block of `block` rows along K: codes [N, n_blocks, block], scales.
+
+    K is zero-padded to whole blocks (MatMulNBits pads the same way); padding rows get code 0.
+    int4 uses scale = absmax / 7 (codes -7..7); per_channel takes one absmax over all of K and
+    repeats it per block, which is how int8_wo's per-channel scale is stored.
+    """
+    k, n = w.shape
+    n_blocks = -(-k // block)
+    padded = np.zeros((n_blocks * block, n), dtype=np.float32)
+    padded[:k] = w
+    blocks = padded.T.reshape(n, n_blocks, block)
+    qmax = (1 << (bits - 1)) - 1
+    if per_channel:
+        absmax = np.repeat(np.abs(w).max(axis=0)[:, None], n_blocks, axis=1)
+    else:
+        absmax = np.abs(blocks).max(axis=2)
+    scales = np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(blocks / scales[:, :, None]), -qmax, qmax).astype(np.int32)
+    return codes, scales
+
+
+def pack_nbits(codes: np.ndarray, bits: int) -> np.ndarray:
+    """MatMulNBits' B layout: uint8 [N, n_blocks, block*bits/8], zero point 2**(bits-1).
+
+    For 4 bits, element 2j sits in the low nibble and 2j+1 in the high nibble of byte j.
+    """
+    unsigned = (codes + (1 << (bits - 1))).astype(np.uint8)
+    if bits == 8:
+        return unsigned
+    return (unsigned[..., 0::2] | (unsigned[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int) -> np.ndarray:
+    """Dequantize MatMulNBits initializers back to a float32 [K, N] weight (for audits/tests)."""
+    n, n_blocks, _ = packed.shape
+    if bits == 8:
+        unsigned = packed.astype(np.int32)
+    else:
+        unsigned = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, n_blocks, -1)
+        unsigned = unsigned.astype(np.int32)
+    values = (unsigned - (1 << (bits - 1))) * scales.reshape(n, n_blocks, 1)
+    return values.reshape(n, -1)[:, :k].T.astype(np.float32)
+
+
+# ---- graph rewrite --------------------------------------------------------------------------
+def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
+                   accuracy_level: int = 0) -> list[QuantizedNode]:
+    """Rewrite each decided layer's MatMul node of `model` in place; fail if one is missing.
+
+    Args:
+        model: the fp32 decoder from onnx_export.build_decoder (MatMul nodes named by layer).
+        decisions: layer name -> Choice; layers not listed stay fp32.
+        accuracy_level: MatMulNBits compute type (0/1 = fp32 math, exact W4A16; 4 = int8 math,
+            faster on VNNI CPUs but activations are rounded to int8 per block).
+
+    Returns:
+        One QuantizedNode per layer of the graph, in graph order.
+    """
+    check_cpu_choices(decisions)
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    nodes = {n.name: n for n in graph.node}
+    missing = sorted(set(decisions) - set(nodes))
+    if missing:
+        raise AutoplanError(f"no MatMul node for planned layer(s) {', '.join(missing[:5])}: the "
+                            "exported graph and the plan disagree on layer names")
+    out: list[QuantizedNode] = []
+    new_nodes: list[onnx.NodeProto] = []
+    act_quantized: set[str] = set()
+    for node in graph.node:
+        layer = node.name
+        if node.op_type != "MatMul" or node.input[1] not in inits:
+            new_nodes.append(node)
+            continue
+        choice = decisions.get(layer)
+        if choice is None or choice.precision is Precision.FP32:
+            new_nodes.append(node)
+            out.append(QuantizedNode(layer, str(choice or "dense+fp32"), "MatMul", layer,
+                                     {"weight": node.input[1]}))
+            continue
+        w = numpy_helper.to_array(inits.pop(node.input[1])).astype(np.float32)
+        graph.initializer.remove(next(t for t in graph.initializer if t.name == node.input[1]))
+        if choice.precision is Precision.INT8:
+            built, tensors = _int8_nodes(node, w, act_quantized)
+        else:
+            built, tensors = _nbits_nodes(node, w, choice.precision, accuracy_level)
+        graph.initializer.extend(tensors)
+        new_nodes += built
+        main = next(b for b in built if b.name == layer)
+        out.append(QuantizedNode(layer, str(choice), main.op_type, main.name,
+                                 {"weight": tensors[0].name, "scale": tensors[1].name}))
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    converted = {q.layer for q in out if q.op_type != "MatMul"}
+    wanted = {k for k, c in decisions.items() if c.precision is not Precision.FP32}
+    if converted != wanted:
+        raise AutoplanError(f"layers planned but not converted: {sorted(wanted - converted)[:5]}")
+    if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return out
+
+
+def _int8_nodes(node: onnx.NodeProto, w: np.ndarray, act_quantized: set[str]
+                ) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
+    name, x, y = node.name, node.input[0], node.output[0]
+    codes, scales = int8_per_channel(w)
+    w_q = numpy_helper.from_array(codes, f"{name}.weight_int8")
+    w_s = numpy_helper.from_array(scales, f"{name}.weight_scale")
+    # One DynamicQuantizeLinear per input tensor: q/k/v (and gate/up) share their input, so
+    # they share its quantization, as ORT's quantize_dynamic does.
+    xq, xs, xz = f"{x}_q", f"{x}_scale", f"{x}_zp"
+    built = []
+    if x not in act_quantized:
+        act_quantized.add(x)
+        built.append(helper.make_node("DynamicQuantizeLinear", [x], [xq, xs, xz],
+                                      name=f"{x}.act_quant"))
+    built += [
+        helper.make_node("MatMulInteger", [xq, w_q.name, xz], [f"{name}/int32"], name=name),
+        helper.make_node("Cast", [f"{name}/int32"], [f"{name}/int32_f"], name=f"{name}.cast",
+                         to=TensorProto.FLOAT),
+        helper.make_node("Mul", [xs, w_s.name], [f"{name}/scale"], name=f"{name}.scale"),
+        helper.make_node("Mul", [f"{name}/int32_f", f"{name}/scale"], [y], name=f"{name}.dequant"),
+    ]
+    return built, [w_q, w_s]
+
+
+def _nbits_nodes(node: onnx.NodeProto, w: np.ndarray, precision: Precision, accuracy_level: int
+                 ) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
+    name = node.name
+    k, n = w.shape
+    if precision is Precision.INT8_WO:
+        bits, block = 8, INT8_WO_BLOCK
+        codes, scales = blockwise(w, bits, block, per_channel=True)
+    else:
+        bits, block = 4, INT4[precision]
+        codes, scales = blockwise(w, bits, block)
+    b = numpy_helper.from_array(pack_nbits(codes, bits), f"{name}.weight_q{bits}")
+    s = numpy_helper.from_array(scales.reshape(-1), f"{name}.weight_scale")
+    built = [helper.make_node(
+        "MatMulNBits", [node.input[0], b.name, s.name], list(node.output), name=name,
+        domain=MS_DOMAIN, K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy_level,
+    )]
+    return built, [b, s]
+
+
+def dequantized_weights(model: onnx.ModelProto, records: list[QuantizedNode]) -> dict[str, np.ndarray]:
+    """Float32 [K, N] weights as the ONNX graph stores them, per layer (for numerics tests)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes = {n.name: n for n in model.graph.node}
+    out: dict[str, np.ndarray] = {}
+    for rec in records:
+        weight = numpy_helper.to_array(inits[rec.tensors["weight"]])
+        if rec.op_type == "MatMul":
+            out[rec.layer] = weight.astype(np.float32)
+        elif rec.op_type == "MatMulInteger":
+            scale = numpy_helper.to_array(inits[rec.tensors["scale"]])
+            out[rec.layer] = weight.astype(np.float32) * scale[None, :]
+        else:
+            attrs = {a.name: helper.get_attribute_value(a) for a in nodes[rec.node].attribute}
+            scale = numpy_helper.to_array(inits[rec.tensors["scale"]])
+            out[rec.layer] = unpack_nbits(weight, scale, attrs["bits"], attrs["K"])
+    return out
+
+
+def tensor_sha256(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
+    """sha256 of each named initializer's raw little-endian bytes (the plan audit)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    return {name: hashlib.sha256(numpy_helper.to_array(inits[name]).tobytes()).hexdigest()
+            for name in names}
+
+
+__all__ = [
+    "CPU_PRECISIONS", "CPU_SPARSITY_KINDS", "QuantizedNode", "blockwise", "check_cpu_choices",
+    "cpu_unsupported", "dequantized_weights", "int8_per_channel", "pack_nbits", "quantize_graph",
+    "tensor_sha256", "unpack_nbits",
+]

@@ -1,0 +1,156 @@
+"""Greedy generation with a KV cache, timed: ONNX Runtime for artifacts, PyTorch eager as reference.
+
+Both generators run the same loop: one prefill call over the whole prompt batch, then one
+decode call per new token, feeding the cache back. A batch of B prompts is one static batch
+(equal-length prompts, every sequence decodes until the longest is done), so TTFT and TPOT
+are shared by the B requests of the batch. Times are wall-clock (time.perf_counter) around
+each call, including the host-side argmax, which is what a client would see.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from autoplan.errors import AutoplanError
+
+
+def physical_cores() -> int:
+    """Physical cores (hyper-threads share the FPUs and slow GEMV down), falling back to logical."""
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:
+        return os.cpu_count() or 1
+
+
+@dataclass
+class GenerationResult:
+    """Tokens and timings of one static batch."""
+
+    tokens: np.ndarray  # [B, n_new] int64
+    prompt_len: int
+    ttft_s: float  # prefill + first token
+    step_s: list[float] = field(default_factory=list)  # each later decode step
+
+    @property
+    def batch(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean time per output token after the first (0 when only one token was generated)."""
+        return float(np.mean(self.step_s)) if self.step_s else 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.batch * self.prompt_len / self.ttft_s
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Generated tokens per second over the decode steps (all sequences of the batch)."""
+        total = sum(self.step_s)
+        return self.batch * len(self.step_s) / total if total else 0.0
+
+
+class OrtGenerator:
+    """Greedy generation through an InferenceSession over an autoplan-exported decoder."""
+
+    def __init__(self, model_path: str | Path, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        path = Path(model_path)
+        if path.is_dir():
+            path = path / "model.onnx"
+        if not path.is_file():
+            raise AutoplanError(f"no ONNX model at '{model_path}': run `autoplan apply` first")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads or physical_cores()
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self._past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values")]
+        if not self._past:
+            raise AutoplanError(f"{path} has no past_key_values inputs: not an autoplan decoder")
+        _, self._kv_heads, _, self._head_dim = self._past[0].shape
+        self._outputs = [o.name for o in self.session.get_outputs()]
+
+    def _empty_cache(self, batch: int) -> dict[str, np.ndarray]:
+        shape = (batch, self._kv_heads, 0, self._head_dim)
+        return {i.name: np.zeros(shape, dtype=np.float32) for i in self._past}
+
+    def generate(self, input_ids: np.ndarray, max_new_tokens: int) -> GenerationResult:
+        """Greedy-decode `max_new_tokens` tokens for a [B, S] prompt batch (no early stop)."""
+        ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+        batch, prompt_len = ids.shape
+        feeds = {"input_ids": ids, "attention_mask": np.ones((batch, prompt_len), np.int64),
+                 "position_ids": np.tile(np.arange(prompt_len, dtype=np.int64), (batch, 1)),
+                 "logits_to_keep": np.ones(1, np.int64), **self._empty_cache(batch)}
+        tokens = np.empty((batch, max_new_tokens), dtype=np.int64)
+        steps: list[float] = []
+        start = time.perf_counter()
+        for n in range(max_new_tokens):
+            t0 = time.perf_counter()
+            out = dict(zip(self._outputs, self.session.run(self._outputs, feeds)))
+            tokens[:, n] = out["logits"][:, -1].argmax(-1)
+            t1 = time.perf_counter()
+            if n:
+                steps.append(t1 - t0)
+            else:
+                ttft = t1 - start
+            total = prompt_len + n + 1
+            feeds["input_ids"] = tokens[:, n : n + 1].copy()
+            feeds["position_ids"] = np.full((batch, 1), total - 1, dtype=np.int64)
+            feeds["attention_mask"] = np.ones((batch, total), np.int64)
+            for inp in self._past:  # present.i.kind becomes past_key_values.i.kind
+                feeds[inp.name] = out[inp.name.replace("past_key_values", "present")]
+        return GenerationResult(tokens, prompt_len, ttft, steps)
+
+
+class TorchGenerator:
+    """The same greedy loop on the PyTorch eager model (fp32 reference path)."""
+
+    def __init__(self, model, threads: int | None = None) -> None:
+        import torch
+
+        # torch's thread count is process-global; this sets it for the whole process.
+        torch.set_num_threads(threads or physical_cores())
+        self.model = model.eval().float()
+        # transformers 5 renamed the cache argument `past_key_values` -> `cache`.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def generate(self, input_ids: np.ndarray, max_new_tokens: int) -> GenerationResult:
+        """Greedy-decode `max_new_tokens` tokens for a [B, S] prompt batch (no early stop)."""
+        import torch
+
+        ids = torch.as_tensor(np.asarray(input_ids, dtype=np.int64))
+        batch, prompt_len = ids.shape
+        tokens = np.empty((batch, max_new_tokens), dtype=np.int64)
+        steps: list[float] = []
+        past = None
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for n in range(max_new_tokens):
+                t0 = time.perf_counter()
+                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                                 **{self._cache_arg: past})
+                nxt = out.logits[:, -1].argmax(-1)
+                t1 = time.perf_counter()
+                if n:
+                    steps.append(t1 - t0)
+                else:
+                    ttft = t1 - start
+                tokens[:, n] = nxt.numpy()
+                past = out.get("cache", None) or out.get("past_key_values")
+                ids = nxt[:, None]
+        return GenerationResult(tokens, prompt_len, ttft, steps)
+
+
+__all__ = ["GenerationResult", "OrtGenerator", "TorchGenerator", "physical_cores"]

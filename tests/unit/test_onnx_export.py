@@ -1,0 +1,196 @@
+"""ONNX export + ORT quantization on a tiny in-process Llama (hidden 64, 2 layers): seconds.
+
+Numerics contract: the ORT logits equal those of the PyTorch model whose linear weights are
+replaced by the ONNX initializers dequantized back (and, for int8 W8A8, whose linear inputs
+are fake-quantized the way DynamicQuantizeLinear does it: per tensor, uint8, asymmetric).
+Tolerance 1e-4 absolute on logits of magnitude ~1 (observed ~2e-7: float summation order).
+MatMulNBits with accuracy_level=4 also rounds activations to int8 per block, which the
+simulation does not model: there the bound is 5e-2 (observed ~6e-3).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from autoplan.backends.cpu.onnx_export import CpuArtifact, export_cpu_model
+from autoplan.backends.cpu.onnx_graph import build_decoder
+from autoplan.backends.cpu.ort_quant import (
+    blockwise, dequantized_weights, pack_nbits, quantize_graph, unpack_nbits,
+)
+from autoplan.backends.cpu.ort_runtime import OrtGenerator, TorchGenerator
+from autoplan.errors import UnsupportedFormatError, UserInputError
+from autoplan.formats import Choice
+from autoplan.modelspec import ModelSpec
+
+transformers = pytest.importorskip("transformers")
+TOL_EXACT, TOL_INT8_MATH = 1e-4, 5e-2
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, rope_theta=10000.0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def spec(tiny):
+    return ModelSpec.from_config(tiny.config.to_dict())
+
+
+def _feeds(ids: np.ndarray, past: list[np.ndarray], past_len: int) -> dict[str, np.ndarray]:
+    batch, seq = ids.shape
+    total = past_len + seq
+    feeds = {"input_ids": ids, "attention_mask": np.ones((batch, total), np.int64),
+             "position_ids": np.tile(np.arange(past_len, total), (batch, 1)),
+             "logits_to_keep": np.array([seq], np.int64)}
+    for i in range(len(past) // 2):
+        feeds[f"past_key_values.{i}.key"], feeds[f"past_key_values.{i}.value"] = past[2 * i: 2 * i + 2]
+    return feeds
+
+
+def _session(proto: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _empty(batch: int = 2) -> list[np.ndarray]:
+    return [np.zeros((batch, 2, 0, 16), np.float32)] * 4
+
+
+def _simulated(model, weights: dict[str, np.ndarray], int8_acts: bool):
+    sim = copy.deepcopy(model)
+    for name, module in sim.named_modules():
+        if name in weights:
+            module.weight.data = torch.from_numpy(weights[name].T.copy())
+            if int8_acts:
+                module.register_forward_pre_hook(_dynamic_quantize_linear)
+    return sim
+
+
+def _dynamic_quantize_linear(_module, args):
+    # ONNX DynamicQuantizeLinear: range includes 0, scale = range / 255, round half to even.
+    x = args[0]
+    lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
+    scale = (hi - lo) / 255
+    zero = float(np.clip(np.rint(-lo / scale), 0, 255))
+    return ((torch.clamp(torch.round(x / scale) + zero, 0, 255) - zero) * scale,)
+
+
+def test_fp32_graph_matches_transformers_prefill_and_decode(tiny):
+    ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = tiny(ids).logits.numpy()
+    sess = _session(build_decoder(tiny))
+    full = sess.run(None, _feeds(ids.numpy(), _empty(), 0))
+    np.testing.assert_allclose(full[0], ref, atol=TOL_EXACT)
+    first = sess.run(None, _feeds(ids.numpy()[:, :5], _empty(), 0))
+    rest = sess.run(None, _feeds(ids.numpy()[:, 5:], first[1:], 5))
+    np.testing.assert_allclose(rest[0], ref[:, 5:], atol=TOL_EXACT)
+    assert rest[1].shape == (2, 2, 7, 16)
+
+
+def test_left_padding_masks_pad_tokens(tiny):
+    ids = np.array([[0, 0, 5, 6, 7]], np.int64)
+    feeds = _feeds(ids, _empty(1), 0)
+    feeds["attention_mask"] = np.array([[0, 0, 1, 1, 1]], np.int64)
+    feeds["position_ids"] = np.array([[0, 0, 0, 1, 2]], np.int64)
+    padded = _session(build_decoder(tiny)).run(None, feeds)[0][:, -1]
+    with torch.no_grad():
+        ref = tiny(torch.tensor([[5, 6, 7]])).logits[:, -1].numpy()
+    np.testing.assert_allclose(padded, ref, atol=TOL_EXACT)
+
+
+@pytest.mark.parametrize("precision", ["int8", "int8_wo", "int4_g32", "int4_g64", "int4_g128"])
+@pytest.mark.parametrize("level", [0, 4])
+def test_quantized_graph_matches_torch_simulation(tiny, spec, precision, level):
+    proto = build_decoder(tiny)
+    decisions = {layer.name: Choice.parse(precision) for layer in spec.layers}
+    records = quantize_graph(proto, decisions, accuracy_level=level)
+    onnx.checker.check_model(proto)
+    by_layer = {r.layer: r for r in records}
+    assert set(by_layer) == {layer.name for layer in spec.layers}
+    expected_op = "MatMulInteger" if precision == "int8" else "MatMulNBits"
+    assert all(r.op_type == expected_op for r in records)
+
+    ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(2))
+    got = _session(proto).run(None, _feeds(ids.numpy(), _empty(), 0))[0]
+    sim = _simulated(tiny, dequantized_weights(proto, records), precision == "int8")
+    with torch.no_grad():
+        want = sim(ids).logits.numpy()
+    tol = TOL_INT8_MATH if level == 4 and precision != "int8" else TOL_EXACT
+    np.testing.assert_allclose(got, want, atol=tol)
+
+
+def test_pack_roundtrip_pads_k_to_whole_blocks():
+    w = np.random.default_rng(0).standard_normal((72, 5)).astype(np.float32)  # K=72: 2.25 blocks
+    codes, scales = blockwise(w, 4, 32)
+    back = unpack_nbits(pack_nbits(codes, 4), scales, 4, 72)
+    assert back.shape == w.shape
+    assert np.abs(back - w).max() <= scales.max() / 2 + 1e-6
+    assert codes.min() >= -7 and codes.max() <= 7
+
+
+def test_mixed_plan_converts_exactly_the_planned_layers(tiny, spec):
+    decisions = {"model.layers.0.self_attn.q_proj": Choice.parse("int4_g32"),
+                 "model.layers.1.mlp.down_proj": Choice.parse("int8"),
+                 "lm_head": Choice.parse("int8_wo")}
+    records = {r.layer: r for r in quantize_graph(build_decoder(tiny), decisions)}
+    assert records["model.layers.0.self_attn.q_proj"].op_type == "MatMulNBits"
+    assert records["model.layers.1.mlp.down_proj"].op_type == "MatMulInteger"
+    assert records["model.layers.0.self_attn.k_proj"].op_type == "MatMul"
+
+
+def test_unknown_layer_and_gpu_formats_fail_loudly(tiny):
+    with pytest.raises(Exception, match="no MatMul node"):
+        quantize_graph(build_decoder(tiny), {"model.layers.9.mlp.up_proj": Choice.parse("int8")})
+    with pytest.raises(UnsupportedFormatError, match="lm_head=dense\\+fp8_e4m3"):
+        quantize_graph(build_decoder(tiny), {"lm_head": Choice.parse("fp8")})
+    with pytest.raises(UnsupportedFormatError, match="2:4"):
+        quantize_graph(build_decoder(tiny), {"lm_head": Choice.parse("2:4+int8")})
+
+
+def test_export_writes_artifact_atomically_and_runs(tiny, spec, tmp_path):
+    decisions = {layer.name: Choice.parse("int4_g32") for layer in spec.layers}
+    art = export_cpu_model(tiny, None, decisions, tmp_path / "out", extra_files={"plan.json": "{}"})
+    loaded = CpuArtifact.load(tmp_path / "out")
+    assert loaded.manifest == json.loads((tmp_path / "out" / "manifest.json").read_text())
+    layer = art.manifest["layers"]["lm_head"]
+    assert layer["op_type"] == "MatMulNBits" and len(layer["tensors"]["weight"]["sha256"]) == 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp folder left behind
+    ids = np.array([[3, 4, 5]], np.int64)
+    ort_tokens = OrtGenerator(tmp_path / "out").generate(ids, 4).tokens
+    assert ort_tokens.shape == (1, 4)
+    # Rewriting over an artifact is allowed; over a foreign folder it is refused.
+    export_cpu_model(tiny, None, {}, tmp_path / "out")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "x.txt").write_text("mine")
+    with pytest.raises(UserInputError, match="not an autoplan artifact"):
+        export_cpu_model(tiny, None, {}, tmp_path / "foreign")
+
+
+def test_fp32_ort_and_torch_generators_agree(tiny, tmp_path):
+    export_cpu_model(tiny, None, {}, tmp_path / "fp32")
+    ids = np.array([[1, 2, 3, 4], [9, 8, 7, 6]], np.int64)
+    ort_res = OrtGenerator(tmp_path / "fp32").generate(ids, 6)
+    torch_res = TorchGenerator(tiny).generate(ids, 6)
+    np.testing.assert_array_equal(ort_res.tokens, torch_res.tokens)
+    assert len(ort_res.step_s) == 5 and ort_res.ttft_s > 0 and ort_res.decode_tok_s > 0
+
+
+def test_sparse_plan_needs_masked_weights(tiny, tmp_path):
+    name = "model.layers.0.mlp.up_proj"
+    decisions = {name: Choice.parse("unstructured@50+int8")}
+    with pytest.raises(UserInputError, match="apply the pruning masks"):
+        export_cpu_model(tiny, None, decisions, tmp_path / "a")
+    mask = (torch.rand_like(tiny.get_submodule(name).weight) > 0.5).float()
+    art = export_cpu_model(tiny, None, decisions, tmp_path / "b", masks={name: mask})
+    assert art.manifest["layers"][name]["choice"] == "unstructured@50+int8"
