@@ -1,0 +1,66 @@
+"""Fleet sizing against a case computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autoplan.errors import UserInputError
+from autoplan.fleet import erlang_c, size_fleet, wait_quantile
+
+CASE = dict(weight_bytes=1e9, kv_bytes_per_token=1e5, node_memory_bytes=10e9, batch=2,
+            input_len=100, output_len=11, ttft_s=0.5, tpot_s=0.05, qps=3.0, p99_s=3.0,
+            price_per_hour=2.0)
+
+
+def test_hand_computed_case():
+    """The hand computation.
+
+    memory per replica = 1e9 + 2 x (100 + 11) x 1e5 = 1.0222e9 B; usable = 0.9 x 10e9 = 9e9 B
+    replicas by memory = floor(9e9 / 1.0222e9) = 8 (8 x 1.0222 = 8.18 <= 9 < 9.20); cap 1 -> 1
+    S = 0.5 + (11 - 1) x 0.05 = 1.0 s; servers per node c = 1 x 2 = 2; mu = 1/s
+    node capacity = 2 req/s -> 22 tok/s; stability: floor(3 / 2) + 1 = 2 nodes
+    2 nodes: k = 4, a = 3. Erlang C = (a^4/4! x 4/(4-3)) / (1 + 3 + 4.5 + 4.5 + 13.5)
+             = 13.5 / 26.5 = 0.509434; wait_p99 = ln(0.509434 / 0.01) / (4 - 3) = 3.93071 s
+             p99 = 4.93071 s > 3 s SLA -> not enough
+    3 nodes: k = 6, a = 3. a^6/6! x 6/3 = 2.025; sum_{i<6} a^i/i! = 18.4
+             C = 2.025 / 20.425 = 0.099143; wait_p99 = ln(9.9143) / 3 = 0.764659 s
+             p99 = 1.764659 s <= 3 s -> 3 nodes, utilization 3 x 1 / 6 = 0.5
+    $/month = 3 x 2 x 730 = 4380; $/1M tokens = 3 x 2 / (3 x 11 x 3600) x 1e6 = 50.505
+    """
+    r = size_fleet(**CASE)
+    assert r.replicas_per_node == 1 and r.servers_per_node == 2
+    assert r.service_s == pytest.approx(1.0)
+    assert r.node_throughput_tok_s == pytest.approx(22.0)
+    assert r.nodes == 3
+    assert r.p99_s == pytest.approx(1.764659, rel=1e-5)
+    assert r.utilization == pytest.approx(0.5)
+    assert r.usd_per_month == pytest.approx(4380.0)
+    assert r.usd_per_million_tokens == pytest.approx(50.505, rel=1e-4)
+    labels = [s.label for s in r.steps]
+    assert labels[0] == "memory per replica" and "p99 latency" in labels
+    assert r.steps[0].value == pytest.approx(1.0222e9)
+    replicas_step = next(s for s in r.steps if s.label == "replicas per node")
+    assert "= 8" in replicas_step.formula  # the memory bound is shown next to the cap
+
+
+def test_erlang_c_and_wait_match_hand_values():
+    assert erlang_c(4, 3.0) == pytest.approx(13.5 / 26.5)
+    assert wait_quantile(4, 1.0, 3.0, 0.99) == pytest.approx(math.log(50.9434), rel=1e-5)
+    assert erlang_c(1, 0.5) == pytest.approx(0.5)  # M/M/1: P(wait) = rho
+    assert erlang_c(2, 2.0) == 1.0  # saturated
+    assert wait_quantile(100, 1.0, 10.0, 0.99) == 0.0  # lightly loaded: no wait at p99
+
+
+def test_replicas_share_the_node():
+    r = size_fleet(**{**CASE, "max_replicas": None})
+    assert r.replicas_per_node == 8 and r.servers_per_node == 16
+    assert r.service_s == pytest.approx(8.0)  # 8 copies split the bandwidth: 8 x slower
+    assert r.node_throughput_tok_s == pytest.approx(22.0)  # same node capacity
+    assert r.nodes is None and "exceeds" in r.reason  # 8 s service > 3 s SLA
+
+
+def test_model_that_does_not_fit_is_refused():
+    with pytest.raises(UserInputError, match="one replica needs"):
+        size_fleet(**{**CASE, "weight_bytes": 20e9})
