@@ -1,0 +1,231 @@
+"""Convert a GGUF file into an HF safetensors folder once, verified, written atomically.
+
+transformers can read GGUF, but its ``from_pretrained(gguf_file=...)`` path requires
+accelerate and a model loaded that way does not ``save_pretrained`` as is. So we use its
+GGUF reader for the config, tokenizer and dequantized tensors, rebuild a plain
+``*ForCausalLM`` from the config, ``load_state_dict`` the tensors, and save that (float32
+safetensors: dequantized Q4_1 values ``d * q + m`` need more mantissa than bf16/fp16 hold,
+so only float32 keeps them exact).
+
+Checks before the folder is published: every GGUF tensor maps onto the model; each HF
+tensor holds exactly the values ``gguf.dequantize`` gives for its GGUF tensor (bit-equal up
+to a row permutation, because llama.cpp stores q/k rows permuted per head); 4-bit tensors
+sit on a 4-bit grid (at most 16 distinct values per 32-weight block, sampled); the saved
+file reads back bit-equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autoplan.errors import AutoplanError, UserInputError
+from autoplan.models._cache import atomic_dir
+
+# GGUF block types whose values lie on a 4-bit grid per 32-weight block.
+_FOUR_BIT = {"Q4_0", "Q4_1"}
+_BLOCK = 32
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' own tqdm bars (ours or none are shown); restore the state after."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _tensor_progress(bar: Progress) -> Iterator[None]:
+    """Route the GGUF reader's per-tensor tqdm loop into a rich sub-task.
+
+    transformers' GGUF reader iterates with a module-level ``tqdm``; swapping that name for
+    the duration of the call is the only hook it offers. If a transformers version renames
+    it, the conversion still works, just without the per-tensor bar.
+    """
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = getattr(gguf_utils, "tqdm", None)
+
+    def rich_iter(items, desc: str = "", **_: object):  # noqa: ANN001, ANN202 - tqdm's signature
+        items = list(items)
+        task = bar.add_task("  tensors", total=len(items))
+        for item in items:
+            yield item
+            bar.advance(task)
+        bar.remove_task(task)
+
+    if original is not None:
+        gguf_utils.tqdm = rich_iter
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
+
+
+def _gguf_tensors(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
+    """GGUF name -> (type name, dequantized float32 tensor in HF [out, in] layout)."""
+    from gguf import GGUFReader, dequantize
+
+    reader = GGUFReader(str(path))
+    return {t.name: (t.tensor_type.name, torch.from_numpy(dequantize(t.data, t.tensor_type).copy()))
+            for t in reader.tensors}
+
+
+def _hf_to_gguf_names(model: torch.nn.Module, n_layers: int) -> dict[str, str]:
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch = {v: k for k, v in MODEL_ARCH_NAMES.items()}.get(model.config.model_type)
+    if arch is None:
+        raise UserInputError(f"GGUF architecture '{model.config.model_type}' has no name map; "
+                             "convert the model to an HF safetensors folder instead")
+    name_map = get_tensor_name_map(arch, n_layers)
+    out = {}
+    for hf_name in model.state_dict():
+        stem, _, suffix = hf_name.rpartition(".")
+        gguf_stem = name_map.get_name(stem)
+        if gguf_stem is not None:
+            out[hf_name] = f"{gguf_stem}.{suffix}"
+    return out
+
+
+def _on_4bit_grid(w: torch.Tensor, max_blocks: int = 4096) -> bool:
+    """At most 16 distinct values in each checked 32-weight block along the input dim.
+
+    Checks an evenly strided sample of ``max_blocks`` blocks: sorting every block of a
+    large model costs a minute on two cores, and a wrong dequantization breaks all blocks.
+    """
+    if w.ndim != 2 or w.shape[1] % _BLOCK:
+        return False
+    blocks = w.detach().reshape(-1, _BLOCK)
+    blocks = blocks[:: max(1, blocks.shape[0] // max_blocks)].sort(dim=1).values
+    distinct = (blocks[:, 1:] != blocks[:, :-1]).sum(dim=1) + 1
+    return bool((distinct <= 16).all())
+
+
+def _same_rows(got: torch.Tensor, expect: torch.Tensor) -> bool:
+    """Bit-equal up to a permutation of rows (llama.cpp permutes q/k rows per head)."""
+    got, expect = got.detach().float(), expect.float()
+    if got.shape != expect.shape:
+        return False
+    if torch.equal(got, expect):
+        return True
+    if got.ndim != 2:
+        return False
+    # Compare the multisets of rows: unique rows sorted lexicographically, with counts.
+    rows_g, count_g = torch.unique(got, dim=0, return_counts=True)
+    rows_e, count_e = torch.unique(expect, dim=0, return_counts=True)
+    return torch.equal(rows_g, rows_e) and torch.equal(count_g, count_e)
+
+
+def verify_against_gguf(model: torch.nn.Module, gguf_path: Path) -> dict[str, int]:
+    """Check the model's tensors against an independent dequantization of the GGUF file.
+
+    Returns:
+        Counts: ``tensors`` compared and ``four_bit`` tensors found on a 4-bit grid.
+
+    Raises:
+        AutoplanError: a tensor is missing or differs.
+    """
+    ref = _gguf_tensors(gguf_path)
+    state = model.state_dict()
+    mapping = _hf_to_gguf_names(model, model.config.num_hidden_layers)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    unmapped = set(ref) - set(mapping.values())
+    if unmapped:
+        raise AutoplanError(f"GGUF tensors not loaded into the model: {sorted(unmapped)[:3]}")
+    four_bit = 0
+    for hf_name, gguf_name in mapping.items():
+        if hf_name in tied or gguf_name not in ref:
+            continue
+        kind, expect = ref[gguf_name]
+        if not _same_rows(state[hf_name], expect):
+            raise AutoplanError(f"converted tensor {hf_name} differs from GGUF {gguf_name}")
+        if kind in _FOUR_BIT:
+            if not _on_4bit_grid(state[hf_name]):
+                raise AutoplanError(f"{hf_name} is {kind} but not on a 4-bit grid")
+            four_bit += 1
+    return {"tensors": len(ref), "four_bit": four_bit}
+
+
+def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | None = None) -> Path:
+    """Convert ``gguf_path`` into the HF folder ``dest`` (config, safetensors, tokenizer).
+
+    Shows a rich progress bar on stderr. ``dest`` appears only once complete and verified.
+
+    Raises:
+        UserInputError: the file is not a readable GGUF of a supported architecture.
+        AutoplanError: verification failed.
+    """
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    src, dest = Path(gguf_path), Path(dest)
+    steps = ["read config", "read tokenizer", "dequantize tensors", "verify against GGUF",
+             "write safetensors", "read back"]
+    console = console or Console(stderr=True)
+    t0 = time.perf_counter()
+    with quiet_transformers(), Progress(
+        TextColumn("[bold]converting[/] {task.description}"), BarColumn(),
+        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+        console=console, transient=False,
+    ) as bar, atomic_dir(dest) as tmp:
+        task = bar.add_task(steps[0], total=len(steps))
+
+        def step(i: int) -> None:
+            bar.update(task, completed=i, description=steps[i] if i < len(steps) else "done")
+
+        try:
+            config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
+        except (ValueError, OSError, KeyError) as exc:
+            raise UserInputError(f"cannot read GGUF '{src}': {exc}".splitlines()[0]) from None
+        step(1)
+        tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        step(2)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with _tensor_progress(bar):
+            tensors = load_gguf_checkpoint(str(src), return_tensors=True,
+                                           model_to_load=model)["tensors"]
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        if set(missing) - tied or unexpected:
+            raise AutoplanError(f"GGUF tensors do not fit {type(model).__name__}: missing "
+                                f"{sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
+        model.tie_weights()
+        del tensors
+        step(3)
+        counts = verify_against_gguf(model, src)
+        step(4)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        step(5)
+        saved: dict[str, torch.Tensor] = {}
+        for f in sorted(tmp.glob("*.safetensors")):
+            saved.update(load_file(str(f)))
+        for name, value in model.state_dict().items():
+            if name in saved and not torch.equal(saved[name], value):
+                raise AutoplanError(f"{name} did not survive the safetensors round trip")
+        (tmp / "autoplan_source.json").write_text(json.dumps({
+            "gguf": src.name, "gguf_tensors": counts["tensors"], "four_bit_tensors": counts["four_bit"],
+            "convert_seconds": round(time.perf_counter() - t0, 2), "dtype": "float32",
+        }, indent=1, sort_keys=True))
+        step(6)
+    return dest
+
+
+__all__ = ["convert_gguf", "quiet_transformers", "verify_against_gguf"]

@@ -1,0 +1,122 @@
+"""Content hashes of model weights and files, cached per file by (size, mtime).
+
+The model hash covers what a model *computes*, not how it is packaged: every tensor of every
+``*.safetensors`` file in a folder, sorted by name, contributes its name, dtype, shape and raw
+bytes. Shard layout and the ``__metadata__`` header do not count, so re-sharding or
+re-saving the same weights keeps the hash. The safetensors header is parsed directly (an
+8-byte little-endian length, then JSON), so hashing needs neither torch nor loading.
+
+Per-tensor digests are cached in ``<cache>/hashes.json`` keyed by absolute path, size and
+mtime, so a 500 MB model is read once and later loads only stat the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import struct
+from pathlib import Path
+
+from autoplan.errors import UserInputError
+from autoplan.models._cache import cache_root, read_json, write_json_atomic
+
+_CHUNK = 1 << 24
+
+
+def _cache_file() -> Path:
+    return cache_root() / "hashes.json"
+
+
+def _stat_key(path: Path) -> tuple[str, list[int]]:
+    st = path.stat()
+    return str(path.resolve()), [st.st_size, st.st_mtime_ns]
+
+
+def _cached(path: Path, kind: str, compute):  # noqa: ANN001, ANN202 - private helper
+    """Return ``compute(path)``, memoized in the JSON cache under (kind, path, size, mtime)."""
+    key, stamp = _stat_key(path)
+    store = read_json(_cache_file()) or {}
+    entry = store.get(kind, {}).get(key)
+    if entry and entry.get("stamp") == stamp:
+        return entry["value"]
+    value = compute(path)
+    store = read_json(_cache_file()) or {}  # re-read: another process may have added entries
+    store.setdefault(kind, {})[key] = {"stamp": stamp, "value": value}
+    try:
+        write_json_atomic(_cache_file(), store)
+    except OSError:  # a read-only cache only costs speed
+        pass
+    return value
+
+
+def _tensor_digests(path: Path) -> dict[str, list]:
+    """Per tensor: [dtype, shape, sha256 of its bytes], straight from the safetensors layout."""
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) != 8:
+            raise UserInputError(f"{path} is not a safetensors file (too short); re-save the model")
+        (n,) = struct.unpack("<Q", head)
+        try:
+            header = json.loads(fh.read(n))
+        except ValueError:
+            raise UserInputError(f"{path} has a corrupt safetensors header; re-save the model") from None
+        base = 8 + n
+        out: dict[str, list] = {}
+        size = path.stat().st_size
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else _Empty() as mm:
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                start, end = info["data_offsets"]
+                h = hashlib.sha256()
+                for off in range(base + start, base + end, _CHUNK):
+                    h.update(mm[off:min(off + _CHUNK, base + end)])
+                out[name] = [info["dtype"], list(info["shape"]), h.hexdigest()]
+    return out
+
+
+class _Empty:
+    """Stand-in for mmap of an empty file (mmap refuses length 0)."""
+
+    def __enter__(self) -> bytes:
+        return b""
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def weights_hash(folder: str | Path) -> str:
+    """sha256 (hex) over all tensors in the folder's ``*.safetensors`` files.
+
+    Raises:
+        UserInputError: the folder holds no safetensors file.
+    """
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise UserInputError(f"no *.safetensors files in '{folder}'; save the model with "
+                             "save_pretrained(..., safe_serialization=True)")
+    tensors: dict[str, list] = {}
+    for f in files:
+        tensors.update(_cached(f, "safetensors-v1", _tensor_digests))
+    h = hashlib.sha256(b"autoplan-weights-v1\0")
+    for name in sorted(tensors):
+        dtype, shape, digest = tensors[name]
+        h.update(f"{name}\0{dtype}\0{','.join(map(str, shape))}\0{digest}\n".encode())
+    return h.hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_hash(path: str | Path) -> str:
+    """sha256 (hex) of a whole file (e.g. a GGUF), cached by size and mtime."""
+    return _cached(Path(path), "file-v1", _sha256_file)
+
+
+__all__ = ["file_hash", "weights_hash"]

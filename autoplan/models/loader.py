@@ -1,0 +1,146 @@
+"""Load a model for measurement (``load_model``) or only its architecture (``load_spec``).
+
+Every weighted input ends up as an HF safetensors folder: HF folders are used as they are;
+GGUF files and aliases are converted once into ``<cache>/models/<name>-<hash8>/`` (hash8 =
+the first 8 hex digits of the GGUF file's sha256), so later loads are a plain safetensors
+load. Pickle weights (.bin/.pt) are refused: loading them can run arbitrary code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autoplan.errors import UserInputError
+from autoplan.modelspec import ModelSpec
+from autoplan.models._cache import models_dir
+from autoplan.models.gguf_convert import convert_gguf, quiet_transformers
+from autoplan.models.graph import verify_layer_graph
+from autoplan.models.hashing import file_hash, weights_hash
+from autoplan.models.registry import ModelSource, resolve_model_arg
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to measure.
+
+    Attributes:
+        model: the transformers CausalLM, in eval mode.
+        tokenizer: its tokenizer.
+        spec: the LayerGraph (ModelSpec) built from ``model.config``, verified against the model.
+        model_id: short name for reports and plans.
+        content_hash: sha256 over the safetensors tensors (see ``autoplan.models.hashing``).
+        path: the HF folder the weights were loaded from.
+    """
+
+    model: Any = field(repr=False)
+    tokenizer: Any = field(repr=False)
+    spec: ModelSpec = field(repr=False)
+    model_id: str
+    content_hash: str
+    path: Path
+
+
+def converted_dir(source: ModelSource) -> Path:
+    """The cache folder a GGUF/alias source converts into (it may not exist yet)."""
+    stem = re.sub(r"[^a-z0-9._-]+", "-", source.model_id.lower()).strip("-") or "model"
+    return models_dir() / f"{stem}-{file_hash(source.path)[:8]}"
+
+
+def ensure_hf_folder(source: ModelSource) -> Path:
+    """An HF safetensors folder for a weighted source, converting a GGUF once if needed.
+
+    Raises:
+        UserInputError: the source is config-only, or an HF folder with pickle weights only.
+    """
+    if source.kind == "config":
+        raise UserInputError(f"'{source.path}' is a config without weights; measuring quality "
+                             "needs weights: pass an HF folder with *.safetensors, a .gguf file "
+                             "or the alias smollm2-135m")
+    if source.kind == "hf":
+        folder = source.path
+        if not any(folder.glob("*.safetensors")):
+            pickles = sorted(p.name for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+            if pickles:
+                raise UserInputError(
+                    f"'{folder}' has only pickle weights ({pickles[0]}); autoplan loads safetensors "
+                    "only: re-save it where you trust it with save_pretrained(dir, "
+                    "safe_serialization=True)")
+            raise UserInputError(f"'{folder}' has no *.safetensors weights; pass a folder "
+                                 "written by save_pretrained")
+        return folder
+    dest = converted_dir(source)
+    if not (dest / "config.json").is_file():
+        convert_gguf(source.path, dest)
+    return dest
+
+
+def _gguf_config(path: Path) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+    except (ValueError, OSError, KeyError) as exc:
+        raise UserInputError(f"cannot read GGUF '{path}': {exc}".splitlines()[0]) from None
+
+
+def load_spec(spec: str) -> ModelSpec:
+    """The ModelSpec of any model argument, without loading weights.
+
+    GGUF files and aliases are read from their converted folder when it exists, else from
+    the GGUF metadata (no tensors are read).
+    """
+    source = resolve_model_arg(spec)
+    if source.kind in ("hf", "config"):
+        return dataclasses.replace(ModelSpec.from_path(source.path), name=source.model_id)
+    folder = converted_dir(source)
+    if (folder / "config.json").is_file():
+        return dataclasses.replace(ModelSpec.from_path(folder), name=source.model_id)
+    return ModelSpec.from_config(_gguf_config(source.path), name=source.model_id)
+
+
+def load_model(spec: str, *, trust_remote_code: bool = False,
+               dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load a model argument (alias, HF folder, GGUF file) for measurement.
+
+    Args:
+        spec: an alias (``smollm2-135m``), an HF folder, or a .gguf file.
+        trust_remote_code: run the model folder's own Python code; off unless asked.
+        dtype: parameter dtype; float32 keeps CPU evaluation exact.
+
+    Raises:
+        UserInputError: config-only input, pickle-only folder, missing tokenizer, or a folder
+            whose code must be trusted.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve_model_arg(spec)
+    folder = ensure_hf_folder(source)
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, use_safetensors=True, trust_remote_code=trust_remote_code, dtype=dtype)
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise UserInputError(f"'{folder}' needs its own Python code to load; pass "
+                                 "trust_remote_code=True (--trust-remote-code) if you trust it") from None
+        raise UserInputError(f"cannot load '{folder}': {exc}".splitlines()[0]) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as exc:
+        raise UserInputError(f"no usable tokenizer in '{folder}' ({type(exc).__name__}); save "
+                             "the tokenizer next to the weights with tokenizer.save_pretrained")
+    model.eval()
+    model_spec = ModelSpec.from_config(model.config.to_dict(), name=source.model_id)
+    verify_layer_graph(model, model_spec)
+    return LoadedModel(model, tokenizer, model_spec, source.model_id, weights_hash(folder), folder)
+
+
+__all__ = ["LoadedModel", "converted_dir", "ensure_hf_folder", "load_model", "load_spec"]

