@@ -63,8 +63,8 @@ class CpuArtifact:
 
 def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[str, Choice],
                      out_dir: str | Path, *, masks: Mapping[str, torch.Tensor] | None = None,
-                     accuracy_level: int = 0, extra_files: Mapping[str, str] | None = None,
-                     ) -> CpuArtifact:
+                     accuracy_level: int = 0, quantized: Mapping[str, Any] | None = None,
+                     extra_files: Mapping[str, str] | None = None) -> CpuArtifact:
     """Export `model` with each layer in its planned format, runnable by ONNX Runtime on CPU.
 
     Args:
@@ -75,6 +75,8 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
         masks: optional layer -> {0,1} mask ([out, in]) multiplied into the weights. A layer
             planned sparse without a mask must already hold its zeros (checked).
         accuracy_level: MatMulNBits compute type for int4/int8_wo layers (see ort_quant).
+        quantized: optional layer -> autoplan.quant.QuantizedWeight of the plan (e.g. GPTQ
+            codes), packed verbatim; other layers are rounded to nearest.
         extra_files: name -> text written into the folder in the same atomic step.
 
     Returns:
@@ -83,7 +85,8 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
     check_cpu_choices(decisions)
     _check_sparsity(model, decisions, masks or {})
     proto = build_decoder(model, masks=masks)
-    records = quantize_graph(proto, decisions, accuracy_level=accuracy_level)
+    records = quantize_graph(proto, decisions, accuracy_level=accuracy_level,
+                             quantized=quantized)
     manifest = _manifest(model, proto, records, accuracy_level)
     with _atomic_dir(Path(out_dir)) as tmp:
         onnx.save_model(proto, str(tmp / "model.onnx"), save_as_external_data=True,

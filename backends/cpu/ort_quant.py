@@ -5,18 +5,20 @@ This module rewrites that node in place, so the layer -> node mapping stays exac
 
 - `int8` (W8A8): the pattern ORT's own `quantize_dynamic` emits,
   `DynamicQuantizeLinear(x) -> MatMulInteger(x_q, W_q) -> Cast -> Mul(x_scale * w_scale)`,
-  which ORT's optimizer fuses into one `DynamicQuantizeMatMul` kernel. Weights are int8,
-  per output channel, symmetric (scale = absmax / 127). Activations are quantized by ORT per
-  *tensor* (uint8, asymmetric) at run time: identical to per-token at decode batch 1, coarser
-  for prefill and batched decode (recorded in the manifest).
-- `int4_g32/g64/g128` (W4A16) and `int8_wo` (W8A16): com.microsoft `MatMulNBits`. int4 is
-  symmetric per group along K (scale = absmax / 7, codes -7..7 stored with zero point 8);
-  int8_wo is per output channel (the channel scale repeated for every block).
+  which ORT's optimizer fuses into one `DynamicQuantizeMatMul` kernel. Weights are int8 per
+  output channel (autoplan.quant: symmetric, amax / 127). ORT quantizes activations per
+  *tensor* (uint8, asymmetric) at run time, where autoplan.quant simulates vLLM's per-token
+  int8: identical at decode batch 1, coarser for prefill and batched decode (the manifest
+  records it).
+- `int4_g32/g64/g128` (W4A16) and `int8_wo` (W8A16): com.microsoft `MatMulNBits`, codes
+  stored with the op's default zero point 2**(bits-1). int4 groups run along K (codes
+  -8..7, amax / 7.5); int8_wo is per output channel (the scale repeated for every block).
 
-We pack the codes ourselves instead of calling `MatMulNBitsQuantizer`: the codes are then
-the ones the PyTorch simulation uses (not a second rounding rule), and the quantizer needs
-the optional `onnx_ir` package. The packing is checked against ORT's kernel by
-tests/unit/test_onnx_export.py.
+Codes and scales come from autoplan.quant.quantize_weight (or the plan's own GPTQ-rounded
+QuantizedWeight), never from a second rounding rule, so the ONNX model holds exactly the
+weights the PyTorch simulation measured. We pack them ourselves rather than calling ORT's
+`MatMulNBitsQuantizer` (which rounds on its own and needs the optional `onnx_ir` package);
+tests/unit/test_onnx_export.py checks the packing against ORT's kernels.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.formats import Choice, Precision
+from autoplan.quant import QuantizedWeight, quantize_weight
 
 MS_DOMAIN = "com.microsoft"
 INT4 = {Precision.INT4_G32: 32, Precision.INT4_G64: 64, Precision.INT4_G128: 128}
@@ -74,47 +78,43 @@ def check_cpu_choices(decisions: Mapping[str, Choice]) -> None:
         )
 
 
-# ---- weight codes (numpy, weights laid out [K, N] as ONNX MatMul's B) -------------------------
-def int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per output channel: codes [K, N] int8 in -127..127, scales [N]."""
-    absmax = np.abs(w).max(axis=0)
-    scales = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
-    codes = np.clip(np.rint(w / scales), -127, 127).astype(np.int8)
-    return codes, scales
+# ---- packing (numpy; ONNX MatMul's B is [K, N] = the torch weight transposed) ---------------
+def quantize_layer(weight: torch.Tensor, precision: Precision,
+                   given: QuantizedWeight | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes [N, K] and scales [N, groups] of one layer, from autoplan.quant.
 
-
-def blockwise(w: np.ndarray, bits: int, block: int, per_channel: bool = False
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric codes per block of `block` rows along K: codes [N, n_blocks, block], scales.
-
-    K is zero-padded to whole blocks (MatMulNBits pads the same way); padding rows get code 0.
-    int4 uses scale = absmax / 7 (codes -7..7); per_channel takes one absmax over all of K and
-    repeats it per block, which is how int8_wo's per-channel scale is stored.
+    `given` (the QuantizedWeight of the plan's SimulatedLinear, e.g. GPTQ-rounded) is packed
+    as it is, so the ONNX model holds exactly the weights whose quality was measured;
+    without it the weight is rounded to nearest by the same quantize_weight.
     """
-    k, n = w.shape
+    q = given if given is not None else quantize_weight(weight.detach().float(), precision)
+    if q.precision is not precision or q.codes is None:
+        raise AutoplanError(f"quantized weight is {q.precision.value}, plan says {precision.value}")
+    scales = q.scales["weight_scale"].float().reshape(q.codes.shape[0], -1)
+    return q.codes.cpu().numpy().astype(np.int8), scales.cpu().numpy()
+
+
+def pack_nbits(codes: np.ndarray, scales: np.ndarray, bits: int, block: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' B and scales from codes [N, K] and scales [N, groups or 1].
+
+    B is uint8 [N, n_blocks, block*bits/8] holding code + 2**(bits-1) (the op's default zero
+    point; K zero-padded to whole blocks); for 4 bits element 2j sits in the low nibble and
+    2j+1 in the high nibble of byte j. One scale per (N, block): a per-channel scale is
+    repeated for every block.
+    """
+    n, k = codes.shape
     n_blocks = -(-k // block)
-    padded = np.zeros((n_blocks * block, n), dtype=np.float32)
-    padded[:k] = w
-    blocks = padded.T.reshape(n, n_blocks, block)
-    qmax = (1 << (bits - 1)) - 1
-    if per_channel:
-        absmax = np.repeat(np.abs(w).max(axis=0)[:, None], n_blocks, axis=1)
-    else:
-        absmax = np.abs(blocks).max(axis=2)
-    scales = np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32)
-    codes = np.clip(np.rint(blocks / scales[:, :, None]), -qmax, qmax).astype(np.int32)
-    return codes, scales
-
-
-def pack_nbits(codes: np.ndarray, bits: int) -> np.ndarray:
-    """MatMulNBits' B layout: uint8 [N, n_blocks, block*bits/8], zero point 2**(bits-1).
-
-    For 4 bits, element 2j sits in the low nibble and 2j+1 in the high nibble of byte j.
-    """
-    unsigned = (codes + (1 << (bits - 1))).astype(np.uint8)
-    if bits == 8:
-        return unsigned
-    return (unsigned[..., 0::2] | (unsigned[..., 1::2] << 4)).astype(np.uint8)
+    if scales.shape[1] not in (1, n_blocks):
+        raise AutoplanError(f"{scales.shape[1]} scale groups do not match {n_blocks} blocks of "
+                            f"{block} over K={k}")
+    padded = np.zeros((n, n_blocks * block), dtype=np.int32)
+    padded[:, :k] = codes
+    unsigned = (padded + (1 << (bits - 1))).astype(np.uint8).reshape(n, n_blocks, block)
+    if bits == 4:
+        unsigned = unsigned[..., 0::2] | (unsigned[..., 1::2] << 4)
+    full = np.broadcast_to(scales, (n, n_blocks)).astype(np.float32)
+    return np.ascontiguousarray(unsigned), np.ascontiguousarray(full.reshape(-1))
 
 
 def unpack_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int) -> np.ndarray:
@@ -131,7 +131,8 @@ def unpack_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int) -> n
 
 # ---- graph rewrite --------------------------------------------------------------------------
 def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
-                   accuracy_level: int = 0) -> list[QuantizedNode]:
+                   accuracy_level: int = 0,
+                   quantized: Mapping[str, QuantizedWeight] | None = None) -> list[QuantizedNode]:
     """Rewrite each decided layer's MatMul node of `model` in place; fail if one is missing.
 
     Args:
@@ -139,6 +140,8 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
         decisions: layer name -> Choice; layers not listed stay fp32.
         accuracy_level: MatMulNBits compute type (0/1 = fp32 math, exact W4A16; 4 = int8 math,
             faster on VNNI CPUs but activations are rounded to int8 per block).
+        quantized: optional layer -> QuantizedWeight already computed for the plan (GPTQ
+            codes); other quantized layers are rounded to nearest by autoplan.quant.
 
     Returns:
         One QuantizedNode per layer of the graph, in graph order.
@@ -165,12 +168,14 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
             out.append(QuantizedNode(layer, str(choice or "dense+fp32"), "MatMul", layer,
                                      {"weight": node.input[1]}))
             continue
-        w = numpy_helper.to_array(inits.pop(node.input[1])).astype(np.float32)
+        w_t = numpy_helper.to_array(inits.pop(node.input[1]))
         graph.initializer.remove(next(t for t in graph.initializer if t.name == node.input[1]))
+        codes, scales = quantize_layer(torch.from_numpy(np.ascontiguousarray(w_t.T)),
+                                       choice.precision, (quantized or {}).get(layer))
         if choice.precision is Precision.INT8:
-            built, tensors = _int8_nodes(node, w, act_quantized)
+            built, tensors = _int8_nodes(node, codes, scales, act_quantized)
         else:
-            built, tensors = _nbits_nodes(node, w, choice.precision, accuracy_level)
+            built, tensors = _nbits_nodes(node, codes, scales, choice.precision, accuracy_level)
         graph.initializer.extend(tensors)
         new_nodes += built
         main = next(b for b in built if b.name == layer)
@@ -187,12 +192,13 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
     return out
 
 
-def _int8_nodes(node: onnx.NodeProto, w: np.ndarray, act_quantized: set[str]
-                ) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
+def _int8_nodes(node: onnx.NodeProto, codes: np.ndarray, scales: np.ndarray,
+                act_quantized: set[str]) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
     name, x, y = node.name, node.input[0], node.output[0]
-    codes, scales = int8_per_channel(w)
-    w_q = numpy_helper.from_array(codes, f"{name}.weight_int8")
-    w_s = numpy_helper.from_array(scales, f"{name}.weight_scale")
+    if scales.shape[1] != 1:
+        raise AutoplanError(f"{name}: int8 needs one scale per output channel")
+    w_q = numpy_helper.from_array(np.ascontiguousarray(codes.T), f"{name}.weight_int8")
+    w_s = numpy_helper.from_array(np.ascontiguousarray(scales[:, 0]), f"{name}.weight_scale")
     # One DynamicQuantizeLinear per input tensor: q/k/v (and gate/up) share their input, so
     # they share its quantization, as ORT's quantize_dynamic does.
     xq, xs, xz = f"{x}_q", f"{x}_scale", f"{x}_zp"
@@ -211,18 +217,15 @@ def _int8_nodes(node: onnx.NodeProto, w: np.ndarray, act_quantized: set[str]
     return built, [w_q, w_s]
 
 
-def _nbits_nodes(node: onnx.NodeProto, w: np.ndarray, precision: Precision, accuracy_level: int
+def _nbits_nodes(node: onnx.NodeProto, codes: np.ndarray, scales: np.ndarray,
+                 precision: Precision, accuracy_level: int
                  ) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
     name = node.name
-    k, n = w.shape
-    if precision is Precision.INT8_WO:
-        bits, block = 8, INT8_WO_BLOCK
-        codes, scales = blockwise(w, bits, block, per_channel=True)
-    else:
-        bits, block = 4, INT4[precision]
-        codes, scales = blockwise(w, bits, block)
-    b = numpy_helper.from_array(pack_nbits(codes, bits), f"{name}.weight_q{bits}")
-    s = numpy_helper.from_array(scales.reshape(-1), f"{name}.weight_scale")
+    n, k = codes.shape
+    bits, block = (8, INT8_WO_BLOCK) if precision is Precision.INT8_WO else (4, INT4[precision])
+    packed, flat_scales = pack_nbits(codes, scales, bits, block)
+    b = numpy_helper.from_array(packed, f"{name}.weight_q{bits}")
+    s = numpy_helper.from_array(flat_scales, f"{name}.weight_scale")
     built = [helper.make_node(
         "MatMulNBits", [node.input[0], b.name, s.name], list(node.output), name=name,
         domain=MS_DOMAIN, K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy_level,
@@ -257,7 +260,7 @@ def tensor_sha256(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
 
 
 __all__ = [
-    "CPU_PRECISIONS", "CPU_SPARSITY_KINDS", "QuantizedNode", "blockwise", "check_cpu_choices",
-    "cpu_unsupported", "dequantized_weights", "int8_per_channel", "pack_nbits", "quantize_graph",
+    "CPU_PRECISIONS", "CPU_SPARSITY_KINDS", "QuantizedNode", "check_cpu_choices",
+    "cpu_unsupported", "dequantized_weights", "pack_nbits", "quantize_graph", "quantize_layer",
     "tensor_sha256", "unpack_nbits",
 ]

@@ -22,12 +22,13 @@ import torch
 from autoplan.backends.cpu.onnx_export import CpuArtifact, export_cpu_model
 from autoplan.backends.cpu.onnx_graph import build_decoder
 from autoplan.backends.cpu.ort_quant import (
-    blockwise, dequantized_weights, pack_nbits, quantize_graph, unpack_nbits,
+    dequantized_weights, pack_nbits, quantize_graph, quantize_layer, unpack_nbits,
 )
 from autoplan.backends.cpu.ort_runtime import OrtGenerator, TorchGenerator
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice
 from autoplan.modelspec import ModelSpec
+from autoplan.quant import quantize_weight
 
 transformers = pytest.importorskip("transformers")
 TOL_EXACT, TOL_INT8_MATH = 1e-4, 5e-2
@@ -130,13 +131,25 @@ def test_quantized_graph_matches_torch_simulation(tiny, spec, precision, level):
     np.testing.assert_allclose(got, want, atol=tol)
 
 
-def test_pack_roundtrip_pads_k_to_whole_blocks():
-    w = np.random.default_rng(0).standard_normal((72, 5)).astype(np.float32)  # K=72: 2.25 blocks
-    codes, scales = blockwise(w, 4, 32)
-    back = unpack_nbits(pack_nbits(codes, 4), scales, 4, 72)
-    assert back.shape == w.shape
-    assert np.abs(back - w).max() <= scales.max() / 2 + 1e-6
-    assert codes.min() >= -7 and codes.max() <= 7
+@pytest.mark.parametrize("precision", ["int4_g32", "int8_wo"])
+def test_packing_holds_exactly_the_autoplan_quant_weights(precision):
+    w = torch.randn(5, 72, generator=torch.Generator().manual_seed(3))  # K=72: 2.25 blocks of 32
+    prec = Choice.parse(precision).precision
+    bits, block = (4, 32) if precision == "int4_g32" else (8, 128)
+    codes, scales = quantize_layer(w, prec)
+    packed, flat = pack_nbits(codes, scales, bits, block)
+    back = unpack_nbits(packed, flat, bits, 72)
+    np.testing.assert_array_equal(back, quantize_weight(w, prec).dequant.numpy().T)
+
+
+def test_plan_supplied_codes_are_packed_verbatim(tiny):
+    name = "model.layers.0.mlp.down_proj"
+    other = torch.randn_like(tiny.get_submodule(name).weight)  # stands in for GPTQ's rounding
+    given = quantize_weight(other, Choice.parse("int4_g32").precision)
+    proto = build_decoder(tiny)
+    records = quantize_graph(proto, {name: Choice.parse("int4_g32")}, quantized={name: given})
+    got = dequantized_weights(proto, records)[name]
+    np.testing.assert_array_equal(got, given.dequant.numpy().T)
 
 
 def test_mixed_plan_converts_exactly_the_planned_layers(tiny, spec):
