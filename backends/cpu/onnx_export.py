@@ -139,8 +139,18 @@ def _manifest(model: torch.nn.Module, proto: onnx.ModelProto, records: list[Quan
         "int8_activations": INT8_ACTIVATIONS,
         "nbits_accuracy_level": accuracy_level,
         "weight_bytes": int(sum(_init_bytes(t) for t in proto.graph.initializer)),
+        "streamed_weight_bytes": _streamed_bytes(proto),
         "layers": layers,
     }
+
+
+def _streamed_bytes(proto: onnx.ModelProto) -> int:
+    """Initializer bytes a decode step reads: all but tables only indexed by Gather (the
+    embedding reads one row per token)."""
+    gathered = {n.input[0] for n in proto.graph.node if n.op_type == "Gather"}
+    other = {i for n in proto.graph.node if n.op_type != "Gather" for i in n.input}
+    return int(sum(_init_bytes(t) for t in proto.graph.initializer
+                   if t.name not in gathered or t.name in other))
 
 
 def _init_bytes(tensor: onnx.TensorProto) -> int:

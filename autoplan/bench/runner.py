@@ -1,0 +1,88 @@
+"""Run real generation for several configurations side by side, interleaved, in one process.
+
+Every batch of prompts is run by each side in turn before the next batch starts, and the
+order rotates per batch, so slow drift of the machine (other jobs, thermal state) lands on
+all sides alike instead of on whichever ran last. Requests are grouped into static batches
+of `concurrency` equal-length prompts (random token ids, seeded), each decoded greedily for
+exactly `output_len` tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoplan.backends.cpu.onnx_export import CpuArtifact
+from autoplan.backends.cpu.ort_runtime import GenerationResult, OrtGenerator, TorchGenerator, \
+    physical_cores
+from autoplan.bench.report import BenchReport, summarize
+from autoplan.bench.system import current_rss_bytes, peak_rss_bytes
+from autoplan.errors import UserInputError
+
+WARMUP_TOKENS = 4
+
+
+@dataclass
+class Side:
+    """One configuration under test."""
+
+    name: str
+    runtime: str
+    generator: Any  # OrtGenerator | TorchGenerator: .generate(ids, n) -> GenerationResult
+    rss_load: int
+    weight_bytes: int | None = None
+    streamed_bytes: int | None = None
+
+
+def ort_side(name: str, artifact: CpuArtifact, threads: int | None = None) -> Side:
+    """Open an artifact in an InferenceSession, measuring the memory the session adds."""
+    before = current_rss_bytes()
+    gen = OrtGenerator(artifact.model_path, threads=threads)
+    gen.generate(np.zeros((1, 4), np.int64), 2)  # arenas are sized on the first run
+    m = artifact.manifest
+    return Side(name, "onnxruntime", gen, current_rss_bytes() - before, m.get("weight_bytes"),
+                m.get("streamed_weight_bytes"))
+
+
+def torch_side(model: Any, threads: int | None = None) -> Side:
+    """The PyTorch eager fp32 model (its weights are already resident: rss_load is 0)."""
+    return Side("pytorch-eager-fp32", "pytorch", TorchGenerator(model, threads=threads), 0)
+
+
+def run_bench(sides: list[Side], *, requests: int, concurrency: int, input_len: int,
+              output_len: int, vocab: int, seed: int = 0, bandwidth: float | None = None,
+              threads: int | None = None,
+              progress: Callable[[str], None] | None = None) -> BenchReport:
+    """Time every side on the same prompt batches, interleaved; see the module docstring."""
+    if min(requests, concurrency, input_len, output_len) < 1:
+        raise UserInputError("--requests, --concurrency, --input-len and --output-len must be >= 1")
+    if requests % concurrency:
+        raise UserInputError(f"--requests {requests} is not a multiple of --concurrency "
+                             f"{concurrency}: static batching runs whole batches")
+    rng = np.random.default_rng(seed)
+    batches = [rng.integers(0, vocab, size=(concurrency, input_len), dtype=np.int64)
+               for _ in range(requests // concurrency)]
+    for side in sides:
+        side.generator.generate(batches[0], min(WARMUP_TOKENS, output_len))
+    results: dict[str, list[GenerationResult]] = {s.name: [] for s in sides}
+    for i, prompts in enumerate(batches):
+        for side in sides[i % len(sides):] + sides[: i % len(sides)]:
+            res = side.generator.generate(prompts, output_len)
+            results[side.name].append(res)
+            if progress:
+                progress(f"batch {i + 1}/{len(batches)} {side.name}: "
+                         f"decode {res.decode_tok_s:.1f} tok/s, TTFT {res.ttft_s * 1e3:.0f} ms")
+    stats = [summarize(s.name, s.runtime, results[s.name], s.rss_load, s.weight_bytes,
+                       s.streamed_bytes, bandwidth) for s in sides]
+    workload = {"requests": requests, "concurrency": concurrency, "input_len": input_len,
+                "output_len": output_len}
+    return BenchReport(workload, stats, threads or physical_cores(), peak_rss_bytes() / 1e6,
+                       bandwidth / 1e9 if bandwidth else None,
+                       notes=["static batching: each batch of --concurrency prompts is one ONNX "
+                              "session call; its requests share TTFT and TPOT"])
+
+
+__all__ = ["Side", "ort_side", "run_bench", "torch_side"]

@@ -1,0 +1,51 @@
+"""`autoplan apply`: write a runnable artifact for a plan. CPU targets: an ONNX Runtime model
+with the plan and its audit (manifest with the sha256 of every weight and scale tensor)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autoplan.bench import apply_plan_cpu, check_cpu_plan, read_plan
+from autoplan.cli._output import console, emit_json, err_console, json_option
+from autoplan.errors import UserInputError
+
+
+@click.command("apply")
+@click.argument("plan_path", metavar="PLAN")
+@click.option("--model", default=None, help="Model: alias, HF folder or GGUF (default: the plan's).")
+@click.option("--out", "out_dir", required=True, help="Folder to write (replaced atomically).")
+@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Text file for Wanda/SparseGPT/GPTQ statistics, when the plan needs them.")
+@click.option("--int4-accuracy-level", type=click.Choice(["0", "1", "4"]), default="0",
+              show_default=True, help="MatMulNBits compute: 0/1 fp32 (exact W4A16), 4 int8.")
+@json_option
+def command(plan_path: str, model: str | None, out_dir: str, calibration: str | None,
+            int4_accuracy_level: str, as_json: bool) -> None:
+    """Apply PLAN to the model and write the runnable artifact to --out."""
+    from autoplan.models import load_model
+
+    plan = read_plan(plan_path)
+    check_cpu_plan(plan)  # refuse before spending time loading the model
+    model = model or plan.model_id
+    if not model:
+        raise UserInputError("this plan does not name its model: pass --model")
+    err_console.print(f"loading {model} ...")
+    loaded = load_model(model)
+    text = Path(calibration).read_text() if calibration else None
+    art = apply_plan_cpu(loaded, plan, out_dir, calibration_text=text,
+                         accuracy_level=int(int4_accuracy_level))
+    counts: dict[str, int] = {}
+    for layer in art.manifest["layers"].values():
+        counts[layer["op_type"]] = counts.get(layer["op_type"], 0) + 1
+    if as_json:
+        emit_json({"out": str(art.path), "model": str(art.model_path), "ops": counts,
+                   "weight_bytes": art.manifest["weight_bytes"]})
+        return
+    ops = ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
+    console.print(f"wrote {art.path}: {ops}; weights {art.manifest['weight_bytes'] / 1e6:,.1f} MB; "
+                  "manifest.json holds the per-tensor sha256 audit")
+
+
+__all__ = ["command"]

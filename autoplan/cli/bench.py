@@ -1,0 +1,94 @@
+"""`autoplan bench`: real generation on this machine, the fp32 baseline and the plan side by
+side in one interleaved run (same ONNX Runtime), plus PyTorch eager fp32."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from autoplan.backends.cpu.onnx_export import CpuArtifact
+from autoplan.bench import (BenchReport, apply_plan_cpu, export_baseline, ort_side, read_bandwidth,
+                            read_plan, run_bench, torch_side)
+from autoplan.cli._output import console, emit_json, err_console, json_option
+from autoplan.errors import UserInputError
+
+
+def _table(report: BenchReport) -> Table:
+    w = report.workload
+    table = Table(title=f"MEASURED on this machine ({report.threads} threads): {w['requests']} "
+                        f"requests, concurrency {w['concurrency']}, {w['input_len']} in / "
+                        f"{w['output_len']} out")
+    table.add_column("metric")
+    for side in report.sides:
+        table.add_column(side.name, justify="right")
+    rows = [("prefill tok/s (median)", lambda s: f"{s.prefill_tok_s:,.0f}"),
+            ("decode tok/s (median)", lambda s: f"{s.decode_tok_s:,.1f}")]
+    for p in ("p50", "p95", "p99"):
+        rows.append((f"TTFT ms {p}", lambda s, p=p: f"{s.ttft_ms[p]:,.1f}"))
+    for p in ("p50", "p95", "p99"):
+        rows.append((f"TPOT ms {p}", lambda s, p=p: f"{s.tpot_ms[p]:,.2f}"))
+    rows += [("weights MB", lambda s: "-" if s.weight_mb is None else f"{s.weight_mb:,.0f}"),
+             ("RSS added on load MB", lambda s: f"{s.rss_load_mb:,.0f}"),
+             ("decode % of bandwidth roofline",
+              lambda s: "-" if s.roofline_fraction is None else f"{s.roofline_fraction:.0%}")]
+    for label, fn in rows:
+        table.add_row(label, *[fn(s) for s in report.sides])
+    if any(s.name == "baseline" for s in report.sides) and len(report.sides) > 1:
+        ratios = {s.name: report.ratios(s.name) for s in report.sides if s.name != "baseline"}
+        table.add_row("decode speed vs baseline",
+                      *["1.00x" if s.name == "baseline" else
+                        f"{ratios[s.name]['decode_tok_s']:.2f}x" for s in report.sides])
+    return table
+
+
+@click.command("bench")
+@click.option("--model", required=True, help="Model: alias, HF folder or GGUF.")
+@click.option("--plan", "plan_path", default=None, help="Plan JSON to apply and measure.")
+@click.option("--artifact", default=None, help="Artifact folder from `autoplan apply`.")
+@click.option("--requests", type=int, default=8, show_default=True)
+@click.option("--concurrency", type=int, default=1, show_default=True,
+              help="Requests batched into one static batch.")
+@click.option("--input-len", type=int, default=128, show_default=True)
+@click.option("--output-len", type=int, default=64, show_default=True)
+@click.option("--no-torch", is_flag=True, help="Skip the PyTorch eager fp32 reference.")
+@click.option("--threads", type=int, default=None, help="Threads (default: physical cores).")
+@json_option
+def command(model: str, plan_path: str | None, artifact: str | None, requests: int,
+            concurrency: int, input_len: int, output_len: int, no_torch: bool,
+            threads: int | None, as_json: bool) -> None:
+    """Measure prefill/decode tok/s, TTFT, TPOT and memory: baseline vs plan, one run."""
+    from autoplan.models import load_model
+
+    if plan_path and artifact:
+        raise UserInputError("pass --plan or --artifact, not both")
+    plan = read_plan(plan_path) if plan_path else None
+    err_console.print(f"loading {model} ...")
+    loaded = load_model(model)
+    with tempfile.TemporaryDirectory(prefix="autoplan-bench-") as tmp:
+        err_console.print("exporting the fp32 baseline ...")
+        arts = [("baseline", export_baseline(loaded, Path(tmp) / "baseline"))]
+        if plan is not None:
+            err_console.print("applying the plan ...")
+            arts.append(("plan", apply_plan_cpu(loaded, plan, Path(tmp) / "plan")))
+        elif artifact:
+            arts.append(("plan", CpuArtifact.load(artifact)))
+        sides = [ort_side(name, art, threads) for name, art in arts]
+        if not no_torch:
+            sides.append(torch_side(loaded.model, threads))
+        bandwidth = read_bandwidth(threads=threads)
+        report = run_bench(sides, requests=requests, concurrency=concurrency,
+                           input_len=input_len, output_len=output_len, vocab=loaded.spec.vocab,
+                           bandwidth=bandwidth, threads=threads,
+                           progress=None if as_json else lambda m: err_console.print(m))
+    if as_json:
+        emit_json(report.to_json())
+        return
+    console.print(_table(report))
+    console.print(f"peak RSS of this process {report.peak_rss_mb:,.0f} MB; measured read "
+                  f"bandwidth {report.bandwidth_gbps:.1f} GB/s")
+
+
+__all__ = ["command"]

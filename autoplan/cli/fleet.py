@@ -1,0 +1,95 @@
+"""`autoplan fleet`: nodes, $/month and $/1M tokens to serve a request rate under a p99 SLA,
+baseline vs plan, with every step of the arithmetic shown (autoplan/fleet.py)."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from autoplan.bench.planfile import read_plan
+from autoplan.cli._output import console, emit_json, json_option
+from autoplan.cost import CostModel, resolve_config
+from autoplan.cost.model import USABLE_MEMORY
+from autoplan.errors import UserInputError
+from autoplan.fleet import FleetSizing, size_fleet
+from autoplan.targets import get_target
+from autoplan.workload import Workload
+
+
+def _size(cm: CostModel, decisions, workload: Workload, qps: float, p99_s: float,
+          max_replicas: int | None) -> FleetSizing:
+    est = cm.evaluate(decisions)
+    tokens = workload.batch * (workload.input_len + workload.output_len)
+    return size_fleet(
+        weight_bytes=est.memory.weights_bytes, kv_bytes_per_token=est.memory.kv_cache_bytes / tokens,
+        node_memory_bytes=cm.target.memory_bytes, batch=workload.batch,
+        input_len=workload.input_len, output_len=workload.output_len,
+        ttft_s=est.metrics.ttft_s, tpot_s=est.metrics.tpot_s, qps=qps, p99_s=p99_s,
+        price_per_hour=cm.price_per_hour, usable_fraction=USABLE_MEMORY, max_replicas=max_replicas)
+
+
+def _steps_table(title: str, sizing: FleetSizing) -> Table:
+    table = Table(title=title)
+    for col in ("step", "arithmetic", "value"):
+        table.add_column(col, justify="right" if col == "value" else "left", overflow="fold")
+    for s in sizing.steps:
+        table.add_row(s.label, s.formula, f"{s.value:,.6g} {s.unit}".strip())
+    if sizing.reason:
+        table.add_row("[red]infeasible[/red]", sizing.reason, "-")
+    return table
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+@click.command("fleet")
+@click.option("--plan", "plan_path", required=True, help="Plan JSON (full or minimal).")
+@click.option("--model", default=None, help="Model (default: the plan's).")
+@click.option("--node", required=True, help="Node target, e.g. xeon-8480 or h100.")
+@click.option("--qps", type=float, required=True, help="Requests per second, whole fleet.")
+@click.option("--input-len", type=int, default=512, show_default=True)
+@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--batch", type=int, default=1, show_default=True,
+              help="Sequences one replica decodes together.")
+@click.option("--p99-ms", type=float, required=True, help="p99 request-latency SLA, ms.")
+@click.option("--max-replicas", type=int, default=1, show_default=True,
+              help="Model copies per node (0: as many as memory allows).")
+@json_option
+def command(plan_path: str, model: str | None, node: str, qps: float, input_len: int,
+            output_len: int, batch: int, p99_ms: float, max_replicas: int, as_json: bool) -> None:
+    """Size a fleet for a plan and its baseline on one node type, showing the arithmetic."""
+    if qps <= 0 or p99_ms <= 0 or min(input_len, output_len, batch) < 1 or max_replicas < 0:
+        raise UserInputError("--qps and --p99-ms must be > 0; lengths and --batch >= 1")
+    plan = read_plan(plan_path)
+    model = model or plan.model_id
+    if not model:
+        raise UserInputError("this plan does not name its model: pass --model")
+    target = get_target(node)
+    workload = Workload(batch=batch, input_len=input_len, output_len=output_len)
+    cm = CostModel(resolve_config(model), target, workload)
+    cap = max_replicas or None
+    before = _size(cm, None, workload, qps, p99_ms / 1e3, cap)
+    after = _size(cm, plan.decisions, workload, qps, p99_ms / 1e3, cap)
+    if as_json:
+        emit_json({"predicted": True, "node": target.name, "qps": qps, "p99_sla_s": p99_ms / 1e3,
+                   "workload": workload.model_dump(), "baseline": before.to_json(),
+                   "plan": after.to_json()})
+        return
+    console.print(_steps_table(f"baseline {cm.baseline} on {target.name}", before))
+    console.print(_steps_table(f"plan on {target.name}", after))
+    summary = Table(title=f"fleet for {qps:g} req/s, p99 <= {p99_ms:g} ms (cost-model service "
+                          "times, M/M/k queueing)")
+    for col in ("", "baseline", "plan"):
+        summary.add_column(col, justify="right")
+    rows = (("replicas per node", "replicas_per_node", "d"),
+            ("node throughput tok/s", "node_throughput_tok_s", ",.1f"),
+            ("nodes", "nodes", "d"), ("p99 latency s", "p99_s", ".3f"),
+            ("utilization", "utilization", ".1%"), ("$/month", "usd_per_month", ",.0f"),
+            ("$/1M output tokens", "usd_per_million_tokens", ",.4f"))
+    for label, attr, spec in rows:
+        summary.add_row(label, _fmt(getattr(before, attr), spec), _fmt(getattr(after, attr), spec))
+    console.print(summary)
+
+
+__all__ = ["command"]
