@@ -1,0 +1,128 @@
+"""Bench library and the apply/bench/fleet commands' input checks, on a tiny in-process Llama."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from autoplan.backends.cpu.ort_runtime import GenerationResult
+from autoplan.bench import (apply_plan_cpu, check_cpu_plan, export_baseline, ort_side, read_plan,
+                            run_bench, torch_side)
+from autoplan.bench.report import summarize
+from autoplan.cli import cli
+from autoplan.errors import PlanError, UnsupportedFormatError, UserInputError
+from autoplan.formats import Choice
+from autoplan.modelspec import ModelSpec
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    spec = ModelSpec.from_config(cfg.to_dict(), name="tiny")
+    return SimpleNamespace(model=model, tokenizer=None, spec=spec, content_hash="abc123")
+
+
+def _write(tmp_path, doc, name="plan.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_read_minimal_and_bare_plans(tmp_path):
+    minimal = read_plan(_write(tmp_path, {"decisions": {"lm_head": "int4_g32"}, "target": "local"}))
+    assert minimal.decisions == {"lm_head": Choice.parse("int4_g32")} and minimal.target == "local"
+    bare = read_plan(_write(tmp_path, {"lm_head": "dense+int8"}, "bare.json"))
+    assert bare.decisions["lm_head"] == Choice.parse("int8") and bare.target is None
+    with pytest.raises(PlanError, match="no decisions"):
+        read_plan(_write(tmp_path, {"decisions": {}}, "empty.json"))
+    with pytest.raises(PlanError, match="no plan file"):
+        read_plan(tmp_path / "missing.json")
+
+
+def test_check_cpu_plan_refuses_gpu_targets_and_formats(tmp_path):
+    gpu = read_plan(_write(tmp_path, {"decisions": {"lm_head": "int8"}, "target": "h100"}))
+    with pytest.raises(UnsupportedFormatError, match="h100.*re-plan"):
+        check_cpu_plan(gpu)
+    bad = read_plan(_write(tmp_path, {"decisions": {"lm_head": "nvfp4",
+                                                    "model.layers.0.mlp.up_proj": "2:4+int8"}}))
+    with pytest.raises(UnsupportedFormatError, match="lm_head=dense\\+nvfp4") as err:
+        check_cpu_plan(bad)
+    assert "model.layers.0.mlp.up_proj=2:4+int8" in str(err.value)
+
+
+def test_apply_cli_refuses_with_exit_2_and_one_line(tmp_path):
+    plan = _write(tmp_path, {"decisions": {"lm_head": "fp8_e4m3"}})
+    result = CliRunner().invoke(cli, ["apply", str(plan), "--model", "x", "--out",
+                                      str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0 and "lm_head=dense+fp8_e4m3" in result.output
+
+
+def test_apply_plan_cpu_writes_plan_and_audit(loaded, tmp_path):
+    names = [layer.name for layer in loaded.spec.layers]
+    doc = {"decisions": {n: ("int8" if "mlp" in n else "int4_g32") for n in names}}
+    plan = read_plan(_write(tmp_path, doc))
+    art = apply_plan_cpu(loaded, plan, tmp_path / "art")
+    assert json.loads((tmp_path / "art" / "plan.json").read_text()) == doc
+    ops = {layer["op_type"] for layer in art.manifest["layers"].values()}
+    assert ops == {"MatMulInteger", "MatMulNBits"}
+    assert art.manifest["streamed_weight_bytes"] < art.manifest["weight_bytes"]
+    with pytest.raises(PlanError, match="lacks"):
+        apply_plan_cpu(loaded, read_plan(_write(tmp_path, {"decisions": {"nope": "int8"}},
+                                                "x.json")), tmp_path / "x")
+
+
+def test_sparse_plan_with_magnitude_masks_is_baked_in(loaded, tmp_path):
+    name = "model.layers.1.mlp.down_proj"
+    plan = read_plan(_write(tmp_path, {"decisions": {name: "unstructured@50+int8"}}))
+    art = apply_plan_cpu(loaded, plan, tmp_path / "sparse")
+    assert art.manifest["layers"][name]["choice"] == "unstructured@50+int8"
+
+
+def test_run_bench_interleaves_and_reports(loaded, tmp_path):
+    base = export_baseline(loaded, tmp_path / "base")
+    plan = read_plan(_write(tmp_path, {"decisions": {"lm_head": "int4_g32"}}))
+    sides = [ort_side("baseline", base, threads=1),
+             ort_side("plan", apply_plan_cpu(loaded, plan, tmp_path / "plan"), threads=1),
+             torch_side(loaded.model, threads=1)]
+    report = run_bench(sides, requests=4, concurrency=2, input_len=5, output_len=3,
+                       vocab=256, bandwidth=1e10, threads=1)
+    doc = report.to_json()
+    assert [s["name"] for s in doc["sides"]] == ["baseline", "plan", "pytorch-eager-fp32"]
+    assert all(s["requests"] == 4 and s["decode_tok_s"] > 0 for s in doc["sides"])
+    assert set(doc["ratios_vs_baseline"]) == {"plan", "pytorch-eager-fp32"}
+    assert doc["predicted"] is None and doc["peak_rss_mb"] > 0
+    assert 0 < doc["sides"][0]["roofline_fraction"]
+    with pytest.raises(UserInputError, match="multiple of --concurrency"):
+        run_bench(sides[:1], requests=3, concurrency=2, input_len=4, output_len=2, vocab=256)
+
+
+def test_summarize_percentiles_weight_requests_by_batch():
+    results = [GenerationResult(np.zeros((2, 3), np.int64), 10, 0.1, [0.01, 0.01]),
+               GenerationResult(np.zeros((2, 3), np.int64), 10, 0.3, [0.03, 0.03])]
+    stats = summarize("x", "onnxruntime", results, rss_load=0)
+    assert stats.requests == 4
+    assert stats.ttft_ms["p50"] == pytest.approx(200.0)  # [100, 100, 300, 300]
+    assert stats.decode_tok_s == pytest.approx(np.median([2 * 2 / 0.02, 2 * 2 / 0.06]))
+    assert stats.prefill_tok_s == pytest.approx(np.median([200, 2 * 10 / 0.3]))
+
+
+def test_fleet_cli_shows_arithmetic_json(tmp_path):
+    plan = _write(tmp_path, {"decisions": {"lm_head": "int8"}})
+    result = CliRunner().invoke(cli, ["fleet", "--plan", str(plan), "--model", "smollm2-135m",
+                                      "--node", "xeon-8480", "--qps", "20", "--p99-ms", "3000",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["plan"]["nodes"] >= 1 and doc["baseline"]["steps"][0]["label"] == "memory per replica"
