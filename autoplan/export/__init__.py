@@ -1,0 +1,120 @@
+"""Export a plan to a checkpoint a serving engine loads.
+
+Public API:
+    export_plan(plan, loaded_model, fmt, out_dir, *, stats=None, calibration=None,
+                allow_model_mismatch=False) -> Path
+    register_exporter(exporter), get_exporter(fmt), exporter_names()
+
+Formats (one module each): ``compressed-tensors`` (vLLM, SGLang), ``modelopt``
+(TensorRT-LLM: the 2:4 path), ``onnx`` (ONNX Runtime on CPU, written by
+``autoplan.backends.cpu.onnx_export``). Every exporter refuses a plan its runtime cannot
+serve before writing anything, writes atomically, and puts the plan and a per-tensor
+sha256 audit next to the checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import Tensor
+
+from autoplan.errors import AutoplanError, UnknownNameError
+from autoplan.export._prepare import Prepared, prepare
+from autoplan.plan.schema import Plan
+from autoplan.quant import HessianAccumulator
+
+
+class Exporter(Protocol):
+    """Writes one checkpoint format.
+
+    Attributes:
+        name: the format name users pass to ``--format``.
+        runtimes: runtimes that load the format, preferred first; a plan is checked against
+            its own runtime when listed here, else against the first.
+    """
+
+    name: str
+    runtimes: tuple[str, ...]
+
+    def write(self, prep: Prepared, out_dir: str | Path) -> Path:
+        """Write ``prep`` into ``out_dir`` atomically and return the folder."""
+        ...
+
+
+_REGISTRY: dict[str, Exporter] = {}
+
+
+def register_exporter(exporter: Exporter) -> Exporter:
+    """Add an exporter under its ``name``.
+
+    Raises:
+        AutoplanError: an exporter with this name is already registered.
+    """
+    if exporter.name in _REGISTRY:
+        raise AutoplanError(f"an exporter for format '{exporter.name}' is already registered "
+                            f"({type(_REGISTRY[exporter.name]).__name__})")
+    _REGISTRY[exporter.name] = exporter
+    return exporter
+
+
+def exporter_names() -> list[str]:
+    """Every registered format name, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_exporter(fmt: str) -> Exporter:
+    """The exporter for a format name.
+
+    Raises:
+        UnknownNameError: no such format; lists the registered ones.
+    """
+    key = fmt.strip().lower()
+    if key not in _REGISTRY:
+        raise UnknownNameError("export format", fmt, exporter_names())
+    return _REGISTRY[key]
+
+
+def export_plan(plan: Plan, loaded_model: Any, fmt: str, out_dir: str | Path, *,
+                stats: Mapping[str, HessianAccumulator] | None = None,
+                calibration: Sequence[Tensor] | None = None,
+                allow_model_mismatch: bool = False) -> Path:
+    """Export ``plan`` applied to ``loaded_model`` as ``fmt`` into ``out_dir``.
+
+    Args:
+        plan: the plan (``autoplan.plan.load_plan``).
+        loaded_model: the ``LoadedModel`` the plan was searched on.
+        fmt: a registered format name (see ``exporter_names()``).
+        out_dir: folder to create; a previous autoplan export there is replaced.
+        stats: calibration statistics, when the plan's pruning/GPTQ needs them.
+        calibration: the calibration token batches; used to compute missing ``stats`` and
+            the static activation scales of NVFP4 layers.
+        allow_model_mismatch: export even if the model's content hash is not the plan's.
+
+    Returns:
+        The export folder.
+
+    Raises:
+        UserInputError: unknown format, wrong model, a choice the format's runtime cannot
+            serve (naming the layers), or weights that do not reproduce the plan's audit.
+    """
+    exporter = get_exporter(fmt)
+    prep = prepare(plan, loaded_model, exporter.name, exporter.runtimes, stats=stats,
+                   calibration=calibration, allow_model_mismatch=allow_model_mismatch)
+    return exporter.write(prep, out_dir)
+
+
+def _register_builtins() -> None:
+    from autoplan.export.compressed_tensors import CompressedTensorsExporter
+    from autoplan.export.modelopt import ModelOptExporter
+    from autoplan.export.onnx import OnnxExporter
+
+    for exporter in (CompressedTensorsExporter(), ModelOptExporter(), OnnxExporter()):
+        register_exporter(exporter)
+
+
+_register_builtins()
+
+__all__ = ["Exporter", "Prepared", "export_plan", "exporter_names", "get_exporter",
+           "register_exporter"]

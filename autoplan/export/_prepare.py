@@ -1,0 +1,204 @@
+"""Everything every exporter needs before it writes a byte: checks, then the plan's weights.
+
+An export must hold exactly the weights the plan was measured with. So, in order:
+1. the model is the plan's model (content hash; ``allow_model_mismatch`` overrides),
+2. every layer's choice is one the format's runtime serves (``runtimes.supports``) and
+   fused groups (q/k/v, gate/up) share one choice, since both vLLM and TensorRT-LLM run
+   them as one GEMM with one format,
+3. the layers are recompressed with the plan's settings and calibration statistics, and
+   the sha256 of every mask and scale is checked against the plan's audit.
+Refusals name the offending layers and are raised before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from autoplan.compress import CompressionSettings, audit_digests, collect_stats, compress_linear
+from autoplan.errors import UnsupportedFormatError, UserInputError
+from autoplan.formats import Choice, Precision
+from autoplan.models.graph import get_linear
+from autoplan.plan.schema import Plan
+from autoplan.quant import HessianAccumulator, SimulatedLinear, nvfp4_global_scale
+from autoplan.runtimes import supports
+from autoplan.targets import Target, get_target
+
+UNQUANTIZED = frozenset({Precision.FP32, Precision.BF16, Precision.FP16})
+_SHOWN = 4  # offending layers named in a refusal before "and N more"
+
+
+@dataclass
+class Prepared:
+    """A plan checked against a model, with the plan's compressed layers recomputed.
+
+    Attributes:
+        plan: the plan.
+        loaded: the LoadedModel (model, tokenizer, spec, content_hash, model_id).
+        target: the plan's hardware target.
+        runtime: the runtime the checks were made for.
+        choices: layer -> Choice, every decided layer.
+        sims: layer -> SimulatedLinear with the plan's exact weights, codes and scales.
+        input_global_scales: layer -> FP32 [1] activation global scale (NVFP4 layers only).
+    """
+
+    plan: Plan
+    loaded: Any
+    target: Target
+    runtime: str
+    choices: dict[str, Choice]
+    sims: dict[str, SimulatedLinear]
+    input_global_scales: dict[str, Tensor] = field(default_factory=dict)
+
+    def quantized(self) -> dict[str, SimulatedLinear]:
+        """The layers stored in a low-precision format (not fp32/bf16/fp16)."""
+        return {n: s for n, s in self.sims.items() if s.choice.precision not in UNQUANTIZED}
+
+
+def _listing(names: Sequence[str]) -> str:
+    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    return ", ".join(names[:_SHOWN]) + more
+
+
+def parse_decisions(plan: Plan) -> dict[str, Choice]:
+    """The plan's decisions as Choices (the plan stores their text form)."""
+    return {name: Choice.parse(text) for name, text in plan.decisions.items()}
+
+
+def check_model(plan: Plan, loaded: Any, allow_mismatch: bool) -> None:
+    """Refuse a model whose weights are not the ones the plan was searched on."""
+    if loaded.content_hash != plan.model.content_hash and not allow_mismatch:
+        raise UserInputError(
+            f"model '{loaded.model_id}' has content hash {loaded.content_hash[:12]} but the plan "
+            f"was made for {plan.model.id} ({plan.model.content_hash[:12]}): pass the plan's "
+            "model, or --allow-model-mismatch to export anyway")
+
+
+def pick_runtime(plan: Plan, runtimes: Sequence[str]) -> str:
+    """The plan's runtime when the format serves it, else the format's first runtime."""
+    return plan.runtime.name if plan.runtime.name in runtimes else runtimes[0]
+
+
+def check_runtime(fmt: str, target: Target, runtime: str, choices: Mapping[str, Choice]) -> None:
+    """Refuse layers whose choice ``runtime`` cannot serve on ``target``, naming them."""
+    refused: dict[str, list[str]] = {}
+    for name, choice in choices.items():
+        answer = supports(target, runtime, choice)
+        if not answer.ok:
+            refused.setdefault(f"{choice} ({answer.reason})", []).append(name)
+    if refused:
+        why, names = next(iter(refused.items()))
+        raise UnsupportedFormatError(
+            f"--format {fmt} is served by {runtime}, which cannot serve {len(names)} layer(s) "
+            f"planned {why}: {_listing(names)}; re-plan with --runtime {runtime} or pick "
+            "another --format")
+
+
+def check_fused_groups(loaded: Any, choices: Mapping[str, Choice]) -> None:
+    """Refuse plans whose fused layers (one GEMM in the runtime) have different choices."""
+    groups: dict[str, set[Choice]] = {}
+    members: dict[str, list[str]] = {}
+    for layer in loaded.spec.layers:
+        if layer.name in choices:
+            groups.setdefault(layer.fuse_group, set()).add(choices[layer.name])
+            members.setdefault(layer.fuse_group, []).append(layer.name)
+    for group, found in groups.items():
+        if len(found) > 1:
+            raise UnsupportedFormatError(
+                f"layers {_listing(members[group])} run as one fused GEMM but are planned "
+                f"{' / '.join(sorted(map(str, found)))}: give them one choice (re-run search)")
+
+
+@torch.no_grad()
+def input_amax(model: torch.nn.Module, layers: Iterable[str],
+               batches: Iterable[Tensor]) -> dict[str, Tensor]:
+    """Largest |input| each named linear sees over the calibration batches (FP32 [1])."""
+    amax: dict[str, Tensor] = {}
+    handles = []
+    for name in layers:
+        def hook(_m, inputs, _out, name=name):  # noqa: ANN001 - torch hook signature
+            seen = inputs[0].detach().abs().amax().float().reshape(1)
+            amax[name] = torch.maximum(amax[name], seen) if name in amax else seen
+
+        handles.append(get_linear(model, name).register_forward_hook(hook))
+    try:
+        for batch in batches:
+            model(input_ids=batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return amax
+
+
+def _verify_audit(plan: Plan, sims: Mapping[str, SimulatedLinear]) -> None:
+    expected = plan.audit.tensors
+    if not expected:
+        return
+    got = audit_digests({n: s for n, s in sims.items() if n in expected})
+    bad = sorted(n for n in expected if got.get(n) != expected[n])
+    if bad:
+        raise UserInputError(
+            f"recomputed weights of {len(bad)} layer(s) differ from the plan's audit "
+            f"({_listing(bad)}): the calibration data ({plan.audit.calibration_source}) or "
+            "the model differ from the search's; export with the same calibration set")
+
+
+def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
+            stats: Mapping[str, HessianAccumulator] | None = None,
+            calibration: Sequence[Tensor] | None = None,
+            allow_model_mismatch: bool = False) -> Prepared:
+    """Check the plan against the model and runtime, then recompute its compressed layers.
+
+    Args:
+        plan: the plan to export.
+        loaded: the LoadedModel the plan was searched on.
+        fmt: format name (for messages).
+        runtimes: runtimes that load this format, preferred first.
+        stats: calibration statistics (``collect_stats``); computed from ``calibration``
+            when missing and the plan's settings need them.
+        calibration: token batches [batch, seq] of the plan's calibration set; also used
+            for NVFP4 static activation global scales.
+        allow_model_mismatch: export even if the model's content hash differs.
+
+    Raises:
+        UserInputError: wrong model, unservable or unfused choices, missing calibration,
+            or weights that do not reproduce the plan's audit.
+    """
+    check_model(plan, loaded, allow_model_mismatch)
+    target = get_target(plan.target.name)
+    runtime = pick_runtime(plan, runtimes)
+    choices = parse_decisions(plan)
+    check_runtime(fmt, target, runtime, choices)
+    check_fused_groups(loaded, choices)
+    settings = CompressionSettings(plan.compression.prune_score, plan.compression.quant_method)
+    sparse = any(c.sparsity.kind != "dense" for c in choices.values())
+    needs_stats = settings.needs_hessian or (sparse and settings.prune_score != "magnitude")
+    if needs_stats and stats is None:
+        if calibration is None:
+            raise UserInputError(
+                f"the plan's {settings.prune_score}/{settings.quant_method} weights need "
+                f"calibration statistics: pass the calibration set ({plan.audit.calibration_source})")
+        stats = collect_stats(loaded.model, choices, calibration)
+    # compress_linear leaves the original layer untouched, so no model copy is needed here.
+    sims = {name: compress_linear(get_linear(loaded.model, name), choice,
+                                  stats.get(name) if needs_stats and stats else None, settings)
+            for name, choice in choices.items()}
+    _verify_audit(plan, sims)
+    nvfp4 = [n for n, c in choices.items() if c.precision is Precision.NVFP4]
+    scales: dict[str, Tensor] = {}
+    if nvfp4:
+        if calibration is None:
+            raise UserInputError(
+                f"NVFP4 layers ({_listing(nvfp4)}) need a static activation scale from "
+                "calibration data: pass the calibration set")
+        scales = {n: nvfp4_global_scale(a) for n, a in
+                  input_amax(loaded.model, nvfp4, calibration).items()}
+    return Prepared(plan, loaded, target, runtime, choices, sims, scales)
+
+
+__all__ = ["Prepared", "UNQUANTIZED", "check_fused_groups", "check_model", "check_runtime",
+           "input_amax", "parse_decisions", "pick_runtime", "prepare"]

@@ -1,0 +1,105 @@
+"""Atomic export folders and the audit written next to every checkpoint.
+
+An export is written into a hidden sibling folder and renamed into place only when it is
+complete, so a crash or a refusal never leaves a half-written checkpoint where a server
+could load it. Beside the weights go the plan (``autoplan_plan.json``) and the audit
+(``autoplan_export.json``): format, runtime, per-layer choices and the sha256 of every
+tensor in every safetensors file, as stored.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from autoplan import __version__
+from autoplan.compress import tensor_digest
+from autoplan.errors import AutoplanError, UserInputError
+from autoplan.plan.schema import Plan
+
+PLAN_FILE = "autoplan_plan.json"
+AUDIT_FILE = "autoplan_export.json"
+AUDIT_VERSION = 1
+
+
+def _dump(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+@contextmanager
+def atomic_dir(target: str | Path) -> Iterator[Path]:
+    """Yield an empty temp folder that replaces ``target`` only if the block succeeds.
+
+    Raises:
+        UserInputError: ``target`` exists, is not empty and is not an autoplan export.
+    """
+    target = Path(target)
+    if target.exists() and (not target.is_dir() or (any(target.iterdir())
+                                                    and not (target / AUDIT_FILE).is_file())):
+        raise UserInputError(f"'{target}' exists and is not an autoplan export: choose a new "
+                             "--out folder or remove it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = target.with_name(f".{target.name}.old") if target.exists() else None
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+    try:
+        tmp.rename(target)
+    except OSError as err:
+        if old is not None:
+            old.rename(target)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise AutoplanError(f"cannot move the export into '{target}': {err}") from err
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def tensor_digests(folder: Path) -> dict[str, dict[str, str]]:
+    """file -> {tensor name -> sha256 of dtype, shape and bytes} for every safetensors file."""
+    out: dict[str, dict[str, str]] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            out[path.name] = {key: tensor_digest(fh.get_tensor(key)) for key in sorted(fh.keys())}
+    return out
+
+
+def write_sidecars(folder: Path, plan: Plan, fmt: str, runtime: str,
+                   layers: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
+    """Write the plan and the audit into a finished checkpoint folder.
+
+    Args:
+        folder: the (temporary) export folder, weights already written.
+        plan: the exported plan.
+        fmt: format name.
+        runtime: the runtime the checkpoint is for.
+        layers: layer -> description of how it is stored (JSON-serializable).
+        extra: more audit fields (e.g. what was verified).
+    """
+    _dump(folder / PLAN_FILE, plan.model_dump(mode="json"))
+    _dump(folder / AUDIT_FILE, {
+        "schema_version": AUDIT_VERSION,
+        "autoplan_version": __version__,
+        "format": fmt,
+        "runtime": runtime,
+        "model": {"id": plan.model.id, "content_hash": plan.model.content_hash},
+        "plan_calibration_hash": plan.audit.calibration_hash,
+        "layers": dict(sorted(layers.items())),
+        "tensors": tensor_digests(folder),
+        **(extra or {}),
+    })
+
+
+__all__ = ["AUDIT_FILE", "PLAN_FILE", "atomic_dir", "tensor_digests", "write_sidecars"]

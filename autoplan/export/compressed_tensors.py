@@ -1,0 +1,191 @@
+"""`--format compressed-tensors`: an HF folder vLLM and SGLang load, written by the library.
+
+The checkpoint is made the way llm-compressor makes one, with compressed-tensors' own
+objects: one ``QuantizationScheme`` per distinct precision (its ``targets`` are the exact
+module names of the layers planned in it), ``apply_quantization_config`` on a copy of the
+model, autoplan's dequantized weights and *its* scales put into the initialized
+parameters, ``ModelCompressor.compress_model`` (the registered ``float-quantized``,
+``int-quantized``, ``pack-quantized`` and ``nvfp4-pack-quantized`` compressors), then
+``save_pretrained`` and ``ModelCompressor.update_config`` (which writes
+``quantization_config`` into config.json). Layers kept in 16 bits go to ``ignore``.
+
+The compressors re-derive codes as ``round(w / scale)``; since ``w`` is autoplan's
+``codes * scale`` this returns autoplan's codes, and ``_verify`` proves it for every layer
+(codes and scales compared bit for bit) before the folder is moved into place.
+
+Schemes (autoplan precision -> compressed-tensors):
+    fp8_e4m3  FP8_DYNAMIC preset: FP8 weights per channel, dynamic per-token FP8 inputs
+    int8      W8A8 preset: INT8 weights per channel, dynamic per-token INT8 inputs
+    int8_wo   INT8 weights per channel, 16-bit inputs (pack-quantized, vLLM WNA16)
+    int4_gN   symmetric INT4 weights, group N, 16-bit inputs (pack-quantized)
+    nvfp4     NVFP4 preset: E2M1 weights, E4M3 scale per 16, FP32 global scale; inputs
+              with a static ``input_global_scale`` from the calibration set
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from autoplan.errors import AutoplanError, UnsupportedFormatError
+from autoplan.export._prepare import Prepared
+from autoplan.export._write import atomic_dir, write_sidecars
+from autoplan.formats import Precision
+from autoplan.models.graph import get_linear, is_tied
+from autoplan.quant import SimulatedLinear, decode_e2m1
+
+_PRESETS = {Precision.FP8_E4M3: "FP8_DYNAMIC", Precision.INT8: "W8A8", Precision.NVFP4: "NVFP4"}
+_INT4 = (Precision.INT4_G32, Precision.INT4_G64, Precision.INT4_G128)
+
+
+def _scheme(precision: Precision, targets: list[str]):  # noqa: ANN202 - library type
+    """The compressed-tensors QuantizationScheme that stores ``precision`` as autoplan does."""
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationScheme,
+        preset_name_to_scheme,
+    )
+
+    if precision in _PRESETS:
+        return preset_name_to_scheme(_PRESETS[precision], targets)
+    if precision is Precision.INT8_WO:
+        # The library's W8A16 preset is group-128; autoplan's int8_wo is per channel.
+        weights = QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True,
+                                   dynamic=False)
+    elif precision in _INT4:
+        weights = QuantizationArgs(num_bits=4, type="int", strategy="group", symmetric=True,
+                                   dynamic=False, group_size=precision.info.group)
+    else:
+        raise UnsupportedFormatError(
+            f"the compressed-tensors exporter does not write {precision.value} layers; "
+            "re-plan without them or use another --format")
+    return QuantizationScheme(targets=targets, weights=weights)
+
+
+def _check_shapes(prep: Prepared) -> None:
+    for name, sim in prep.quantized().items():
+        group = sim.choice.precision.info.group
+        if group and sim.in_features % group:
+            raise UnsupportedFormatError(
+                f"{name} has {sim.in_features} inputs, not a multiple of the "
+                f"{sim.choice.precision.value} group ({group}) that vLLM needs; re-plan it")
+
+
+def _load_params(module: nn.Module, sim: SimulatedLinear, act_global: torch.Tensor | None) -> None:
+    """Put autoplan's weight and scales into the parameters the library initialized."""
+    scales = sim.quantized.scales
+    with torch.no_grad():
+        module.weight.data = sim.weight.clone()
+        # NVFP4 block scales are E4M3: the compressor takes them as floats (exact) and
+        # casts back to E4M3 itself; every other scale keeps autoplan's storage dtype.
+        fp8 = scales["weight_scale"].dtype == torch.float8_e4m3fn
+        module.weight_scale.data = scales["weight_scale"].float() if fp8 else \
+            scales["weight_scale"].clone()
+        if "global_scale" in scales:
+            module.weight_global_scale.data = scales["global_scale"].float().clone()
+            module.input_global_scale.data = act_global.float().reshape(1).clone()
+        if hasattr(module, "weight_zero_point"):  # symmetric: dropped by the compressor
+            module.weight_zero_point.data.zero_()
+
+
+def _stored_codes(module: nn.Module, sim: SimulatedLinear) -> torch.Tensor:
+    """The codes as the library stored them, as float32 values."""
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    p = sim.choice.precision
+    if p is Precision.NVFP4:
+        packed = module.weight_packed
+        return unpack_fp4_from_uint8(packed, packed.shape[0], packed.shape[1] * 2,
+                                     dtype=torch.float32)
+    if hasattr(module, "weight_packed"):
+        bits = 4 if p in _INT4 else 8
+        return unpack_from_int32(module.weight_packed, bits, module.weight_shape).float()
+    return module.weight.float()
+
+
+def _verify(model: nn.Module, prep: Prepared) -> None:
+    """Prove the compressed parameters hold autoplan's codes and scales, bit for bit."""
+    for name, sim in prep.quantized().items():
+        module = model.get_submodule(name)
+        codes = sim.quantized.codes
+        want = decode_e2m1(codes) if sim.choice.precision is Precision.NVFP4 else codes.float()
+        ok = torch.equal(_stored_codes(module, sim), want)
+        ws = sim.quantized.scales["weight_scale"]
+        ok = ok and torch.equal(module.weight_scale.to(ws.dtype).view(torch.uint8),
+                                ws.contiguous().view(torch.uint8))
+        if "global_scale" in sim.quantized.scales:
+            ok = ok and torch.equal(module.weight_global_scale.float(),
+                                    sim.quantized.scales["global_scale"].float())
+        if not ok:
+            raise AutoplanError(f"compressed-tensors stored other codes or scales than autoplan "
+                                f"simulated for {name}; nothing was written (please report)")
+
+
+def _build(prep: Prepared) -> tuple[nn.Module, object]:
+    """A compressed copy of the model and the ModelCompressor that compressed it."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        apply_quantization_config,
+    )
+
+    model = copy.deepcopy(prep.loaded.model)
+    by_precision: dict[Precision, list[str]] = {}
+    for name, sim in sorted(prep.quantized().items()):
+        by_precision.setdefault(sim.choice.precision, []).append(name)
+    groups = {f"group_{i}": _scheme(p, names)
+              for i, (p, names) in enumerate(sorted(by_precision.items(), key=lambda kv: kv[0].value))}
+    quantized = prep.quantized()
+    for name, sim in prep.sims.items():
+        if name in quantized:
+            continue
+        linear = get_linear(model, name)
+        if not torch.equal(linear.weight.float(), sim.weight):  # e.g. bf16 rounding of fp32
+            tied = is_tied(model, name)
+            linear.weight = nn.Parameter(sim.weight.to(linear.weight.dtype), requires_grad=False)
+            if tied:
+                model.config.tie_word_embeddings = False
+    config = QuantizationConfig(config_groups=groups, quantization_status=QuantizationStatus.FROZEN)
+    apply_quantization_config(model, config, show_progress=False)
+    for name, sim in quantized.items():
+        module = model.get_submodule(name)
+        if is_tied(prep.loaded.model, name):
+            model.config.tie_word_embeddings = False  # a quantized lm_head has its own weight
+        _load_params(module, sim, prep.input_global_scales.get(name))
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    compressor.remove_decompression_hook(model)
+    _verify(model, prep)
+    return model, compressor
+
+
+class CompressedTensorsExporter:
+    """Writes compressed-tensors checkpoints for vLLM (and SGLang, which reuses its kernels)."""
+
+    name = "compressed-tensors"
+    runtimes = ("vllm", "sglang")
+
+    def write(self, prep: Prepared, out_dir: str | Path) -> Path:
+        """Write the checkpoint atomically into ``out_dir``; return its path."""
+        _check_shapes(prep)
+        if not prep.quantized():
+            raise UnsupportedFormatError("the plan quantizes no layer; a compressed-tensors "
+                                         "checkpoint would be the original model: serve that")
+        model, compressor = _build(prep)  # refusals and verification happen before writing
+        with atomic_dir(out_dir) as tmp:
+            model.save_pretrained(str(tmp))
+            compressor.update_config(str(tmp))
+            if prep.loaded.tokenizer is not None:
+                prep.loaded.tokenizer.save_pretrained(str(tmp))
+            layers = {n: str(c) for n, c in prep.choices.items()}
+            write_sidecars(tmp, prep.plan, self.name, prep.runtime, layers, {
+                "verified": "stored codes and scales equal autoplan's simulated ones, bit for bit"})
+        return Path(out_dir)
+
+
+__all__ = ["CompressedTensorsExporter"]

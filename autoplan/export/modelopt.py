@@ -1,0 +1,150 @@
+"""`--format modelopt`: a ModelOpt unified HF checkpoint for TensorRT-LLM, the 2:4 path.
+
+vLLM dropped its 2:4 kernels; TensorRT-LLM still builds 2:4 engines (``trtllm-build
+--weight_sparsity``), so this is where 2:4 plans go. The folder is what ModelOpt's
+``export_hf_checkpoint`` writes: config.json, safetensors with HF tensor names, and
+``hf_quant_config.json``::
+
+    {"producer": {"name": "modelopt", "version": ...},
+     "quantization": {"quant_algo": ..., "kv_cache_quant_algo": null,
+                      "exclude_modules": [...]                   # one format, or
+                      "quantized_layers": {layer: {"quant_algo": ...}}}}   # MIXED_PRECISION
+
+plus ``quant_cfg.json`` (the per-layer map TensorRT-LLM reads for MIXED_PRECISION).
+
+Layers (autoplan precision -> ModelOpt quant_algo, tensors):
+    fp8_e4m3   FP8_PER_CHANNEL_PER_TOKEN: ``weight`` float8_e4m3fn [out, in] and
+               ``weight_scale`` FP32 [out]; activations are scaled per token at run time,
+               so there is no ``input_scale``. This is autoplan's fp8_e4m3 exactly
+               (per-channel weights, dynamic per-token inputs); ModelOpt's per-tensor
+               "FP8" (scalar ``weight_scale`` + static ``input_scale``) would need other
+               weights than the plan measured.
+    int8_wo    W8A16: ``weight`` int8 [out, in], ``weight_scale`` [out].
+    16-bit     not quantized: ``weight`` in the model dtype, listed in ``exclude_modules``.
+
+Sparsity: ModelOpt does not record 2:4 in the checkpoint; its sparsity export bakes the
+zeros into the weights and TensorRT-LLM finds them when the engine is built with
+``--weight_sparsity``. autoplan therefore checks the 2:4 pattern of every such layer before
+writing and records it under a top-level ``"sparsity"`` key of hf_quant_config.json (which
+readers ignore: they read ``"quantization"``) and in the export audit.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from autoplan import __version__
+from autoplan.errors import AutoplanError, UnsupportedFormatError
+from autoplan.export._prepare import UNQUANTIZED, Prepared
+from autoplan.export._write import atomic_dir, write_sidecars
+from autoplan.formats import Precision
+from autoplan.models.graph import get_linear, is_tied
+
+HF_QUANT_CONFIG = "hf_quant_config.json"
+QUANT_CFG = "quant_cfg.json"
+_ALGO = {Precision.FP8_E4M3: "FP8_PER_CHANNEL_PER_TOKEN", Precision.INT8_WO: "W8A16"}
+
+
+def check_nm_pattern(name: str, weight: Tensor, n: int, m: int) -> None:
+    """Raise unless every run of ``m`` inputs of ``weight`` holds at most ``n`` non-zeros."""
+    rows, cols = weight.shape
+    if cols % m:
+        raise UnsupportedFormatError(f"{name} has {cols} inputs, not a multiple of {m}: "
+                                     f"it cannot be stored {n}:{m}-sparse; re-plan it dense")
+    kept = (weight.reshape(rows, cols // m, m) != 0).sum(-1)
+    if int(kept.max()) > n:
+        raise AutoplanError(f"{name} breaks the {n}:{m} pattern after compression; nothing "
+                            "was written (please report)")
+
+
+def _layer_tensors(name: str, prep: Prepared) -> tuple[dict[str, Tensor], dict | None]:
+    """The stored tensors of one decided layer and its quantized_layers entry (None: 16-bit)."""
+    sim = prep.sims[name]
+    p, sp = sim.choice.precision, sim.choice.sparsity
+    if sp.kind == "nm":
+        check_nm_pattern(name, sim.weight, sp.n, sp.m)
+    dtype = get_linear(prep.loaded.model, name).weight.dtype
+    out: dict[str, Tensor] = {}
+    if sim.bias is not None:
+        out[f"{name}.bias"] = sim.bias.to(dtype)
+    if p in UNQUANTIZED:
+        out[f"{name}.weight"] = sim.weight.to(dtype).contiguous()
+        return out, None
+    if p not in _ALGO:
+        raise UnsupportedFormatError(
+            f"the modelopt exporter writes fp8_e4m3, int8_wo and 16-bit layers, not "
+            f"{p.value} ({name}); export this plan with --format compressed-tensors")
+    out[f"{name}.weight"] = sim.quantized.codes.contiguous()
+    out[f"{name}.weight_scale"] = sim.quantized.scales["weight_scale"].reshape(-1).contiguous()
+    return out, {"quant_algo": _ALGO[p]}
+
+
+def _quant_section(quantized: dict[str, dict], excluded: list[str]) -> tuple[dict, bool]:
+    """hf_quant_config's "quantization" object, and whether it is MIXED_PRECISION."""
+    algos = {entry["quant_algo"] for entry in quantized.values()}
+    section: dict = {"kv_cache_quant_algo": None, "exclude_modules": sorted(excluded)}
+    if len(algos) > 1:
+        section.update(quant_algo="MIXED_PRECISION", quantized_layers=dict(sorted(quantized.items())))
+        return section, True
+    section["quant_algo"] = next(iter(algos)) if algos else None
+    return section, False
+
+
+class ModelOptExporter:
+    """Writes ModelOpt unified checkpoints for TensorRT-LLM."""
+
+    name = "modelopt"
+    runtimes = ("tensorrt-llm",)
+
+    def write(self, prep: Prepared, out_dir: str | Path) -> Path:
+        """Write the checkpoint atomically into ``out_dir``; return its path."""
+        model = prep.loaded.model
+        config = copy.deepcopy(model.config)
+        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        quantized: dict[str, dict] = {}
+        excluded: list[str] = []
+        for name in sorted(prep.sims):
+            tensors, entry = _layer_tensors(name, prep)
+            state.pop(f"{name}.weight", None)
+            state.update(tensors)
+            if entry is None:
+                excluded.append(name)
+            else:
+                quantized[name] = entry
+            if is_tied(model, name):
+                config.tie_word_embeddings = False  # lm_head now has weights of its own
+        undecided = [n for n, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear) and n not in prep.sims]
+        if getattr(config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)  # tied and unchanged: HF stores it once
+        section, mixed = _quant_section(quantized, excluded + undecided)
+        sparse = {n: str(c.sparsity) for n, c in prep.choices.items() if c.sparsity.kind == "nm"}
+        hf_quant = {"producer": {"name": "modelopt", "version": f"autoplan-{__version__}"},
+                    "quantization": section}
+        if sparse:
+            hf_quant["sparsity"] = {"layers": dict(sorted(sparse.items())),
+                                    "build": "trtllm-build --weight_sparsity"}
+        with atomic_dir(out_dir) as tmp:
+            config.save_pretrained(str(tmp))
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            (tmp / HF_QUANT_CONFIG).write_text(json.dumps(hf_quant, indent=4, sort_keys=True))
+            if mixed:
+                per_layer = {k: section[k] for k in ("quant_algo", "kv_cache_quant_algo",
+                                                     "quantized_layers")}
+                (tmp / QUANT_CFG).write_text(json.dumps(per_layer, indent=4, sort_keys=True))
+            if prep.loaded.tokenizer is not None:
+                prep.loaded.tokenizer.save_pretrained(str(tmp))
+            write_sidecars(tmp, prep.plan, self.name, prep.runtime,
+                           {n: str(c) for n, c in prep.choices.items()},
+                           {"sparsity": sparse, "verified": "codes and scales are autoplan's; "
+                            "N:M patterns checked"})
+        return Path(out_dir)
+
+
+__all__ = ["HF_QUANT_CONFIG", "ModelOptExporter", "QUANT_CFG", "check_nm_pattern"]

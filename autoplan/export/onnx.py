@@ -1,0 +1,47 @@
+"""`--format onnx`: ONNX Runtime on CPU, written by the CPU backend's exporter.
+
+The ONNX graph, its per-layer ORT quantization and its manifest belong to
+``autoplan.backends.cpu.onnx_export``; this module only checks the plan like every other
+format and hands it over (imported lazily: onnx is heavy and the backend may be absent).
+The plan and the export audit travel as ``extra_files`` so they land in the same atomic
+rename as the model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autoplan.errors import AutoplanError
+from autoplan.export._prepare import Prepared
+from autoplan.export._write import AUDIT_FILE, PLAN_FILE
+
+
+class OnnxExporter:
+    """Dispatches to ``autoplan.backends.cpu.onnx_export.export_cpu_model``."""
+
+    name = "onnx"
+    runtimes = ("onnxruntime",)
+
+    def write(self, prep: Prepared, out_dir: str | Path) -> Path:
+        """Export with the CPU backend; masks are passed so pruned zeros are exact."""
+        try:
+            from autoplan.backends.cpu.onnx_export import export_cpu_model
+        except ModuleNotFoundError as exc:
+            raise AutoplanError(f"the CPU ONNX exporter is not available ({exc.name} is "
+                                "missing): install autoplan with its CPU backend") from None
+        masks = {n: s.mask for n, s in prep.sims.items() if s.choice.sparsity.kind != "dense"}
+        # The CPU exporter quantizes each layer itself from these (already pruned) weights.
+        audit = {"format": self.name, "runtime": prep.runtime,
+                 "layers": {n: str(c) for n, c in sorted(prep.choices.items())},
+                 "model": {"id": prep.plan.model.id,
+                           "content_hash": prep.plan.model.content_hash}}
+        extra = {PLAN_FILE: json.dumps(prep.plan.model_dump(mode="json"), indent=2,
+                                       sort_keys=True) + "\n",
+                 AUDIT_FILE: json.dumps(audit, indent=2, sort_keys=True) + "\n"}
+        export_cpu_model(prep.loaded.model, prep.loaded.tokenizer, prep.choices, out_dir,
+                         masks=masks, extra_files=extra)
+        return Path(out_dir)
+
+
+__all__ = ["OnnxExporter"]
