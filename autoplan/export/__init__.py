@@ -4,6 +4,7 @@ Public API:
     export_plan(plan, loaded_model, fmt, out_dir, *, stats=None, calibration=None,
                 allow_model_mismatch=False) -> Path
     register_exporter(exporter), get_exporter(fmt), exporter_names()
+    needs_calibration(plan) -> bool   (whether the calibration tokens must be passed)
 
 Formats (one module each): ``compressed-tensors`` (vLLM, SGLang), ``modelopt``
 (TensorRT-LLM: the 2:4 path), ``onnx`` (ONNX Runtime on CPU, written by
@@ -21,7 +22,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from autoplan.errors import AutoplanError, UnknownNameError
-from autoplan.export._prepare import Prepared, prepare
+from autoplan.export._prepare import Prepared, needs_calibration, prepare
 from autoplan.plan.schema import Plan
 from autoplan.quant import HessianAccumulator
 
@@ -117,4 +118,4 @@ def _register_builtins() -> None:
 _register_builtins()
 
 __all__ = ["Exporter", "Prepared", "export_plan", "exporter_names", "get_exporter",
-           "register_exporter"]
+           "needs_calibration", "register_exporter"]

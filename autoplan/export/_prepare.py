@@ -86,7 +86,7 @@ def pick_runtime(plan: Plan, runtimes: Sequence[str]) -> str:
 def check_runtime(fmt: str, target: Target, runtime: str, choices: Mapping[str, Choice]) -> None:
     """Refuse layers whose choice ``runtime`` cannot serve on ``target``, naming them."""
     refused: dict[str, list[str]] = {}
-    for name, choice in choices.items():
+    for name, choice in sorted(choices.items()):
         answer = supports(target, runtime, choice)
         if not answer.ok:
             refused.setdefault(f"{choice} ({answer.reason})", []).append(name)
@@ -147,6 +147,23 @@ def _verify_audit(plan: Plan, sims: Mapping[str, SimulatedLinear]) -> None:
             "the model differ from the search's; export with the same calibration set")
 
 
+def _settings(plan: Plan) -> CompressionSettings:
+    return CompressionSettings(plan.compression.prune_score, plan.compression.quant_method)
+
+
+def _needs_stats(plan: Plan, choices: Mapping[str, Choice]) -> bool:
+    settings = _settings(plan)
+    sparse = any(c.sparsity.kind != "dense" for c in choices.values())
+    return settings.needs_hessian or (sparse and settings.prune_score != "magnitude")
+
+
+def needs_calibration(plan: Plan) -> bool:
+    """True when exporting ``plan`` needs its calibration tokens (statistics or NVFP4)."""
+    choices = parse_decisions(plan)
+    return _needs_stats(plan, choices) or any(
+        c.precision is Precision.NVFP4 for c in choices.values())
+
+
 def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
             stats: Mapping[str, HessianAccumulator] | None = None,
             calibration: Sequence[Tensor] | None = None,
@@ -174,9 +191,8 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
     choices = parse_decisions(plan)
     check_runtime(fmt, target, runtime, choices)
     check_fused_groups(loaded, choices)
-    settings = CompressionSettings(plan.compression.prune_score, plan.compression.quant_method)
-    sparse = any(c.sparsity.kind != "dense" for c in choices.values())
-    needs_stats = settings.needs_hessian or (sparse and settings.prune_score != "magnitude")
+    settings = _settings(plan)
+    needs_stats = _needs_stats(plan, choices)
     if needs_stats and stats is None:
         if calibration is None:
             raise UserInputError(
@@ -201,4 +217,4 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
 
 
 __all__ = ["Prepared", "UNQUANTIZED", "check_fused_groups", "check_model", "check_runtime",
-           "input_amax", "parse_decisions", "pick_runtime", "prepare"]
+           "input_amax", "needs_calibration", "parse_decisions", "pick_runtime", "prepare"]

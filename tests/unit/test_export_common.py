@@ -170,3 +170,37 @@ def test_sidecars_hold_plan_and_tensor_digests(loaded, tmp_path):
     digests = audit["tensors"]["model.safetensors"]
     assert "model.layers.0.mlp.up_proj.weight_scale" in digests
     assert audit["layers"]["lm_head"] == BASELINE and audit["runtime"] == "vllm"
+
+
+def _save_tokenizer(folder: Path) -> None:
+    """A word-level tokenizer built in process (no hub), so load_model accepts the folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 128)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]") \
+        .save_pretrained(str(folder))
+
+
+def test_cli_export_and_refusal_exit_codes(loaded, tmp_path):
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+    from autoplan.plan.io import save_plan
+
+    _save_tokenizer(loaded.path)
+    plan_file = tmp_path / "plan.json"
+    save_plan(make_plan(loaded, uniform(loaded, "dense+fp8_e4m3")), plan_file)
+    runner = CliRunner()
+    args = ["export", str(plan_file), "--model", str(loaded.path), "--out"]
+    ok = runner.invoke(cli, [*args, str(tmp_path / "ct"), "--format", "compressed-tensors"])
+    assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "ct" / "tokenizer.json").is_file()
+    bad = runner.invoke(cli, [*args, str(tmp_path / "x"), "--format", "gguf"])
+    assert bad.exit_code == 2 and "compressed-tensors, modelopt, onnx" in bad.output
+    decisions = uniform(loaded, "2:4+fp8_e4m3")
+    save_plan(make_plan(loaded, decisions), plan_file)
+    refused = runner.invoke(cli, [*args, str(tmp_path / "y"), "--format", "compressed-tensors"])
+    assert refused.exit_code == 2 and "model.layers.0.mlp.down_proj" in refused.output
+    assert not (tmp_path / "y").exists()
