@@ -204,3 +204,15 @@ def test_cli_export_and_refusal_exit_codes(loaded, tmp_path):
     refused = runner.invoke(cli, [*args, str(tmp_path / "y"), "--format", "compressed-tensors"])
     assert refused.exit_code == 2 and "model.layers.0.mlp.down_proj" in refused.output
     assert not (tmp_path / "y").exists()
+
+
+def test_onnx_format_dispatches_to_cpu_backend(loaded, tmp_path):
+    pytest.importorskip("onnx")
+    decisions = {n: ("dense+fp32" if n == "lm_head" else "dense+int8") for n in layer_names(loaded)}
+    plan = make_plan(loaded, decisions, target="xeon-8480", runtime="onnxruntime")
+    out = export_plan(plan, loaded, "onnx", tmp_path / "cpu")
+    names = {p.name for p in out.iterdir()}
+    assert {"model.onnx", "manifest.json", PLAN_FILE, AUDIT_FILE} <= names
+    gpu_plan = make_plan(loaded, decisions)  # h100 + vllm: onnxruntime does not run there
+    with pytest.raises(UnsupportedFormatError, match="onnxruntime"):
+        export_plan(gpu_plan, loaded, "onnx", tmp_path / "gpu")
