@@ -74,14 +74,17 @@ def _check_supported(cfg) -> None:
         raise ModelConfigError(f"ONNX export implements SiLU MLPs only, got '{cfg.hidden_act}'")
 
 
-def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | None = None
-                  ) -> onnx.ModelProto:
+def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | None = None,
+                  fused_attention: bool | None = None) -> onnx.ModelProto:
     """Build the fp32 ONNX decoder of a loaded transformers causal LM.
 
     Args:
         model: a LlamaForCausalLM-like module.
         masks: optional layer name -> {0,1} mask ([out, in]) multiplied into that weight, so
             pruning is baked in without touching the caller's model.
+        fused_attention: True: ORT's GroupQueryAttention (RoPE, KV append, GQA and softmax in
+            one kernel; no left padding: attention_mask must be all ones). False: primitive
+            ops (any attention_mask). None: fused when the rotary embedding allows it.
 
     Returns:
         The ModelProto; linear layers are `MatMul` nodes named by their module path, with the
@@ -92,24 +95,16 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
     inner = model.model
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    rep, eps = n_heads // n_kv, float(cfg.rms_norm_eps)
+    eps = float(cfg.rms_norm_eps)
     g = _Graph(masks or {})
 
     g.const("model.embed_tokens.weight", _np(inner.embed_tokens.weight))
     x = g.op("Gather", ["model.embed_tokens.weight", "input_ids"], name="embed")
-    cos, sin = _rotary(g, inner.rotary_emb)
-    bias = _attention_bias(g, rep)
-    g.ints("shape_heads_q", [0, 0, n_heads, head_dim])
-    g.ints("shape_heads_kv", [0, 0, n_kv, head_dim])
-    g.ints("shape_groups", [0, n_kv, -1, head_dim])
-    g.ints("shape_heads", [0, n_heads, -1, head_dim])
-    g.ints("shape_merge", [0, 0, n_heads * head_dim])
-    g.const("attn_scale", np.asarray(head_dim**-0.5, dtype=np.float32))
     g.const("rms_eps", np.asarray(eps, dtype=np.float32))
     g.const("two", np.asarray(2.0, dtype=np.float32))
-    for name, value in (("rope.lo", 0), ("rope.mid", head_dim // 2), ("rope.hi", head_dim),
-                        ("rope.axis", -1)):
-        g.ints(name, [value])
+    fused = _fusable(inner.rotary_emb) if fused_attention is None else fused_attention
+    attention = _Fused(g, inner.rotary_emb, cfg, n_heads, n_kv) if fused else \
+        _Primitive(g, inner.rotary_emb, n_heads, n_kv, head_dim)
 
     for i, layer in enumerate(inner.layers):
         p = f"model.layers.{i}"
@@ -118,20 +113,7 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
         q = _linear(g, h, att.q_proj, f"{p}.self_attn.q_proj")
         k = _linear(g, h, att.k_proj, f"{p}.self_attn.k_proj")
         v = _linear(g, h, att.v_proj, f"{p}.self_attn.v_proj")
-        q = g.op("Transpose", [g.op("Reshape", [q, "shape_heads_q"])], perm=[0, 2, 1, 3])
-        k = g.op("Transpose", [g.op("Reshape", [k, "shape_heads_kv"])], perm=[0, 2, 1, 3])
-        v = g.op("Transpose", [g.op("Reshape", [v, "shape_heads_kv"])], perm=[0, 2, 1, 3])
-        q, k = _rope(g, q, cos, sin), _rope(g, k, cos, sin)
-        k_all = g.op("Concat", [f"past_key_values.{i}.key", k], name=f"present.{i}.key", axis=2)
-        v_all = g.op("Concat", [f"past_key_values.{i}.value", v], name=f"present.{i}.value",
-                     axis=2)
-        # GQA without copying K/V: fold the `rep` query heads that share a KV head into the
-        # sequence axis, [B, H, S, D] -> [B, KV, rep*S, D] (head h uses KV head h // rep).
-        qg = g.op("Mul", [g.op("Reshape", [q, "shape_groups"]), "attn_scale"])
-        scores = g.op("MatMul", [qg, g.op("Transpose", [k_all], perm=[0, 1, 3, 2])])
-        probs = g.op("Softmax", [g.op("Add", [scores, bias])], axis=-1)
-        ctx = g.op("Reshape", [g.op("MatMul", [probs, v_all]), "shape_heads"])
-        ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), "shape_merge"])
+        ctx = attention(i, q, k, v)
         x = g.op("Add", [x, _linear(g, ctx, att.o_proj, f"{p}.self_attn.o_proj")])
         h = _rms(g, x, layer.post_attention_layernorm.weight, f"{p}.post_attention_layernorm")
         mlp = layer.mlp
@@ -146,6 +128,79 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
     x = g.op("Slice", [x, neg_keep, g.ints("int_max", [2**62]), g.ints("axis1", [1])])
     logits = _linear(g, x, model.lm_head, "lm_head")
     return _assemble(g, cfg, logits, head_dim)
+
+
+class _Primitive:
+    """Attention from primitive ONNX ops: any attention_mask (left padding) is honoured."""
+
+    def __init__(self, g: _Graph, rotary: torch.nn.Module, n_heads: int, n_kv: int,
+                 head_dim: int) -> None:
+        self.g = g
+        self.cos, self.sin = _rotary(g, rotary)
+        self.bias = _attention_bias(g, n_heads // n_kv)
+        g.ints("shape_heads_q", [0, 0, n_heads, head_dim])
+        g.ints("shape_heads_kv", [0, 0, n_kv, head_dim])
+        g.ints("shape_groups", [0, n_kv, -1, head_dim])
+        g.ints("shape_heads", [0, n_heads, -1, head_dim])
+        g.ints("shape_merge", [0, 0, n_heads * head_dim])
+        g.const("attn_scale", np.asarray(head_dim**-0.5, dtype=np.float32))
+        for name, value in (("rope.lo", 0), ("rope.mid", head_dim // 2), ("rope.hi", head_dim),
+                            ("rope.axis", -1)):
+            g.ints(name, [value])
+
+    def __call__(self, i: int, q: str, k: str, v: str) -> str:
+        g = self.g
+        q = g.op("Transpose", [g.op("Reshape", [q, "shape_heads_q"])], perm=[0, 2, 1, 3])
+        k = g.op("Transpose", [g.op("Reshape", [k, "shape_heads_kv"])], perm=[0, 2, 1, 3])
+        v = g.op("Transpose", [g.op("Reshape", [v, "shape_heads_kv"])], perm=[0, 2, 1, 3])
+        q, k = _rope(g, q, self.cos, self.sin), _rope(g, k, self.cos, self.sin)
+        k_all = g.op("Concat", [f"past_key_values.{i}.key", k], name=f"present.{i}.key", axis=2)
+        v_all = g.op("Concat", [f"past_key_values.{i}.value", v], name=f"present.{i}.value",
+                     axis=2)
+        # GQA without copying K/V: fold the `rep` query heads that share a KV head into the
+        # sequence axis, [B, H, S, D] -> [B, KV, rep*S, D] (head h uses KV head h // rep).
+        qg = g.op("Mul", [g.op("Reshape", [q, "shape_groups"]), "attn_scale"])
+        scores = g.op("MatMul", [qg, g.op("Transpose", [k_all], perm=[0, 1, 3, 2])])
+        probs = g.op("Softmax", [g.op("Add", [scores, self.bias])], axis=-1)
+        ctx = g.op("Reshape", [g.op("MatMul", [probs, v_all]), "shape_heads"])
+        return g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), "shape_merge"])
+
+
+class _Fused:
+    """com.microsoft GroupQueryAttention: one node per layer instead of about thirty, which
+    matters at decode where a small model's step is dominated by per-node overhead."""
+
+    def __init__(self, g: _Graph, rotary: torch.nn.Module, cfg, n_heads: int, n_kv: int) -> None:
+        self.g, self.n_heads, self.n_kv = g, n_heads, n_kv
+        positions = np.arange(cfg.max_position_embeddings, dtype=np.float32)[:, None]
+        freqs = positions * _np(rotary.inv_freq)[None, :]  # float32, as transformers computes
+        g.const("rope.cos_cache", np.cos(freqs).astype(np.float32))
+        g.const("rope.sin_cache", np.sin(freqs).astype(np.float32))
+        # seqlens_k = tokens per row - 1 and the total length, as int32 (the op's contract).
+        ones = g.op("ReduceSum", ["attention_mask", g.ints("axis_seq", [1])], keepdims=0)
+        g.op("Cast", [g.op("Sub", [ones, g.const("int_one", np.asarray(1, np.int64))])],
+             name="seqlens_k", to=TensorProto.INT32)
+        total = g.op("Gather", [g.op("Shape", ["attention_mask"]),
+                                g.const("int_idx1", np.asarray(1, np.int64))], axis=0)
+        g.op("Cast", [total], name="total_len", to=TensorProto.INT32)
+
+    def __call__(self, i: int, q: str, k: str, v: str) -> str:
+        g = self.g
+        name = f"model.layers.{i}.self_attn.gqa"
+        out = f"{name}/out"
+        g.nodes.append(helper.make_node(
+            "GroupQueryAttention",
+            [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k/out",
+             "total_len/out", "rope.cos_cache", "rope.sin_cache"],
+            [out, f"present.{i}.key/out", f"present.{i}.value/out"], name=name,
+            domain="com.microsoft", num_heads=self.n_heads, kv_num_heads=self.n_kv, do_rotary=1,
+            rotary_interleaved=0))
+        return out
+
+
+def _fusable(rotary: torch.nn.Module) -> bool:
+    # GroupQueryAttention's rotary takes cos/sin tables without a magnitude factor.
+    return float(getattr(rotary, "attention_scaling", 1.0)) == 1.0
 
 
 def _linear(g: _Graph, x: str, module: torch.nn.Linear, name: str) -> str:
@@ -236,7 +291,8 @@ def _assemble(g: _Graph, cfg, logits: str, head_dim: int) -> onnx.ModelProto:
         node.output[:] = [renames.get(o, o) for o in node.output]
         node.input[:] = [renames.get(i, i) for i in node.input]
     graph = helper.make_graph(g.nodes, "autoplan_decoder", inputs, outputs, g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("com.microsoft", 1)],
                               producer_name="autoplan")
     model.ir_version = 8
     return model

@@ -86,17 +86,27 @@ def _dynamic_quantize_linear(_module, args):
     return ((torch.clamp(torch.round(x / scale) + zero, 0, 255) - zero) * scale,)
 
 
-def test_fp32_graph_matches_transformers_prefill_and_decode(tiny):
+@pytest.mark.parametrize("fused", [True, False])
+def test_fp32_graph_matches_transformers_prefill_and_decode(tiny, fused):
     ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = tiny(ids).logits.numpy()
-    sess = _session(build_decoder(tiny))
+    sess = _session(build_decoder(tiny, fused_attention=fused))
     full = sess.run(None, _feeds(ids.numpy(), _empty(), 0))
     np.testing.assert_allclose(full[0], ref, atol=TOL_EXACT)
-    first = sess.run(None, _feeds(ids.numpy()[:, :5], _empty(), 0))
-    rest = sess.run(None, _feeds(ids.numpy()[:, 5:], first[1:], 5))
-    np.testing.assert_allclose(rest[0], ref[:, 5:], atol=TOL_EXACT)
-    assert rest[1].shape == (2, 2, 7, 16)
+    past, got = _empty(), []
+    first = sess.run(None, _feeds(ids.numpy()[:, :5], past, 0))
+    past = first[1:]
+    for t in (5, 6):  # decode one token at a time, as the runtime does
+        step = sess.run(None, _feeds(ids.numpy()[:, t: t + 1], past, t))
+        got.append(step[0])
+        past = step[1:]
+    np.testing.assert_allclose(np.concatenate(got, axis=1), ref[:, 5:], atol=TOL_EXACT)
+    assert past[0].shape == (2, 2, 7, 16)
+    # A multi-token continuation of a cached prefix (batch 1: GroupQueryAttention's limit).
+    one = sess.run(None, _feeds(ids.numpy()[:1, :5], _empty(1), 0))
+    rest = sess.run(None, _feeds(ids.numpy()[:1, 5:], one[1:], 5))
+    np.testing.assert_allclose(rest[0], ref[:1, 5:], atol=TOL_EXACT)
 
 
 def test_left_padding_masks_pad_tokens(tiny):
@@ -104,7 +114,7 @@ def test_left_padding_masks_pad_tokens(tiny):
     feeds = _feeds(ids, _empty(1), 0)
     feeds["attention_mask"] = np.array([[0, 0, 1, 1, 1]], np.int64)
     feeds["position_ids"] = np.array([[0, 0, 0, 1, 2]], np.int64)
-    padded = _session(build_decoder(tiny)).run(None, feeds)[0][:, -1]
+    padded = _session(build_decoder(tiny, fused_attention=False)).run(None, feeds)[0][:, -1]
     with torch.no_grad():
         ref = tiny(torch.tensor([[5, 6, 7]])).logits[:, -1].numpy()
     np.testing.assert_allclose(padded, ref, atol=TOL_EXACT)
