@@ -55,10 +55,12 @@ def _table(report: BenchReport) -> Table:
 @click.option("--output-len", type=int, default=64, show_default=True)
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch eager fp32 reference.")
 @click.option("--threads", type=int, default=None, help="Threads (default: physical cores).")
+@click.option("--int4-accuracy-level", type=click.Choice(["0", "1", "4"]), default="0",
+              show_default=True, help="With --plan: MatMulNBits compute, 0/1 fp32, 4 int8.")
 @json_option
 def command(model: str, plan_path: str | None, artifact: str | None, requests: int,
             concurrency: int, input_len: int, output_len: int, no_torch: bool,
-            threads: int | None, as_json: bool) -> None:
+            threads: int | None, int4_accuracy_level: str, as_json: bool) -> None:
     """Measure prefill/decode tok/s, TTFT, TPOT and memory: baseline vs plan, one run."""
     from autoplan.models import load_model
 
@@ -72,7 +74,8 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
         arts = [("baseline", export_baseline(loaded, Path(tmp) / "baseline"))]
         if plan is not None:
             err_console.print("applying the plan ...")
-            arts.append(("plan", apply_plan_cpu(loaded, plan, Path(tmp) / "plan")))
+            arts.append(("plan", apply_plan_cpu(loaded, plan, Path(tmp) / "plan",
+                                                accuracy_level=int(int4_accuracy_level))))
         elif artifact:
             arts.append(("plan", CpuArtifact.load(artifact)))
         sides = [ort_side(name, art, threads) for name, art in arts]
