@@ -84,7 +84,7 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
     """
     check_cpu_choices(decisions)
     _check_sparsity(model, decisions, masks or {})
-    proto = build_decoder(model, masks=masks)
+    proto = build_decoder(model, masks=masks, fuse_qkv=lambda i: _same_choice(decisions, i))
     records = quantize_graph(proto, decisions, accuracy_level=accuracy_level,
                              quantized=quantized)
     manifest = _manifest(model, proto, records, accuracy_level)
@@ -98,6 +98,12 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
             (tmp / name).write_text(text)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return CpuArtifact(Path(out_dir), manifest)
+
+
+def _same_choice(decisions: Mapping[str, Choice], block: int) -> bool:
+    """Whether q/k/v of `block` share a format, so they can run as one packed GEMM."""
+    names = [f"model.layers.{block}.self_attn.{n}_proj" for n in "qkv"]
+    return len({str(decisions.get(n, "dense+fp32")) for n in names}) == 1
 
 
 def _check_sparsity(model: torch.nn.Module, decisions: Mapping[str, Choice],
@@ -126,6 +132,7 @@ def _manifest(model: torch.nn.Module, proto: onnx.ModelProto, records: list[Quan
         hashes = tensor_sha256(proto, list(rec.tensors.values()))
         layers[rec.layer] = {
             "choice": rec.choice, "op_type": rec.op_type, "node": rec.node,
+            "columns": list(rec.columns) if rec.columns else None,
             "tensors": {role: {"name": n, "sha256": hashes[n]} for role, n in rec.tensors.items()},
         }
     cfg = model.config

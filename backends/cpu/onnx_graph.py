@@ -18,7 +18,8 @@ embeddings come from the model's own `rotary_emb` (so rope scaling variants carr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import onnx
@@ -28,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 from autoplan.errors import ModelConfigError
 
 OPSET = 17
+FUSED_KEY = "autoplan.fused_layers"
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 _NEG = float(np.finfo(np.float32).min)
 
@@ -37,6 +39,7 @@ class _Graph:
 
     def __init__(self, masks: Mapping[str, torch.Tensor]) -> None:
         self.masks = masks
+        self.fused: dict[str, list] = {}  # node -> [[layer, [start, stop]]] of packed linears
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
@@ -75,7 +78,8 @@ def _check_supported(cfg) -> None:
 
 
 def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | None = None,
-                  fused_attention: bool | None = None) -> onnx.ModelProto:
+                  fused_attention: bool | None = None,
+                  fuse_qkv: Callable[[int], bool] | None = None) -> onnx.ModelProto:
     """Build the fp32 ONNX decoder of a loaded transformers causal LM.
 
     Args:
@@ -85,6 +89,11 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
         fused_attention: True: ORT's GroupQueryAttention (RoPE, KV append, GQA and softmax in
             one kernel; no left padding: attention_mask must be all ones). False: primitive
             ops (any attention_mask). None: fused when the rotary embedding allows it.
+        fuse_qkv: block index -> whether q/k/v of that block run as one MatMul
+            (`model.layers.i.self_attn.qkv_proj`, GroupQueryAttention's packed input: one
+            weight read and one kernel instead of three). Only with fused attention, and only
+            for blocks whose three layers share a format (the caller knows the plan). The
+            graph's metadata `autoplan.fused_layers` records node -> [[layer, columns]].
 
     Returns:
         The ModelProto; linear layers are `MatMul` nodes named by their module path, with the
@@ -110,10 +119,13 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
         p = f"model.layers.{i}"
         h = _rms(g, x, layer.input_layernorm.weight, f"{p}.input_layernorm")
         att = layer.self_attn
-        q = _linear(g, h, att.q_proj, f"{p}.self_attn.q_proj")
-        k = _linear(g, h, att.k_proj, f"{p}.self_attn.k_proj")
-        v = _linear(g, h, att.v_proj, f"{p}.self_attn.v_proj")
-        ctx = attention(i, q, k, v)
+        names = [f"{p}.self_attn.{n}_proj" for n in "qkv"]
+        modules = [att.q_proj, att.k_proj, att.v_proj]
+        if fused and fuse_qkv is not None and fuse_qkv(i):
+            ctx = attention(i, _linear_group(g, h, modules, names, f"{p}.self_attn.qkv_proj"),
+                            "", "")
+        else:
+            ctx = attention(i, *[_linear(g, h, m, n) for m, n in zip(modules, names)])
         x = g.op("Add", [x, _linear(g, ctx, att.o_proj, f"{p}.self_attn.o_proj")])
         h = _rms(g, x, layer.post_attention_layernorm.weight, f"{p}.post_attention_layernorm")
         mlp = layer.mlp
@@ -203,14 +215,34 @@ def _fusable(rotary: torch.nn.Module) -> bool:
     return float(getattr(rotary, "attention_scaling", 1.0)) == 1.0
 
 
-def _linear(g: _Graph, x: str, module: torch.nn.Linear, name: str) -> str:
+def _weight(g: _Graph, module: torch.nn.Linear, name: str) -> np.ndarray:
     weight = module.weight
     if name in g.masks:
         weight = weight * g.masks[name].to(weight.dtype)
-    w = g.const(f"{name}.weight_t", _np(weight).T)
-    y = g.op("MatMul", [x, w], name=name)
-    if getattr(module, "bias", None) is not None:
-        y = g.op("Add", [y, g.const(f"{name}.bias", _np(module.bias))], name=f"{name}.bias_add")
+    return _np(weight)
+
+
+def _linear(g: _Graph, x: str, module: torch.nn.Linear, name: str) -> str:
+    return _linear_group(g, x, [module], [name], name)
+
+
+def _linear_group(g: _Graph, x: str, modules: list[torch.nn.Linear], names: list[str],
+                  node: str) -> str:
+    """One MatMul computing several linears side by side (their outputs concatenated)."""
+    weights = [_weight(g, m, n) for m, n in zip(modules, names)]
+    w = g.const(f"{node}.weight_t", np.concatenate(weights, axis=0).T)
+    y = g.op("MatMul", [x, w], name=node)
+    if len(names) > 1:
+        start, cols = 0, []
+        for name, wt in zip(names, weights):
+            cols.append([name, [start, start + wt.shape[0]]])
+            start += wt.shape[0]
+        g.fused[node] = cols
+    biases = [getattr(m, "bias", None) for m in modules]
+    if any(b is not None for b in biases):
+        full = np.concatenate([_np(b) if b is not None else np.zeros(wt.shape[0], np.float32)
+                               for b, wt in zip(biases, weights)])
+        y = g.op("Add", [y, g.const(f"{node}.bias", full)], name=f"{node}.bias_add")
     return y
 
 
@@ -295,7 +327,9 @@ def _assemble(g: _Graph, cfg, logits: str, head_dim: int) -> onnx.ModelProto:
                                                     helper.make_opsetid("com.microsoft", 1)],
                               producer_name="autoplan")
     model.ir_version = 8
+    if g.fused:
+        helper.set_model_props(model, {FUSED_KEY: json.dumps(g.fused, sort_keys=True)})
     return model
 
 
-__all__ = ["OPSET", "SUPPORTED_TYPES", "build_decoder"]
+__all__ = ["FUSED_KEY", "OPSET", "SUPPORTED_TYPES", "build_decoder"]

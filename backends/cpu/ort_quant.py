@@ -24,6 +24,7 @@ tests/unit/test_onnx_export.py checks the packing against ORT's kernels.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -32,11 +33,13 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from autoplan.backends.cpu.onnx_graph import FUSED_KEY
 from autoplan.errors import AutoplanError, UnsupportedFormatError
-from autoplan.formats import Choice, Precision
+from autoplan.formats import DENSE, Choice, Precision
 from autoplan.quant import QuantizedWeight, quantize_weight
 
 MS_DOMAIN = "com.microsoft"
+_FP32 = Choice(DENSE, Precision.FP32)
 INT4 = {Precision.INT4_G32: 32, Precision.INT4_G64: 64, Precision.INT4_G128: 128}
 CPU_PRECISIONS = frozenset({Precision.FP32, Precision.INT8, Precision.INT8_WO, *INT4})
 # Sparsity has no CPU kernel: masked weights run dense. N:M exists only to feed sparse tensor
@@ -54,6 +57,7 @@ class QuantizedNode:
     op_type: str  # MatMul | MatMulInteger | MatMulNBits
     node: str
     tensors: dict[str, str]  # role (weight, scale, ...) -> initializer name
+    columns: tuple[int, int] | None = None  # this layer's output columns in a packed node
 
 
 def cpu_unsupported(decisions: Mapping[str, Choice]) -> dict[str, str]:
@@ -136,7 +140,8 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
     """Rewrite each decided layer's MatMul node of `model` in place; fail if one is missing.
 
     Args:
-        model: the fp32 decoder from onnx_export.build_decoder (MatMul nodes named by layer).
+        model: the fp32 decoder from onnx_graph.build_decoder: MatMul nodes named by layer, or
+            packing several layers as recorded in its `autoplan.fused_layers` metadata.
         decisions: layer name -> Choice; layers not listed stay fp32.
         accuracy_level: MatMulNBits compute type (0/1 = fp32 math, exact W4A16; 4 = int8 math,
             faster on VNNI CPUs but activations are rounded to int8 per block).
@@ -144,13 +149,17 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
             codes); other quantized layers are rounded to nearest by autoplan.quant.
 
     Returns:
-        One QuantizedNode per layer of the graph, in graph order.
+        One QuantizedNode per linear layer of the graph, in graph order.
     """
     check_cpu_choices(decisions)
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    nodes = {n.name: n for n in graph.node}
-    missing = sorted(set(decisions) - set(nodes))
+    packed = json.loads({p.key: p.value for p in model.metadata_props}.get(FUSED_KEY, "{}"))
+    members = {n.name: [(layer, tuple(cols)) for layer, cols in packed.get(n.name, [])]
+               or [(n.name, None)]
+               for n in graph.node if n.op_type == "MatMul" and n.input[1] in inits}
+    known = {layer for group in members.values() for layer, _ in group}
+    missing = sorted(set(decisions) - known)
     if missing:
         raise AutoplanError(f"no MatMul node for planned layer(s) {', '.join(missing[:5])}: the "
                             "exported graph and the plan disagree on layer names")
@@ -158,29 +167,37 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
     new_nodes: list[onnx.NodeProto] = []
     act_quantized: set[str] = set()
     for node in graph.node:
-        layer = node.name
-        if node.op_type != "MatMul" or node.input[1] not in inits:
+        if node.name not in members:
             new_nodes.append(node)
             continue
-        choice = decisions.get(layer)
-        if choice is None or choice.precision is Precision.FP32:
+        group = members[node.name]
+        choices = {decisions.get(layer, _FP32) for layer, _ in group}
+        if len(choices) > 1:
+            raise AutoplanError(f"node {node.name} computes {', '.join(l for l, _ in group)} "
+                                "as one GEMM but the plan gives them different formats")
+        choice = choices.pop()
+        if choice.precision is Precision.FP32:
             new_nodes.append(node)
-            out.append(QuantizedNode(layer, str(choice or "dense+fp32"), "MatMul", layer,
-                                     {"weight": node.input[1]}))
+            out += [QuantizedNode(layer, str(choice), "MatMul", node.name,
+                                  {"weight": node.input[1]}, cols) for layer, cols in group]
             continue
         w_t = numpy_helper.to_array(inits.pop(node.input[1]))
         graph.initializer.remove(next(t for t in graph.initializer if t.name == node.input[1]))
-        codes, scales = quantize_layer(torch.from_numpy(np.ascontiguousarray(w_t.T)),
-                                       choice.precision, (quantized or {}).get(layer))
+        parts = [quantize_layer(torch.from_numpy(np.ascontiguousarray(
+                     (w_t if cols is None else w_t[:, cols[0]:cols[1]]).T)),
+                 choice.precision, (quantized or {}).get(layer)) for layer, cols in group]
+        codes = np.concatenate([c for c, _ in parts], axis=0)
+        scales = np.concatenate([sc for _, sc in parts], axis=0)
         if choice.precision is Precision.INT8:
             built, tensors = _int8_nodes(node, codes, scales, act_quantized)
         else:
             built, tensors = _nbits_nodes(node, codes, scales, choice.precision, accuracy_level)
         graph.initializer.extend(tensors)
         new_nodes += built
-        main = next(b for b in built if b.name == layer)
-        out.append(QuantizedNode(layer, str(choice), main.op_type, main.name,
-                                 {"weight": tensors[0].name, "scale": tensors[1].name}))
+        main = next(b for b in built if b.name == node.name)
+        out += [QuantizedNode(layer, str(choice), main.op_type, main.name,
+                              {"weight": tensors[0].name, "scale": tensors[1].name}, cols)
+                for layer, cols in group]
     del graph.node[:]
     graph.node.extend(new_nodes)
     converted = {q.layer for q in out if q.op_type != "MatMul"}
@@ -241,14 +258,15 @@ def dequantized_weights(model: onnx.ModelProto, records: list[QuantizedNode]) ->
     for rec in records:
         weight = numpy_helper.to_array(inits[rec.tensors["weight"]])
         if rec.op_type == "MatMul":
-            out[rec.layer] = weight.astype(np.float32)
+            full = weight.astype(np.float32)
         elif rec.op_type == "MatMulInteger":
             scale = numpy_helper.to_array(inits[rec.tensors["scale"]])
-            out[rec.layer] = weight.astype(np.float32) * scale[None, :]
+            full = weight.astype(np.float32) * scale[None, :]
         else:
             attrs = {a.name: helper.get_attribute_value(a) for a in nodes[rec.node].attribute}
             scale = numpy_helper.to_array(inits[rec.tensors["scale"]])
-            out[rec.layer] = unpack_nbits(weight, scale, attrs["bits"], attrs["K"])
+            full = unpack_nbits(weight, scale, attrs["bits"], attrs["K"])
+        out[rec.layer] = full if rec.columns is None else full[:, rec.columns[0]:rec.columns[1]]
     return out
 
 

@@ -41,7 +41,8 @@ def test_int4_plan_matches_torch_with_the_onnx_weights(loaded, tmp_path):
     from autoplan.backends.cpu.ort_quant import QuantizedNode
 
     records = [QuantizedNode(k, v["choice"], v["op_type"], v["node"],
-                             {r: t["name"] for r, t in v["tensors"].items()})
+                             {r: t["name"] for r, t in v["tensors"].items()},
+                             tuple(v["columns"]) if v["columns"] else None)
                for k, v in art.manifest["layers"].items()]
     weights = dequantized_weights(proto, records)
     import copy

@@ -123,7 +123,7 @@ def test_left_padding_masks_pad_tokens(tiny):
 @pytest.mark.parametrize("precision", ["int8", "int8_wo", "int4_g32", "int4_g64", "int4_g128"])
 @pytest.mark.parametrize("level", [0, 4])
 def test_quantized_graph_matches_torch_simulation(tiny, spec, precision, level):
-    proto = build_decoder(tiny)
+    proto = build_decoder(tiny, fuse_qkv=lambda i: i == 0)  # block 0 packed, block 1 not
     decisions = {layer.name: Choice.parse(precision) for layer in spec.layers}
     records = quantize_graph(proto, decisions, accuracy_level=level)
     onnx.checker.check_model(proto)
@@ -168,8 +168,25 @@ def test_mixed_plan_converts_exactly_the_planned_layers(tiny, spec):
                  "lm_head": Choice.parse("int8_wo")}
     records = {r.layer: r for r in quantize_graph(build_decoder(tiny), decisions)}
     assert records["model.layers.0.self_attn.q_proj"].op_type == "MatMulNBits"
+    assert records["model.layers.0.self_attn.q_proj"].columns is None
     assert records["model.layers.1.mlp.down_proj"].op_type == "MatMulInteger"
     assert records["model.layers.0.self_attn.k_proj"].op_type == "MatMul"
+
+
+def test_packed_qkv_maps_each_layer_to_its_columns(tiny, spec, tmp_path):
+    decisions = {layer.name: Choice.parse("int4_g32") for layer in spec.layers}
+    art = export_cpu_model(tiny, None, decisions, tmp_path / "packed")
+    q = art.manifest["layers"]["model.layers.1.self_attn.q_proj"]
+    v = art.manifest["layers"]["model.layers.1.self_attn.v_proj"]
+    assert q["node"] == v["node"] == "model.layers.1.self_attn.qkv_proj"
+    assert q["columns"] == [0, 64] and v["columns"] == [96, 128]
+    # Mixed formats inside a block: the exporter keeps three separate nodes ...
+    mixed = {**decisions, "model.layers.1.self_attn.k_proj": Choice.parse("int8")}
+    art = export_cpu_model(tiny, None, mixed, tmp_path / "mixed")
+    assert art.manifest["layers"]["model.layers.1.self_attn.k_proj"]["op_type"] == "MatMulInteger"
+    # ... and a packed graph given mixed formats refuses rather than guessing.
+    with pytest.raises(Exception, match="different formats"):
+        quantize_graph(build_decoder(tiny, fuse_qkv=lambda i: True), mixed)
 
 
 def test_unknown_layer_and_gpu_formats_fail_loudly(tiny):
