@@ -1,0 +1,105 @@
+"""QualityEvaluator: measure a (compressed) model against the original, one pass per model.
+
+Construction runs the original once (reference log-probs, its perplexity and, with a suite,
+its greedy continuations and suite score). Each ``evaluate(model)`` then costs one forward
+pass over the evaluation tokens plus, with a suite, two short passes per prompt. The
+original may be modified in place afterwards (layers swapped by ``set_module``): everything
+the evaluator needs from it is captured at construction.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from autoplan.quality.metrics import compare_pass, reference_pass
+from autoplan.quality.suite import PromptSuite, score_suite, suite_reference
+
+
+@dataclass(frozen=True)
+class QualityResult:
+    """Measured quality of one model next to the original.
+
+    Attributes:
+        ppl: perplexity of the model on the evaluation tokens.
+        ppl_ref: perplexity of the original on the same tokens.
+        kl: mean per-token KL(P_orig || P_model) in nats (0 for an identical model).
+        n_tokens: evaluation tokens (positions) the KL averages over.
+        seconds: wall time of this evaluation.
+        suite_score, suite_score_ref: suite score (0-100) of the model and of the original.
+        suite_agreement: greedy-token agreement with the original (0-100).
+    """
+
+    ppl: float
+    ppl_ref: float
+    kl: float
+    n_tokens: int
+    seconds: float
+    suite_score: float | None = None
+    suite_score_ref: float | None = None
+    suite_agreement: float | None = None
+
+    @property
+    def suite_delta(self) -> float | None:
+        """Suite score change vs the original in points (negative = worse)."""
+        if self.suite_score is None or self.suite_score_ref is None:
+            return None
+        return self.suite_score - self.suite_score_ref
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (plans, ``--json`` output)."""
+        return {**asdict(self), "suite_delta": self.suite_delta}
+
+
+def _module(model: Any) -> nn.Module:
+    # Accept a LoadedModel as well as the bare transformers model.
+    return getattr(model, "model", model) if not isinstance(model, nn.Module) else model
+
+
+class QualityEvaluator:
+    """Perplexity, KL to the original and the optional prompt suite, for any model.
+
+    Args:
+        reference_model: the original model (nn.Module or LoadedModel), in eval mode.
+        eval_tokens: int64 [n_blocks, seq_len] (``load_text_dataset(...).eval``).
+        suite: a tokenized ``PromptSuite`` (``load_suite``), or None.
+        batch_size: blocks per forward pass (memory ~ batch x seq_len x vocab x 8 bytes).
+        max_new_tokens: length of the original's greedy continuations for suite agreement.
+    """
+
+    def __init__(self, reference_model: Any, eval_tokens: torch.Tensor, *,
+                 suite: PromptSuite | None = None, batch_size: int = 4,
+                 max_new_tokens: int = 16) -> None:
+        model = _module(reference_model)
+        self.batch_size = batch_size
+        t0 = time.perf_counter()
+        self.reference = reference_pass(model, eval_tokens, batch_size=batch_size)
+        self.suite_reference = (suite_reference(model, suite, max_new_tokens=max_new_tokens)
+                                if suite is not None else None)
+        self.setup_seconds = time.perf_counter() - t0
+
+    @property
+    def ppl_ref(self) -> float:
+        return self.reference.ppl
+
+    def evaluate(self, model: Any) -> QualityResult:
+        """Measure ``model`` (nn.Module or LoadedModel) against the captured original."""
+        m = _module(model)
+        t0 = time.perf_counter()
+        nll, kl = compare_pass(m, self.reference, batch_size=self.batch_size)
+        suite = score_suite(m, self.suite_reference) if self.suite_reference else None
+        ref_score = self.suite_reference.score.score if self.suite_reference else None
+        return QualityResult(
+            ppl=math.exp(nll), ppl_ref=self.reference.ppl, kl=kl,
+            n_tokens=int(self.reference.tokens.numel()), seconds=time.perf_counter() - t0,
+            suite_score=suite.score if suite else None, suite_score_ref=ref_score,
+            suite_agreement=suite.agreement if suite else None,
+        )
+
+
+__all__ = ["QualityEvaluator", "QualityResult"]

@@ -1,0 +1,156 @@
+"""Calibration and evaluation text as token blocks, split deterministically, hashed for audits.
+
+Default text: CPython's ``pydoc_data.topics`` (the language reference topics behind
+``help()``: 79 topics, ~465 KB of English and Python, ~113k SmolLM2 tokens), shipped with
+every Python, so nothing is downloaded. Users may pass a ``.txt`` file (documents are
+paragraphs separated by blank lines) or a ``.jsonl`` file (one JSON object per line with a
+string field ``"text"``; each line is a document).
+
+Split rule (documented so it can be reproduced): a document goes to evaluation when the
+first 8 bytes of ``sha256("autoplan-split-v1\\0" + key)``, read as a big-endian integer, are
+0 mod 5 (about 20% of documents), otherwise to calibration. The key is the topic name for
+pydoc text and the document's own text for user files, so the split does not depend on
+file order and never changes with ``seed``. Each split's documents are joined (sorted by
+key) with blank lines and tokenized without special tokens; the text is cut into
+non-overlapping blocks of ``seq_len`` tokens and ``seed`` picks which blocks are used.
+
+Default sizes: ``seq_len=256`` (long enough context for a meaningful perplexity; CPU cost
+per token barely depends on it at this length), ``n_eval=8`` blocks (2048 tokens: one
+SmolLM2-135M pass takes ~8 s on 2 cores), ``n_calib=32`` blocks (8192 tokens).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autoplan.errors import UserInputError
+
+SPLIT_SALT = b"autoplan-split-v1\0"
+EVAL_EVERY = 5  # one document in five (by hash) is held out for evaluation
+
+
+@dataclass(frozen=True)
+class TextDataset:
+    """Token blocks for calibration and evaluation.
+
+    Attributes:
+        calib: int64 tensor [n_calib, seq_len].
+        eval: int64 tensor [n_eval, seq_len].
+        content_hash: sha256 over seq_len and both tensors' token ids (for caches and plans).
+        source: ``"pydoc"`` or the file path given.
+    """
+
+    calib: torch.Tensor = field(repr=False)
+    eval: torch.Tensor = field(repr=False)
+    content_hash: str
+    source: str
+
+
+def is_eval_document(key: str) -> bool:
+    """The split rule: True when the document with this key belongs to evaluation."""
+    digest = hashlib.sha256(SPLIT_SALT + key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % EVAL_EVERY == 0
+
+
+def _pydoc_documents() -> list[tuple[str, str]]:
+    from pydoc_data.topics import topics
+
+    return [(key, topics[key]) for key in sorted(topics)]
+
+
+def _txt_documents(path: Path) -> list[tuple[str, str]]:
+    text = path.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n")
+    paragraphs = [p.strip() for p in text.split("\n\n")]
+    return [(p, p) for p in paragraphs if p]
+
+
+def _jsonl_documents(path: Path) -> list[tuple[str, str]]:
+    docs = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record: Any = json.loads(line)
+        except ValueError:
+            raise UserInputError(f"{path}:{lineno} is not valid JSON; write one JSON object "
+                                 "per line") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise UserInputError(f"{path}:{lineno} lacks a string field \"text\"; write lines "
+                                 "like {\"text\": \"...\"}")
+        if record["text"].strip():
+            text = record["text"].strip()
+            docs.append((text, text))
+    return docs
+
+
+def load_documents(source: str | Path | None) -> tuple[list[tuple[str, str]], str]:
+    """(key, text) documents of a source and the source's name; ``None`` means pydoc topics.
+
+    Raises:
+        UserInputError: missing file, unknown suffix, malformed JSONL, or no text.
+    """
+    if source is None or str(source) == "pydoc":
+        return _pydoc_documents(), "pydoc"
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise UserInputError(f"text source '{source}' not found; pass a .txt or .jsonl file")
+    if path.suffix.lower() == ".txt":
+        docs = _txt_documents(path)
+    elif path.suffix.lower() == ".jsonl":
+        docs = _jsonl_documents(path)
+    else:
+        raise UserInputError(f"text source '{source}' must end in .txt or .jsonl")
+    if not docs:
+        raise UserInputError(f"text source '{source}' holds no text")
+    return docs, str(path)
+
+
+def _blocks(ids: list[int], seq_len: int, n: int, rng: random.Random, split: str) -> torch.Tensor:
+    available = len(ids) // seq_len
+    if n > available:
+        raise UserInputError(f"the {split} split has {available} blocks of {seq_len} tokens but "
+                             f"{n} are needed; lower n_{split}/seq_len or supply more text")
+    picks = sorted(rng.sample(range(available), n))
+    return torch.tensor([ids[i * seq_len:(i + 1) * seq_len] for i in picks], dtype=torch.long
+                        ).reshape(n, seq_len)
+
+
+def load_text_dataset(source: str | Path | None = None, *, tokenizer: Any, seq_len: int = 256,
+                      n_calib: int = 32, n_eval: int = 8, seed: int = 0) -> TextDataset:
+    """Calibration and evaluation token blocks from pydoc topics or a user file.
+
+    Args:
+        source: ``None``/``"pydoc"`` for the built-in text, or a .txt/.jsonl path.
+        tokenizer: an HF tokenizer (callable returning ``input_ids``).
+        seq_len: tokens per block.
+        n_calib: calibration blocks (may be 0).
+        n_eval: evaluation blocks (may be 0).
+        seed: picks which blocks of each split are used; the split itself never depends on it.
+
+    Raises:
+        UserInputError: bad sizes, bad source, or too little text for the requested blocks.
+    """
+    if seq_len < 2 or n_calib < 0 or n_eval < 0:
+        raise UserInputError("seq_len must be >= 2 and n_calib/n_eval >= 0")
+    docs, name = load_documents(source)
+    rng = random.Random(seed)
+    parts = {}
+    for split, want_eval in (("calib", False), ("eval", True)):
+        chosen = sorted((k, t) for k, t in docs if is_eval_document(k) == want_eval)
+        text = "\n\n".join(t for _, t in chosen)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        parts[split] = _blocks(list(ids), seq_len, n_calib if split == "calib" else n_eval, rng, split)
+    h = hashlib.sha256(f"autoplan-text-v1\0{seq_len}\0".encode())
+    for split in ("calib", "eval"):
+        h.update(split.encode() + b"\0" + parts[split].to(torch.int64).numpy().tobytes())
+    return TextDataset(parts["calib"], parts["eval"], h.hexdigest(), name)
+
+
+__all__ = ["TextDataset", "is_eval_document", "load_documents", "load_text_dataset"]
