@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from autoplan.errors import UserInputError
+from autoplan.quality.text import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,7 @@ class SuiteReference:
 
 def _read_records(path: Path) -> list[tuple[str, str]]:
     records = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec: Any = json.loads(line)
-        except ValueError:
-            raise UserInputError(f"{path}:{lineno} is not valid JSON; write one object per line") from None
+    for lineno, rec in read_jsonl(path):
         if not (isinstance(rec, dict) and isinstance(rec.get("prompt"), str)
                 and isinstance(rec.get("reference"), str) and rec["reference"].strip()):
             raise UserInputError(f"{path}:{lineno} needs string fields \"prompt\" and a non-empty "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,21 +72,30 @@ def _txt_documents(path: Path) -> list[tuple[str, str]]:
     return [(p, p) for p in paragraphs if p]
 
 
-def _jsonl_documents(path: Path) -> list[tuple[str, str]]:
-    docs = []
+def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for each non-blank line of a JSONL file.
+
+    Raises:
+        UserInputError: a line is not valid JSON (the message names file and line).
+    """
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            record: Any = json.loads(line)
+            yield lineno, json.loads(line)
         except ValueError:
             raise UserInputError(f"{path}:{lineno} is not valid JSON; write one JSON object "
                                  "per line") from None
+
+
+def _jsonl_documents(path: Path) -> list[tuple[str, str]]:
+    docs = []
+    for lineno, record in read_jsonl(path):
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise UserInputError(f"{path}:{lineno} lacks a string field \"text\"; write lines "
                                  "like {\"text\": \"...\"}")
-        if record["text"].strip():
-            text = record["text"].strip()
+        text = record["text"].strip()
+        if text:
             docs.append((text, text))
     return docs
 
@@ -153,4 +163,4 @@ def load_text_dataset(source: str | Path | None = None, *, tokenizer: Any, seq_l
     return TextDataset(parts["calib"], parts["eval"], h.hexdigest(), name)
 
 
-__all__ = ["TextDataset", "is_eval_document", "load_documents", "load_text_dataset"]
+__all__ = ["TextDataset", "is_eval_document", "load_documents", "load_text_dataset", "read_jsonl"]
