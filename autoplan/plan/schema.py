@@ -99,6 +99,7 @@ class SearchMeta(_Strict):
     certificate: Certificate | None = None
     gain_over_best_uniform: float | None = None
     best_uniform: str | None = None
+    best_uniform_kl: float | None = Field(None, description="measured KL of the best uniform recipe")
     outcome: str = Field(description="'plan' | 'uniform-fallback' | 'baseline-fallback'")
     note: str = ""
 

@@ -1,0 +1,75 @@
+"""Rendering a plan for people: the summary table (plan vs baseline vs best uniform) and
+the per-layer decisions."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Group
+from rich.table import Table
+
+from autoplan.plan.schema import Plan
+
+_ROWS = (
+    ("output tokens/s (predicted)", "tokens_per_s", "{:,.1f}"),
+    ("TTFT ms (predicted)", "ttft_s", "{:,.2f}", 1e3),
+    ("TPOT ms (predicted)", "tpot_s", "{:,.3f}", 1e3),
+    ("memory GB (predicted)", "memory_gb", "{:,.3f}"),
+    ("weights GB", "weight_gb", "{:,.3f}"),
+    ("energy J/token (predicted)", "energy_j_per_token", "{:,.5f}"),
+    ("$ / 1M tokens (predicted)", "usd_per_1m_tokens", "{:,.4f}"),
+)
+
+
+def summary_table(plan: Plan) -> Table:
+    w = plan.workload
+    table = Table(title=f"{plan.model.id} on {plan.target.name} ({plan.runtime.name} "
+                        f"{plan.runtime.version}), batch {w['batch']}, {w['input_len']} in / "
+                        f"{w['output_len']} out, objective {plan.objective}")
+    cols = [k for k in ("plan", "baseline", "best_uniform") if k in plan.predicted]
+    table.add_column("metric")
+    for k in cols:
+        label = plan.predicted[k].label if k == "best_uniform" else k
+        table.add_column(label, justify="right")
+    for row in _ROWS:
+        label, attr, fmt = row[:3]
+        scale = row[3] if len(row) > 3 else 1.0
+        table.add_row(label, *[fmt.format(getattr(plan.predicted[k], attr) * scale) for k in cols])
+    q = plan.quality
+    uniform_kl = plan.search.best_uniform_kl
+    extra = [f"{uniform_kl:.5f}" if uniform_kl is not None else "-"] if len(cols) > 2 else []
+    table.add_row("KL to original (measured)", f"{q.kl:.5f}", "0", *extra)
+    table.add_row("perplexity (measured)", f"{q.ppl:.3f}", f"{q.ppl_ref:.3f}",
+                  *(["-"] if len(cols) > 2 else []))
+    return table
+
+
+def decisions_table(plan: Plan) -> Table:
+    counts = Counter(plan.decisions.values())
+    table = Table(title="per-layer decisions")
+    table.add_column("choice")
+    table.add_column("layers", justify="right")
+    for choice, n in counts.most_common():
+        table.add_row(choice, str(n))
+    return table
+
+
+def render(plan: Plan) -> Group:
+    s = plan.search
+    lines = [summary_table(plan), decisions_table(plan)]
+    cert = s.certificate
+    text = [f"budget {plan.budget.text}: measured "
+            f"{'MET' if plan.quality.budget_met else 'NOT MET'} "
+            f"(KL {plan.quality.kl:.5f}, surrogate predicted {plan.quality.surrogate_kl:.5f})",
+            f"outcome: {s.outcome}; {s.trials} surrogate trials, {s.real_evaluations} real "
+            f"evaluations, {s.wall_time_s:.1f} s; sampler {s.sampler}, seed {s.seed}"]
+    if cert:
+        text.append(f"certificate: exact optimum of the surrogate problem {cert.optimum_objective:,.2f}"
+                    f", search {cert.search_objective:,.2f}, gap {cert.gap * 100:.3f}%")
+    if s.gain_over_best_uniform:
+        text.append(f"predicted gain over best uniform recipe ({s.best_uniform}): "
+                    f"{s.gain_over_best_uniform:.3f}x tokens/s")
+    return Group(*lines, *text)
+
+
+__all__ = ["decisions_table", "render", "summary_table"]

@@ -1,0 +1,76 @@
+"""`autoplan search`: the main job. Thin over autoplan.search.run.run_search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autoplan.cli._output import console, emit_json, err_console
+from autoplan.cli._plan_view import render
+from autoplan.cli._progress import RichReporter
+from autoplan.cost.report import Objective
+from autoplan.search.run import SearchRequest, run_search
+from autoplan.workload import Workload
+
+
+@click.command("search")
+@click.option("--model", default="smollm2-135m", show_default=True,
+              help="Alias, HF folder or GGUF file.")
+@click.option("--target", default="h100-sxm", show_default=True, help="Catalog target (autoplan targets).")
+@click.option("--runtime", default=None, help="vllm | tensorrt-llm | sglang | onnxruntime | llama.cpp | autoplan (default: the target's usual engine).")
+@click.option("--budget", default="kl<=0.05", show_default=True,
+              help="kl<=X, ppl<=+P% (or ppl<=+X), or suite:FILE>=-POINTS.")
+@click.option("--objective", type=click.Choice([o.value for o in Objective]), default="throughput",
+              show_default=True)
+@click.option("--batch", type=int, default=32, show_default=True)
+@click.option("--input-len", type=int, default=512, show_default=True)
+@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--trials", type=int, default=2000, show_default=True, help="Surrogate trials.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--storage", default=None, help="Optuna storage URL (default: journal file beside --out).")
+@click.option("--study", default=None, help="Study name (default: derived from all settings).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("plan.json"),
+              show_default=True)
+@click.option("--multi-objective", is_flag=True, help="Also report the Pareto front of objective vs predicted KL.")
+@click.option("--prune-score", type=click.Choice(["magnitude", "wanda", "sparsegpt"]), default="wanda",
+              show_default=True)
+@click.option("--quant-method", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True)
+@click.option("--text", default=None, help="Calibration/evaluation text (.txt or .jsonl); default pydoc topics.")
+@click.option("--protect-first/--no-protect-first", default=None, help="Keep block 0 uncompressed.")
+@click.option("--protect-last/--no-protect-last", default=None, help="Keep the last block uncompressed.")
+@click.option("--price-per-hour", type=float, default=None, help="Override the target's $/hour.")
+@click.option("--trust-remote-code", is_flag=True, help="Run the model folder's own code (off by default).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+def command(model, target, runtime, budget, objective, batch, input_len, output_len, trials,  # noqa: ANN001, PLR0913
+            seed, storage, study, out, multi_objective, prune_score, quant_method, text,
+            protect_first, protect_last, price_per_hour, trust_remote_code, as_json, quiet) -> None:
+    """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
+    from pydantic import ValidationError
+
+    from autoplan.errors import UserInputError
+
+    try:
+        workload = Workload(batch=batch, input_len=input_len, output_len=output_len)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+    req = SearchRequest(
+        model=model, target=target, runtime=runtime, budget=budget, objective=objective,
+        workload=workload, trials=trials, seed=seed, storage=storage, study=study, out=out,
+        multi_objective=multi_objective, prune_score=prune_score, quant_method=quant_method,
+        text=text, protect_first_block=protect_first, protect_last_block=protect_last,
+        price_per_hour=price_per_hour, trust_remote_code=trust_remote_code)
+    with RichReporter(quiet=quiet or as_json) as reporter:
+        outcome = run_search(req, reporter)
+    if as_json:
+        emit_json(outcome.plan.model_dump(mode="json") | ({"pareto_front": outcome.front}
+                                                         if outcome.front else {}))
+        return
+    if not quiet:
+        console.print(render(outcome.plan))
+        if outcome.front:
+            console.print(f"Pareto front: {len(outcome.front)} points (objective vs predicted KL); "
+                          "--json prints them")
+    err_console.print(f"plan written to {out}")
