@@ -104,9 +104,20 @@ class SearchMeta(_Strict):
     note: str = ""
 
 
+class CalibrationSettings(_Strict):
+    """How the calibration/evaluation tokens were drawn, so apply/export can rebuild them."""
+
+    seq_len: int
+    n_calib: int
+    n_eval: int
+    seed: int
+    batch_size: int
+
+
 class Audit(_Strict):
     calibration_source: str
     calibration_hash: str
+    calibration: CalibrationSettings | None = None
     tensors: dict[str, dict[str, str]] = Field(
         description="layer -> {tensor name -> sha256} for every mask and scale tensor"
     )
@@ -131,6 +142,6 @@ class Plan(_Strict):
 
 
 __all__ = [
-    "SCHEMA_VERSION", "Audit", "Budget", "Certificate", "Compression", "ModelRef", "Plan",
+    "SCHEMA_VERSION", "Audit", "Budget", "CalibrationSettings", "Certificate", "Compression", "ModelRef", "Plan",
     "Predicted", "Quality", "RuntimeRef", "SearchMeta", "TargetRef",
 ]

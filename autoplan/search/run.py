@@ -45,6 +45,7 @@ from autoplan.targets import get_target
 from autoplan.workload import Workload
 
 SAFETY = 0.9  # aim the surrogate limit 10% inside the calibrated budget
+CALIB_BATCH = 2  # calibration blocks per forward pass (part of the audit: it changes rounding)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
                         protect_last_block=req.protect_last_block)
     data = load_text_dataset(req.text, tokenizer=loaded.tokenizer, seq_len=req.seq_len,
                              n_calib=req.calib_blocks, n_eval=req.eval_blocks, seed=req.seed)
-    calib = list(data.calib.split(2))
+    calib = list(data.calib.split(CALIB_BATCH))
 
     rep.stage("profiling sensitivity")
     choices = [c for c in space.all_choices if c != space.baseline]
@@ -267,6 +268,9 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
             best_uniform_kl=best_uniform.quality.kl if best_uniform else None, outcome=outcome,
             note="speed figures are cost-model predictions; quality is measured"),
         audit=ps.Audit(calibration_source=data.source, calibration_hash=data.content_hash,
+                       calibration=ps.CalibrationSettings(
+                           seq_len=req.seq_len, n_calib=req.calib_blocks,
+                           n_eval=req.eval_blocks, seed=req.seed, batch_size=CALIB_BATCH),
                        tensors=chosen.audit),
     )
     save_plan(plan, req.out)
