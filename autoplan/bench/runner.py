@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from autoplan.backends.cpu.onnx_export import CpuArtifact
-from autoplan.backends.cpu.ort_runtime import GenerationResult, OrtGenerator, TorchGenerator, \
-    physical_cores
+from autoplan.backends.cpu.ort_runtime import (GenerationResult, OrtGenerator, TorchGenerator,
+                                               physical_cores)
 from autoplan.bench.report import BenchReport, summarize
 from autoplan.bench.system import current_rss_bytes, peak_rss_bytes
 from autoplan.errors import UserInputError

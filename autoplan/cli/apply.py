@@ -14,7 +14,8 @@ from autoplan.errors import UserInputError
 
 @click.command("apply")
 @click.argument("plan_path", metavar="PLAN")
-@click.option("--model", default=None, help="Model: alias, HF folder or GGUF (default: the plan's).")
+@click.option("--model", default=None,
+              help="Model: alias, HF folder or GGUF (default: the plan's).")
 @click.option("--out", "out_dir", required=True, help="Folder to write (replaced atomically).")
 @click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Text file for Wanda/SparseGPT/GPTQ statistics, when the plan needs them.")

@@ -21,7 +21,8 @@ def _size(cm: CostModel, decisions, workload: Workload, qps: float, p99_s: float
     est = cm.evaluate(decisions)
     tokens = workload.batch * (workload.input_len + workload.output_len)
     return size_fleet(
-        weight_bytes=est.memory.weights_bytes, kv_bytes_per_token=est.memory.kv_cache_bytes / tokens,
+        weight_bytes=est.memory.weights_bytes,
+        kv_bytes_per_token=est.memory.kv_cache_bytes / tokens,
         node_memory_bytes=cm.target.memory_bytes, batch=workload.batch,
         input_len=workload.input_len, output_len=workload.output_len,
         ttft_s=est.metrics.ttft_s, tpot_s=est.metrics.tpot_s, qps=qps, p99_s=p99_s,

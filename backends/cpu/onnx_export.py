@@ -23,8 +23,8 @@ import onnx
 import torch
 
 from autoplan.backends.cpu.onnx_graph import OPSET, build_decoder
-from autoplan.backends.cpu.ort_quant import QuantizedNode, check_cpu_choices, quantize_graph, \
-    tensor_sha256
+from autoplan.backends.cpu.ort_quant import (QuantizedNode, check_cpu_choices, quantize_graph,
+                                            tensor_sha256)
 from autoplan.errors import AutoplanError, UserInputError
 from autoplan.formats import Choice
 
@@ -161,7 +161,8 @@ def _streamed_bytes(proto: onnx.ModelProto) -> int:
 
 
 def _init_bytes(tensor: onnx.TensorProto) -> int:
-    return int(np.prod(tensor.dims)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return int(np.prod(tensor.dims)) * itemsize
 
 
 class _atomic_dir:  # noqa: N801 - used as a context manager like tempfile's helpers

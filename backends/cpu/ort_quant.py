@@ -250,7 +250,8 @@ def _nbits_nodes(node: onnx.NodeProto, codes: np.ndarray, scales: np.ndarray,
     return built, [b, s]
 
 
-def dequantized_weights(model: onnx.ModelProto, records: list[QuantizedNode]) -> dict[str, np.ndarray]:
+def dequantized_weights(model: onnx.ModelProto, records: list[QuantizedNode]
+                        ) -> dict[str, np.ndarray]:
     """Float32 [K, N] weights as the ONNX graph stores them, per layer (for numerics tests)."""
     inits = {t.name: t for t in model.graph.initializer}
     nodes = {n.name: n for n in model.graph.node}

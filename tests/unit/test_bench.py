@@ -125,4 +125,5 @@ def test_fleet_cli_shows_arithmetic_json(tmp_path):
                                       "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert doc["plan"]["nodes"] >= 1 and doc["baseline"]["steps"][0]["label"] == "memory per replica"
+    assert doc["plan"]["nodes"] >= 1
+    assert doc["baseline"]["steps"][0]["label"] == "memory per replica"

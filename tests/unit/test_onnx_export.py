@@ -55,7 +55,8 @@ def _feeds(ids: np.ndarray, past: list[np.ndarray], past_len: int) -> dict[str, 
              "position_ids": np.tile(np.arange(past_len, total), (batch, 1)),
              "logits_to_keep": np.array([seq], np.int64)}
     for i in range(len(past) // 2):
-        feeds[f"past_key_values.{i}.key"], feeds[f"past_key_values.{i}.value"] = past[2 * i: 2 * i + 2]
+        feeds[f"past_key_values.{i}.key"] = past[2 * i]
+        feeds[f"past_key_values.{i}.value"] = past[2 * i + 1]
     return feeds
 
 
