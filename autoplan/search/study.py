@@ -132,7 +132,8 @@ def _collect(trials: list[FrozenTrial], tables: Tables, limit: float, cfg: Study
     ranked = sorted(feasible.values(), key=lambda c: (sign * c.value, c.surrogate))
     front: list[Candidate] = []
     if cfg.multi_objective:
-        for c in sorted(feasible.values(), key=lambda c: c.surrogate):
+        # best value first among equal surrogates, or a dominated point enters the front
+        for c in sorted(feasible.values(), key=lambda c: (c.surrogate, sign * c.value)):
             if not front or sign * c.value < sign * front[-1].value:
                 front.append(c)
     return StudyResult(tuple(ranked), tuple(front), len(trials), resumed)
