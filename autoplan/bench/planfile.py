@@ -25,8 +25,8 @@ class PlanInput:
     target: str | None  # None: the plan does not say
     model_id: str | None  # the plan's model argument, when it names one
     content_hash: str | None  # model content hash the plan was made for, when known
-    compression: dict[str, str]  # prune_score / quant_method; empty = library defaults
     text: str  # the file as read, copied into artifacts for the audit trail
+    full: Any = None  # the validated autoplan.plan.Plan for full plan files, else None
 
 
 def read_plan(path: str | Path) -> PlanInput:
@@ -46,7 +46,7 @@ def read_plan(path: str | Path) -> PlanInput:
 
         plan = load_plan(p)
         return PlanInput(_choices(plan.decisions, path), plan.target.name, plan.model.id,
-                         plan.model.content_hash, plan.compression.model_dump(), text)
+                         plan.model.content_hash, text, plan)
     mapping = raw.get("decisions", raw)
     target = raw.get("target") if "decisions" in raw else None
     if isinstance(target, dict):
@@ -54,7 +54,7 @@ def read_plan(path: str | Path) -> PlanInput:
     model = raw.get("model") if "decisions" in raw else None
     if isinstance(model, dict):
         model = model.get("id")
-    return PlanInput(_choices(mapping, path), target, model, None, {}, text)
+    return PlanInput(_choices(mapping, path), target, model, None, text)
 
 
 def _choices(mapping: Any, path: str | Path) -> dict[str, Choice]:

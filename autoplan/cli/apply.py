@@ -3,8 +3,6 @@ with the plan and its audit (manifest with the sha256 of every weight and scale 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from autoplan.bench import apply_plan_cpu, check_cpu_plan, read_plan
@@ -17,13 +15,11 @@ from autoplan.errors import UserInputError
 @click.option("--model", default=None,
               help="Model: alias, HF folder or GGUF (default: the plan's).")
 @click.option("--out", "out_dir", required=True, help="Folder to write (replaced atomically).")
-@click.option("--calibration", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Text file for Wanda/SparseGPT/GPTQ statistics, when the plan needs them.")
 @click.option("--int4-accuracy-level", type=click.Choice(["0", "1", "4"]), default="0",
               show_default=True, help="MatMulNBits compute: 0/1 fp32 (exact W4A16), 4 int8.")
 @json_option
-def command(plan_path: str, model: str | None, out_dir: str, calibration: str | None,
-            int4_accuracy_level: str, as_json: bool) -> None:
+def command(plan_path: str, model: str | None, out_dir: str, int4_accuracy_level: str,
+            as_json: bool) -> None:
     """Apply PLAN to the model and write the runnable artifact to --out."""
     from autoplan.models import load_model
 
@@ -34,9 +30,9 @@ def command(plan_path: str, model: str | None, out_dir: str, calibration: str | 
         raise UserInputError("this plan does not name its model: pass --model")
     err_console.print(f"loading {model} ...")
     loaded = load_model(model)
-    text = Path(calibration).read_text() if calibration else None
-    art = apply_plan_cpu(loaded, plan, out_dir, calibration_text=text,
-                         accuracy_level=int(int4_accuracy_level))
+    # A plan whose weights depend on calibration data is refused by apply_plan_cpu with a
+    # message; `autoplan export --format onnx` rebuilds the plan's calibration set.
+    art = apply_plan_cpu(loaded, plan, out_dir, accuracy_level=int(int4_accuracy_level))
     counts: dict[str, int] = {}
     for layer in art.manifest["layers"].values():
         counts[layer["op_type"]] = counts.get(layer["op_type"], 0) + 1
@@ -44,8 +40,8 @@ def command(plan_path: str, model: str | None, out_dir: str, calibration: str | 
         emit_json({"out": str(art.path), "model": str(art.model_path), "ops": counts,
                    "weight_bytes": art.manifest["weight_bytes"]})
         return
-    ops = ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
-    console.print(f"wrote {art.path}: {ops}; weights {art.manifest['weight_bytes'] / 1e6:,.1f} MB; "
+    ops = ", ".join(f"{n} as {op}" for op, n in sorted(counts.items()))
+    console.print(f"wrote {art.path}: layers {ops}; weights {art.manifest['weight_bytes'] / 1e6:,.1f} MB; "
                   "manifest.json holds the per-tensor sha256 audit")
 
 

@@ -63,6 +63,7 @@ class CpuArtifact:
 
 def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[str, Choice],
                      out_dir: str | Path, *, masks: Mapping[str, torch.Tensor] | None = None,
+                     weights: Mapping[str, torch.Tensor] | None = None,
                      accuracy_level: int = 0, quantized: Mapping[str, Any] | None = None,
                      extra_files: Mapping[str, str] | None = None) -> CpuArtifact:
     """Export `model` with each layer in its planned format, runnable by ONNX Runtime on CPU.
@@ -74,6 +75,8 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
         out_dir: folder to create; an existing artifact there is replaced, anything else refused.
         masks: optional layer -> {0,1} mask ([out, in]) multiplied into the weights. A layer
             planned sparse without a mask must already hold its zeros (checked).
+        weights: optional layer -> replacement weight [out, in] (the plan's own weights,
+            e.g. SparseGPT-updated), used instead of the module's.
         accuracy_level: MatMulNBits compute type for int4/int8_wo layers (see ort_quant).
         quantized: optional layer -> autoplan.quant.QuantizedWeight of the plan (e.g. GPTQ
             codes), packed verbatim; other layers are rounded to nearest.
@@ -83,8 +86,9 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
         The CpuArtifact at `out_dir`.
     """
     check_cpu_choices(decisions)
-    _check_sparsity(model, decisions, masks or {})
-    proto = build_decoder(model, masks=masks, fuse_qkv=lambda i: _same_choice(decisions, i))
+    _check_sparsity(model, decisions, {**(weights or {}), **(masks or {})})
+    proto = build_decoder(model, masks=masks, weights=weights,
+                          fuse_qkv=lambda i: _same_choice(decisions, i))
     records = quantize_graph(proto, decisions, accuracy_level=accuracy_level,
                              quantized=quantized)
     manifest = _manifest(model, proto, records, accuracy_level)
@@ -107,10 +111,10 @@ def _same_choice(decisions: Mapping[str, Choice], block: int) -> bool:
 
 
 def _check_sparsity(model: torch.nn.Module, decisions: Mapping[str, Choice],
-                    masks: Mapping[str, torch.Tensor]) -> None:
+                    given: Mapping[str, torch.Tensor]) -> None:
     modules = dict(model.named_modules())
     for name, choice in decisions.items():
-        if choice.sparsity.kind == "dense" or name in masks:
+        if choice.sparsity.kind == "dense" or name in given:
             continue
         if name not in modules:
             raise UserInputError(f"planned layer '{name}' is not a module of this model")

@@ -37,8 +37,9 @@ _NEG = float(np.finfo(np.float32).min)
 class _Graph:
     """Tiny node/initializer accumulator with unique names."""
 
-    def __init__(self, masks: Mapping[str, torch.Tensor]) -> None:
-        self.masks = masks
+    def __init__(self, masks: Mapping[str, torch.Tensor],
+                 weights: Mapping[str, torch.Tensor]) -> None:
+        self.masks, self.weights = masks, weights
         self.fused: dict[str, list] = {}  # node -> [[layer, [start, stop]]] of packed linears
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
@@ -79,6 +80,7 @@ def _check_supported(cfg) -> None:
 
 def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | None = None,
                   fused_attention: bool | None = None,
+                  weights: Mapping[str, torch.Tensor] | None = None,
                   fuse_qkv: Callable[[int], bool] | None = None) -> onnx.ModelProto:
     """Build the fp32 ONNX decoder of a loaded transformers causal LM.
 
@@ -86,6 +88,8 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
         model: a LlamaForCausalLM-like module.
         masks: optional layer name -> {0,1} mask ([out, in]) multiplied into that weight, so
             pruning is baked in without touching the caller's model.
+        weights: optional layer name -> replacement weight [out, in] (e.g. a SparseGPT-
+            updated or already dequantized weight), used instead of the module's.
         fused_attention: True: ORT's GroupQueryAttention (RoPE, KV append, GQA and softmax in
             one kernel; no left padding: attention_mask must be all ones). False: primitive
             ops (any attention_mask). None: fused when the rotary embedding allows it.
@@ -105,7 +109,7 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
     eps = float(cfg.rms_norm_eps)
-    g = _Graph(masks or {})
+    g = _Graph(masks or {}, weights or {})
 
     g.const("model.embed_tokens.weight", _np(inner.embed_tokens.weight))
     x = g.op("Gather", ["model.embed_tokens.weight", "input_ids"], name="embed")
@@ -216,7 +220,7 @@ def _fusable(rotary: torch.nn.Module) -> bool:
 
 
 def _weight(g: _Graph, module: torch.nn.Linear, name: str) -> np.ndarray:
-    weight = module.weight
+    weight = g.weights.get(name, module.weight)
     if name in g.masks:
         weight = weight * g.masks[name].to(weight.dtype)
     return _np(weight)

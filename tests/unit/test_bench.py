@@ -127,3 +127,33 @@ def test_fleet_cli_shows_arithmetic_json(tmp_path):
     doc = json.loads(result.output)
     assert doc["plan"]["nodes"] >= 1
     assert doc["baseline"]["steps"][0]["label"] == "memory per replica"
+
+
+def test_full_gptq_plan_exports_the_plans_own_codes(tmp_path):
+    """A full plan goes through autoplan.export's prepare (audit-checked); the ONNX weights
+    are the plan's GPTQ weights exactly, not a second round-to-nearest."""
+    import onnx
+
+    from autoplan.backends.cpu.ort_quant import QuantizedNode, dequantized_weights
+    from autoplan.compress import CompressionSettings, collect_stats, compressed_copy
+    from autoplan.plan import save_plan
+    from tests.unit.test_export_common import calibration, layer_names, make_plan, tiny_loaded
+
+    loaded, calib = tiny_loaded(tmp_path), calibration()
+    decisions = {n: "int4_g32" for n in layer_names(loaded)}
+    stats = collect_stats(loaded.model, decisions, calib)
+    plan = make_plan(loaded, decisions, target="xeon-8480", runtime="onnxruntime",
+                     quant="gptq", stats=stats)
+    save_plan(plan, tmp_path / "full.json")
+    art = apply_plan_cpu(loaded, read_plan(tmp_path / "full.json"), tmp_path / "art",
+                         calibration=calib)
+    proto = onnx.load(str(art.model_path))
+    records = [QuantizedNode(k, v["choice"], v["op_type"], v["node"],
+                             {r: t["name"] for r, t in v["tensors"].items()},
+                             tuple(v["columns"]) if v["columns"] else None)
+               for k, v in art.manifest["layers"].items()]
+    got = dequantized_weights(proto, records)
+    choices = {n: Choice.parse(c) for n, c in decisions.items()}
+    _, sims = compressed_copy(loaded.model, choices, stats, CompressionSettings("magnitude", "gptq"))
+    for name, sim in sims.items():
+        np.testing.assert_array_equal(got[name], sim.weight.numpy().T)
