@@ -27,6 +27,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -271,6 +272,14 @@ def dequantized_weights(model: onnx.ModelProto, records: list[QuantizedNode]
     return out
 
 
+def records_from_manifest(manifest: Mapping[str, Any]) -> list[QuantizedNode]:
+    """The QuantizedNode records an artifact's manifest.json lists (for audits and tests)."""
+    return [QuantizedNode(name, entry["choice"], entry["op_type"], entry["node"],
+                          {role: t["name"] for role, t in entry["tensors"].items()},
+                          tuple(entry["columns"]) if entry.get("columns") else None)
+            for name, entry in manifest["layers"].items()]
+
+
 def tensor_sha256(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
     """sha256 of each named initializer's raw little-endian bytes (the plan audit)."""
     inits = {t.name: t for t in model.graph.initializer}
@@ -281,5 +290,5 @@ def tensor_sha256(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
 __all__ = [
     "CPU_PRECISIONS", "CPU_SPARSITY_KINDS", "QuantizedNode", "check_cpu_choices",
     "cpu_unsupported", "dequantized_weights", "pack_nbits", "quantize_graph", "quantize_layer",
-    "tensor_sha256", "unpack_nbits",
+    "records_from_manifest", "tensor_sha256", "unpack_nbits",
 ]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from autoplan.backends.cpu.ort_quant import dequantized_weights
+from autoplan.backends.cpu.ort_quant import dequantized_weights, records_from_manifest
 from autoplan.backends.cpu.ort_runtime import OrtGenerator
 from autoplan.bench import apply_plan_cpu, read_plan
 
@@ -38,13 +38,7 @@ def test_int4_plan_matches_torch_with_the_onnx_weights(loaded, tmp_path):
     assert {v["op_type"] for v in art.manifest["layers"].values()} == {"MatMulNBits"}
 
     proto = onnx.load(str(art.model_path))
-    from autoplan.backends.cpu.ort_quant import QuantizedNode
-
-    records = [QuantizedNode(k, v["choice"], v["op_type"], v["node"],
-                             {r: t["name"] for r, t in v["tensors"].items()},
-                             tuple(v["columns"]) if v["columns"] else None)
-               for k, v in art.manifest["layers"].items()]
-    weights = dequantized_weights(proto, records)
+    weights = dequantized_weights(proto, records_from_manifest(art.manifest))
     import copy
 
     sim = copy.deepcopy(loaded.model)

@@ -134,7 +134,7 @@ def test_full_gptq_plan_exports_the_plans_own_codes(tmp_path):
     are the plan's GPTQ weights exactly, not a second round-to-nearest."""
     import onnx
 
-    from autoplan.backends.cpu.ort_quant import QuantizedNode, dequantized_weights
+    from autoplan.backends.cpu.ort_quant import dequantized_weights, records_from_manifest
     from autoplan.compress import CompressionSettings, collect_stats, compressed_copy
     from autoplan.plan import save_plan
     from tests.unit.test_export_common import calibration, layer_names, make_plan, tiny_loaded
@@ -148,11 +148,7 @@ def test_full_gptq_plan_exports_the_plans_own_codes(tmp_path):
     art = apply_plan_cpu(loaded, read_plan(tmp_path / "full.json"), tmp_path / "art",
                          calibration=calib)
     proto = onnx.load(str(art.model_path))
-    records = [QuantizedNode(k, v["choice"], v["op_type"], v["node"],
-                             {r: t["name"] for r, t in v["tensors"].items()},
-                             tuple(v["columns"]) if v["columns"] else None)
-               for k, v in art.manifest["layers"].items()]
-    got = dequantized_weights(proto, records)
+    got = dequantized_weights(proto, records_from_manifest(art.manifest))
     choices = {n: Choice.parse(c) for n, c in decisions.items()}
     _, sims = compressed_copy(loaded.model, choices, stats, CompressionSettings("magnitude", "gptq"))
     for name, sim in sims.items():
