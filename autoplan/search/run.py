@@ -200,7 +200,7 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
         if m.passed:
             best_uniform = dataclasses.replace(m, label=f"uniform {name}")
             break
-    baseline_picks = tables.picks_of({})
+    baseline_picks = tuple(tables.picks_of({}))  # Measurement.picks is a tuple
     outcome = "plan"
     if chosen is None or (best_uniform and sign * value(best_uniform.picks) < sign * value(chosen.picks)):
         if chosen is None:

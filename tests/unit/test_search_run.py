@@ -1,0 +1,195 @@
+"""run_search end to end on a tiny Llama folder: plan round trip, audit, predictions, the
+verification fallbacks, resume through the default journal, and no password in the plan."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+
+from autoplan.errors import UserInputError
+from autoplan.formats import Choice
+from autoplan.modelspec import ModelSpec
+from autoplan.plan.io import load_plan
+from autoplan.search import run as search_run
+from autoplan.search import study as search_study
+from autoplan.search.run import SearchOutcome, SearchRequest, run_search
+from autoplan.search.space import load_space_file
+from autoplan.search.storage import redact
+from autoplan.search.study import Candidate, StudyResult
+from autoplan.targets import get_target
+from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, shared_dirs  # noqa: F401
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    folder, cache = shared_dirs(tmp_path_factory)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOPLAN_CACHE", str(cache))
+        yield folder
+
+
+def _request(model_dir: Path, out: Path, **kw) -> SearchRequest:  # noqa: ANN003
+    args = {"model": str(model_dir), "target": "h100-sxm", "runtime": "vllm",
+            "budget": "kl<=0.05", "trials": 200, "out": out, "workload": WORKLOAD, **FAST}
+    return SearchRequest(**(args | kw))
+
+
+@pytest.fixture(scope="module")
+def h100(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> SearchOutcome:
+    out = tmp_path_factory.mktemp("h100") / "plan.json"
+    return run_search(_request(model_dir, out))
+
+
+def _baseline(plan) -> str:  # noqa: ANN001
+    return load_space_file(get_target(plan.target.name).platform).baseline
+
+
+def _check_plan_file(outcome: SearchOutcome, out: Path) -> None:
+    assert load_plan(out) == outcome.plan  # round trip through the file
+
+
+def _check_audit(plan) -> None:  # noqa: ANN001
+    base = Choice.parse(_baseline(plan))
+    compressed = {n for n, c in plan.decisions.items() if Choice.parse(c) != base}
+    assert set(plan.audit.tensors) == compressed
+    for name, digests in plan.audit.tensors.items():
+        assert {"mask", "weight"} <= set(digests), name
+        assert all(_HEX64.match(d) for d in digests.values()), name
+        if Choice.parse(plan.decisions[name]).precision.info.value_bits < 16:
+            assert len(digests) > 2, f"{name}: quantized but no scale digest"
+
+
+def test_h100_plan_round_trips_and_meets_budget(h100: SearchOutcome, model_dir: Path,
+                                                tmp_path_factory: pytest.TempPathFactory) -> None:
+    plan = h100.plan
+    out = Path(plan.search.storage.removeprefix("journal:")).with_name("plan.json")
+    _check_plan_file(h100, out)
+    assert plan.search.outcome == "plan"
+    assert plan.quality.budget_met and plan.quality.kl <= 0.05
+    assert plan.search.trials == 200 and plan.search.rounds[0]["resumed_trials"] == 0
+    assert plan.target.name == "h100-sxm" and plan.runtime.name == "vllm"
+    assert plan.budget.metric == "kl" and plan.budget.limit == 0.05
+    # every linear decided, lm_head kept, fused q/k/v and gate/up share one choice
+    spec = ModelSpec.from_path(model_dir)
+    assert set(plan.decisions) == {la.name for la in spec.layers}
+    assert plan.decisions["lm_head"] == "dense+bf16"
+    for block in range(2):
+        a, m = f"model.layers.{block}.self_attn", f"model.layers.{block}.mlp"
+        assert len({plan.decisions[f"{a}.{p}_proj"] for p in "qkv"}) == 1
+        assert plan.decisions[f"{m}.gate_proj"] == plan.decisions[f"{m}.up_proj"]
+    assert any(c != "dense+bf16" for c in plan.decisions.values())
+    assert all("2:4" not in c for c in plan.decisions.values())  # vLLM has no 2:4
+
+
+def test_h100_audit_and_predictions(h100: SearchOutcome) -> None:
+    plan = h100.plan
+    _check_audit(plan)
+    assert {"plan", "baseline"} <= set(plan.predicted)
+    assert plan.predicted["plan"].tokens_per_s >= plan.predicted["baseline"].tokens_per_s
+    assert plan.predicted["plan"].weight_gb < plan.predicted["baseline"].weight_gb
+    cert = plan.search.certificate
+    assert cert is not None and -1e-9 <= cert.gap <= 0.01
+    # every verified candidate was measured and its verdict matches the budget
+    for rnd in plan.search.rounds:
+        for v in rnd["verified"]:
+            assert v["passed"] == (v["badness"] <= 0.05)
+    assert plan.quality.surrogate_kl <= cert.surrogate_limit
+
+
+def test_rerun_resumes_every_trial(h100: SearchOutcome, model_dir: Path) -> None:
+    out = Path(h100.plan.search.storage.removeprefix("journal:")).with_name("plan.json")
+    again = run_search(_request(model_dir, out))
+    assert again.plan.search.study == h100.plan.search.study
+    assert again.plan.search.rounds[0]["resumed_trials"] == 200
+    assert again.plan.search.rounds[0]["trials"] == 200  # none new
+    assert again.plan.decisions == h100.plan.decisions
+
+
+def test_cpu_target_onnxruntime(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    outcome = run_search(_request(model_dir, out, target="xeon-8480", runtime="onnxruntime"))
+    plan = outcome.plan
+    _check_plan_file(outcome, out)
+    assert plan.runtime.name == "onnxruntime" and plan.quality.budget_met
+    assert plan.quality.kl <= 0.05
+    assert plan.search.outcome in ("plan", "uniform-fallback")
+    _check_audit(plan)
+    allowed = {"dense+fp32", "dense+int8", "dense+int8_wo", "dense+int4_g32", "dense+int4_g64",
+               "dense+int4_g128"}
+    assert set(plan.decisions.values()) <= allowed
+    spec = ModelSpec.from_path(model_dir)
+    for la in spec.layers:  # int4_g128 only where 128 divides in_features
+        if plan.decisions[la.name] == "dense+int4_g128":
+            assert la.in_features % 128 == 0
+    assert plan.predicted["plan"].tokens_per_s > plan.predicted["baseline"].tokens_per_s
+
+
+def test_impossible_budget_falls_back_and_still_meets_it(model_dir: Path, tmp_path: Path) -> None:
+    outcome = run_search(_request(model_dir, tmp_path / "p.json", budget="kl<=0.0000001",
+                                  trials=50))
+    plan = outcome.plan
+    assert plan.search.outcome in ("baseline-fallback", "uniform-fallback")
+    assert plan.quality.budget_met and plan.quality.kl <= 1e-7
+    if plan.search.outcome == "baseline-fallback":
+        assert set(plan.decisions.values()) == {"dense+bf16"}
+        assert plan.audit.tensors == {}
+    _check_plan_file(outcome, tmp_path / "p.json")
+
+
+def test_failing_candidates_fall_back_to_a_passing_uniform(
+        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The study proposes only the harshest plan, which fails when measured."""
+    def harsh_study(tables, limit, cost, cfg, warm=(), on_trial=None):  # noqa: ANN001, ANN202
+        picks = tuple(len(u.choices) - 1 for u in tables.space.units)  # int4 everywhere
+        cand = Candidate(picks, 1e9, tables.surrogate(picks), 0)
+        return StudyResult((cand,), (), cfg.n_trials, 0)
+
+    monkeypatch.setattr(search_run, "run_study", harsh_study)
+    outcome = run_search(_request(model_dir, tmp_path / "p.json", budget="kl<=0.001",
+                                  trials=10))
+    plan = outcome.plan
+    verified = plan.search.rounds[0]["verified"]
+    assert verified and not verified[0]["passed"]  # the searched plan failed the budget
+    assert plan.search.outcome == "uniform-fallback"
+    assert plan.quality.budget_met and plan.quality.kl <= 0.001
+    assert plan.search.best_uniform is not None
+    uniform = plan.search.best_uniform.removeprefix("uniform ")
+    assert uniform in set(plan.decisions.values())
+    _check_audit(plan)
+
+
+def test_ppl_budget_finds_a_plan_and_never_writes_the_password(
+        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = "postgresql://autoplan:s3cret-pw@db.example:5432/optuna"
+    journal = tmp_path / "stand-in.journal"
+    seen: list[str] = []
+
+    def fake_open(u: str):  # noqa: ANN202 - no database here: a journal stands in
+        seen.append(u)
+        return JournalStorage(JournalFileBackend(str(journal)))
+
+    monkeypatch.setattr(search_study, "open_storage", fake_open)
+    out = tmp_path / "p.json"
+    outcome = run_search(_request(model_dir, out, budget="ppl<=+50%", storage=url))
+    plan = outcome.plan
+    assert seen and seen[0] == url  # the real URL reached the storage layer
+    assert plan.search.storage == redact(url) and "s3cret" not in plan.search.storage
+    assert "s3cret" not in out.read_text()
+    assert plan.search.outcome == "plan" and plan.quality.budget_met
+    assert plan.budget.metric == "ppl"
+    assert any(c != "dense+bf16" for c in plan.decisions.values())
+
+
+def test_bad_inputs_are_user_errors(model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="trials"):
+        run_search(_request(model_dir, tmp_path / "p.json", trials=0))
+    with pytest.raises(UserInputError, match="budget"):
+        run_search(_request(model_dir, tmp_path / "p.json", budget="kl<0.1"))
+    assert not (tmp_path / "p.json").exists()
