@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -51,37 +51,31 @@ class CompressionSettings:
 
 
 @torch.no_grad()
-def collect_stats(
-    model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor]
-) -> dict[str, HessianAccumulator]:
-    """Input Hessians (2 X^T X / n; the diagonal gives Wanda's norms) of the named linears."""
-    names = list(layer_names)
-    stats: dict[str, HessianAccumulator] = {}
-    by_module: dict[int, list[str]] = {}
+def observe_inputs(model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor],
+                   observe: Callable[[str, Tensor], None]) -> None:
+    """Run `batches` (token ids) through `model`, calling observe(name, input) for every
+    named linear layer on every batch."""
     handles = []
-    for name in names:
-        linear = get_linear(model, name)
-        by_module.setdefault(id(linear), []).append(name)
-        stats[name] = HessianAccumulator(linear.in_features)
-    seen: set[int] = set()
-    for name in names:
-        linear = get_linear(model, name)
-        if id(linear) in seen:
-            continue
-        seen.add(id(linear))
-        targets = [stats[n] for n in by_module[id(linear)]]
+    for name in layer_names:
+        def hook(_m, inputs, _out, name=name):  # noqa: ANN001 - torch hook signature
+            observe(name, inputs[0])
 
-        def hook(_m, inputs, _out, targets=targets):  # noqa: ANN001 - torch hook signature
-            for acc in targets:
-                acc.add(inputs[0])
-
-        handles.append(linear.register_forward_hook(hook))
+        handles.append(get_linear(model, name).register_forward_hook(hook))
     try:
         for batch in batches:
             model(input_ids=batch)
     finally:
         for h in handles:
             h.remove()
+
+
+def collect_stats(
+    model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor]
+) -> dict[str, HessianAccumulator]:
+    """Input Hessians (2 X^T X / n; the diagonal gives Wanda's norms) of the named linears."""
+    names = list(layer_names)
+    stats = {n: HessianAccumulator(get_linear(model, n).in_features) for n in names}
+    observe_inputs(model, names, batches, lambda n, x: stats[n].add(x))
     return stats
 
 
@@ -153,5 +147,5 @@ def audit_digests(swapped: Mapping[str, SimulatedLinear]) -> dict[str, dict[str,
 
 __all__ = [
     "CompressionSettings", "audit_digests", "collect_stats", "compress_linear",
-    "compressed_copy", "tensor_digest",
+    "compressed_copy", "observe_inputs", "tensor_digest",
 ]

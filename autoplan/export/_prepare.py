@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from autoplan.compress import CompressionSettings, audit_digests, collect_stats, compress_linear
+from autoplan.compress import (CompressionSettings, audit_digests, collect_stats, compress_linear,
+                               observe_inputs)
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision
 from autoplan.models.graph import get_linear
@@ -113,24 +114,16 @@ def check_fused_groups(loaded: Any, choices: Mapping[str, Choice]) -> None:
                 f"{' / '.join(sorted(map(str, found)))}: give them one choice (re-run search)")
 
 
-@torch.no_grad()
 def input_amax(model: torch.nn.Module, layers: Iterable[str],
                batches: Iterable[Tensor]) -> dict[str, Tensor]:
     """Largest |input| each named linear sees over the calibration batches (FP32 [1])."""
     amax: dict[str, Tensor] = {}
-    handles = []
-    for name in layers:
-        def hook(_m, inputs, _out, name=name):  # noqa: ANN001 - torch hook signature
-            seen = inputs[0].detach().abs().amax().float().reshape(1)
-            amax[name] = torch.maximum(amax[name], seen) if name in amax else seen
 
-        handles.append(get_linear(model, name).register_forward_hook(hook))
-    try:
-        for batch in batches:
-            model(input_ids=batch)
-    finally:
-        for h in handles:
-            h.remove()
+    def observe(name: str, x: Tensor) -> None:
+        seen = x.detach().abs().amax().float().reshape(1)
+        amax[name] = torch.maximum(amax[name], seen) if name in amax else seen
+
+    observe_inputs(model, layers, batches, observe)
     return amax
 
 
