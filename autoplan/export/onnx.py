@@ -24,14 +24,17 @@ class OnnxExporter:
     runtimes = ("onnxruntime",)
 
     def write(self, prep: Prepared, out_dir: str | Path) -> Path:
-        """Export with the CPU backend; masks are passed so pruned zeros are exact."""
+        """Export with the CPU backend: the plan's own weights (pruned, SparseGPT-updated) and
+        quantized codes (GPTQ-rounded) are passed, so the ONNX model holds exactly the weights
+        whose quality the plan measured instead of a second round-to-nearest."""
         try:
             from autoplan.backends.cpu.onnx_export import export_cpu_model
         except ModuleNotFoundError as exc:
             raise AutoplanError(f"the CPU ONNX exporter is not available ({exc.name} is "
                                 "missing): install autoplan with its CPU backend") from None
         masks = {n: s.mask for n, s in prep.sims.items() if s.choice.sparsity.kind != "dense"}
-        # The CPU exporter quantizes each layer itself from these (already pruned) weights.
+        weights = {n: s.weight for n, s in prep.sims.items()}
+        quantized = {n: s.quantized for n, s in prep.quantized().items()}
         audit = {"format": self.name, "runtime": prep.runtime,
                  "layers": {n: str(c) for n, c in sorted(prep.choices.items())},
                  "model": {"id": prep.plan.model.id,
@@ -40,7 +43,7 @@ class OnnxExporter:
                                        sort_keys=True) + "\n",
                  AUDIT_FILE: json.dumps(audit, indent=2, sort_keys=True) + "\n"}
         export_cpu_model(prep.loaded.model, prep.loaded.tokenizer, prep.choices, out_dir,
-                         masks=masks, extra_files=extra)
+                         masks=masks, weights=weights, quantized=quantized, extra_files=extra)
         return Path(out_dir)
 
 
