@@ -5,9 +5,10 @@ persistent storage at once (`add_trial`), so an interruption loses at most the t
 flight, and re-running the same command reloads every finished trial and continues.
 
 Default: an Optuna journal file (`<plan>.optuna.journal`). SQLite (`sqlite:///file.db`) and
-any RDB URL (PostgreSQL for many workers) are accepted; on this 2-core machine SQLite costs
-about 60 ms per persisted trial of a 120-parameter study against about 2 ms for the journal
-file (docs/benchmarks.md), which decides whether 2,000 trials fit in the time goal.
+any RDB URL (PostgreSQL for many workers) are accepted. Persisting one 120-parameter trial
+costs about 17x more in SQLite than in the journal file on the 2-core reference machine
+(benchmarks/storage_speed.py, docs/benchmarks.md), which decides whether 2,000 trials fit
+in the search's time goal.
 """
 
 from __future__ import annotations
