@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,7 +88,8 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
     check_cpu_choices(decisions)
     _check_sparsity(model, decisions, {**(weights or {}), **(masks or {})})
     proto = build_decoder(model, masks=masks, weights=weights,
-                          fuse_qkv=lambda i: _same_choice(decisions, i))
+                          fuse_qkv=lambda i: _same_choice(decisions, i, "self_attn", "qkv"),
+                          fuse_gate_up=lambda i: _same_choice(decisions, i, "mlp", ("gate", "up")))
     records = quantize_graph(proto, decisions, accuracy_level=accuracy_level,
                              quantized=quantized)
     manifest = _manifest(model, proto, records, accuracy_level)
@@ -104,9 +105,11 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
     return CpuArtifact(Path(out_dir), manifest)
 
 
-def _same_choice(decisions: Mapping[str, Choice], block: int) -> bool:
-    """Whether q/k/v of `block` share a format, so they can run as one packed GEMM."""
-    names = [f"model.layers.{block}.self_attn.{n}_proj" for n in "qkv"]
+def _same_choice(decisions: Mapping[str, Choice], block: int, module: str,
+                 projections: Sequence[str]) -> bool:
+    """Whether these projections of `block` (q/k/v, or gate/up) share a format, so they can
+    run as one packed GEMM."""
+    names = [f"model.layers.{block}.{module}.{n}_proj" for n in projections]
     return len({str(decisions.get(n, "dense+fp32")) for n in names}) == 1
 
 

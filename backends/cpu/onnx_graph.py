@@ -81,7 +81,8 @@ def _check_supported(cfg) -> None:
 def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | None = None,
                   fused_attention: bool | None = None,
                   weights: Mapping[str, torch.Tensor] | None = None,
-                  fuse_qkv: Callable[[int], bool] | None = None) -> onnx.ModelProto:
+                  fuse_qkv: Callable[[int], bool] | None = None,
+                  fuse_gate_up: Callable[[int], bool] | None = None) -> onnx.ModelProto:
     """Build the fp32 ONNX decoder of a loaded transformers causal LM.
 
     Args:
@@ -98,6 +99,10 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
             weight read and one kernel instead of three). Only with fused attention, and only
             for blocks whose three layers share a format (the caller knows the plan). The
             graph's metadata `autoplan.fused_layers` records node -> [[layer, columns]].
+        fuse_gate_up: block index -> whether gate/up of that block run as one MatMul
+            (`model.layers.i.mlp.gate_up_proj`, split after): at decode each GEMV call has a
+            fixed cost (thread-pool dispatch, activation quantization for int8), so one call
+            instead of two saves it per block. Same rule: only when both share a format.
 
     Returns:
         The ModelProto; linear layers are `MatMul` nodes named by their module path, with the
@@ -133,8 +138,11 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
         x = g.op("Add", [x, _linear(g, ctx, att.o_proj, f"{p}.self_attn.o_proj")])
         h = _rms(g, x, layer.post_attention_layernorm.weight, f"{p}.post_attention_layernorm")
         mlp = layer.mlp
-        gate = _linear(g, h, mlp.gate_proj, f"{p}.mlp.gate_proj")
-        up = _linear(g, h, mlp.up_proj, f"{p}.mlp.up_proj")
+        if fuse_gate_up is not None and fuse_gate_up(i):
+            gate, up = _gate_up(g, h, mlp, p)
+        else:
+            gate = _linear(g, h, mlp.gate_proj, f"{p}.mlp.gate_proj")
+            up = _linear(g, h, mlp.up_proj, f"{p}.mlp.up_proj")
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
         x = g.op("Add", [x, _linear(g, act, mlp.down_proj, f"{p}.mlp.down_proj")])
 
@@ -224,6 +232,17 @@ def _weight(g: _Graph, module: torch.nn.Linear, name: str) -> np.ndarray:
     if name in g.masks:
         weight = weight * g.masks[name].to(weight.dtype)
     return _np(weight)
+
+
+def _gate_up(g: _Graph, x: str, mlp: torch.nn.Module, prefix: str) -> tuple[str, str]:
+    """gate and up as one packed MatMul, split back along the last axis."""
+    names = [f"{prefix}.mlp.gate_proj", f"{prefix}.mlp.up_proj"]
+    both = _linear_group(g, x, [mlp.gate_proj, mlp.up_proj], names, f"{prefix}.mlp.gate_up_proj")
+    sizes = g.ints(f"{prefix}.mlp.split_sizes",
+                   [mlp.gate_proj.out_features, mlp.up_proj.out_features])
+    name = f"{prefix}.mlp.split"
+    g.op("Split", [both, sizes], name=name, n_out=2, axis=-1)
+    return f"{name}/out0", f"{name}/out1"
 
 
 def _linear(g: _Graph, x: str, module: torch.nn.Linear, name: str) -> str:

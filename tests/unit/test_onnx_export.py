@@ -235,3 +235,30 @@ def test_sparse_plan_needs_masked_weights(tiny, tmp_path):
     mask = (torch.rand_like(tiny.get_submodule(name).weight) > 0.5).float()
     art = export_cpu_model(tiny, None, decisions, tmp_path / "b", masks={name: mask})
     assert art.manifest["layers"][name]["choice"] == "unstructured@50+int8"
+
+
+def test_packed_gate_up_matches_transformers_and_maps_columns(tiny, spec, tmp_path):
+    ids = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = tiny(ids).logits.numpy()
+    proto = build_decoder(tiny, fuse_gate_up=lambda i: True)
+    assert sum(n.op_type == "Split" for n in proto.graph.node) == 2
+    full = _session(proto).run(None, _feeds(ids.numpy(), _empty(), 0))
+    np.testing.assert_allclose(full[0], ref, atol=TOL_EXACT)
+    decisions = {layer.name: Choice.parse("int8") for layer in spec.layers}
+    art = export_cpu_model(tiny, None, decisions, tmp_path / "packed")
+    up = art.manifest["layers"]["model.layers.0.mlp.up_proj"]
+    assert up["node"] == "model.layers.0.mlp.gate_up_proj" and up["columns"] == [128, 256]
+
+
+def test_shared_kv_buffer_loop_equals_copying_loop(tiny, spec, tmp_path):
+    """IOBinding with GroupQueryAttention's shared past/present buffer decodes the same
+    tokens as feeding each step's present back as the next past."""
+    decisions = {layer.name: Choice.parse("int4_g32") for layer in spec.layers}
+    export_cpu_model(tiny, None, decisions, tmp_path / "m")
+    gen = OrtGenerator(tmp_path / "m")
+    assert gen.shared_kv
+    ids = np.array([[1, 2, 3, 4, 5], [9, 8, 7, 6, 5]], np.int64)
+    bound = gen.generate(ids, 7)
+    gen.shared_kv = False
+    np.testing.assert_array_equal(bound.tokens, gen.generate(ids, 7).tokens)
