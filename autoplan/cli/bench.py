@@ -12,6 +12,7 @@ from rich.table import Table
 from autoplan.backends.cpu.onnx_export import CpuArtifact
 from autoplan.bench import (BenchReport, apply_plan_cpu, export_baseline, ort_side, read_bandwidth,
                             read_plan, run_bench, torch_side)
+from autoplan.bench.predict import artifact_decisions, prediction_block
 from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.errors import UserInputError
 
@@ -44,6 +45,19 @@ def _table(report: BenchReport) -> Table:
     return table
 
 
+def _prediction_table(predicted: dict) -> Table:
+    table = Table(title=f"predicted (cost model, target {predicted['target']}) vs measured")
+    for col in ("side", "metric", "predicted (cost model)", "measured", "predicted/measured"):
+        table.add_column(col, justify="left" if col in ("side", "metric") else "right")
+    for name, side in predicted["sides"].items():
+        for key, label in (("decode_tok_s", "decode tok/s"), ("ttft_ms", "TTFT ms (p50)"),
+                           ("tpot_ms", "TPOT ms (p50)")):
+            ratio = side["predicted_over_measured"][key]
+            table.add_row(name, label, f"{side['predicted'][key]:,.1f}",
+                          f"{side['measured'][key]:,.1f}", "-" if ratio is None else f"{ratio:.2f}")
+    return table
+
+
 @click.command("bench")
 @click.option("--model", required=True, help="Model: alias, HF folder or GGUF.")
 @click.option("--plan", "plan_path", default=None, help="Plan JSON to apply and measure.")
@@ -63,6 +77,7 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
             threads: int | None, int4_accuracy_level: str, as_json: bool) -> None:
     """Measure prefill/decode tok/s, TTFT, TPOT and memory: baseline vs plan, one run."""
     from autoplan.models import load_model
+    from autoplan.targets import get_target
 
     if plan_path and artifact:
         raise UserInputError("pass --plan or --artifact, not both")
@@ -72,12 +87,16 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
     with tempfile.TemporaryDirectory(prefix="autoplan-bench-") as tmp:
         err_console.print("exporting the fp32 baseline ...")
         arts = [("baseline", export_baseline(loaded, Path(tmp) / "baseline"))]
+        decisions: dict[str, dict] = {"baseline": {}}
         if plan is not None:
+            decisions["plan"] = plan.decisions
             err_console.print("applying the plan ...")
             arts.append(("plan", apply_plan_cpu(loaded, plan, Path(tmp) / "plan",
                                                 accuracy_level=int(int4_accuracy_level))))
         elif artifact:
-            arts.append(("plan", CpuArtifact.load(artifact)))
+            art = CpuArtifact.load(artifact)
+            arts.append(("plan", art))
+            decisions["plan"] = artifact_decisions(art)
         sides = [ort_side(name, art, threads) for name, art in arts]
         if not no_torch:
             sides.append(torch_side(loaded.model, threads))
@@ -86,10 +105,13 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
                            input_len=input_len, output_len=output_len, vocab=loaded.spec.vocab,
                            bandwidth=bandwidth, threads=threads,
                            progress=None if as_json else lambda m: err_console.print(m))
+    report.predicted = prediction_block(loaded.spec, get_target("local"), report.workload,
+                                        decisions, {s.name: s for s in report.sides})
     if as_json:
         emit_json(report.to_json())
         return
     console.print(_table(report))
+    console.print(_prediction_table(report.predicted))
     console.print(f"peak RSS of this process {report.peak_rss_mb:,.0f} MB; measured read "
                   f"bandwidth {report.bandwidth_gbps:.1f} GB/s")
 

@@ -153,3 +153,30 @@ def test_full_gptq_plan_exports_the_plans_own_codes(tmp_path):
     _, sims = compressed_copy(loaded.model, choices, stats, CompressionSettings("magnitude", "gptq"))
     for name, sim in sims.items():
         np.testing.assert_array_equal(got[name], sim.weight.numpy().T)
+
+
+def test_prediction_block_sets_predicted_measured_and_ratio(loaded, tmp_path):
+    from autoplan.bench.predict import artifact_decisions, predict_side, prediction_block
+    from autoplan.cost import CostModel
+    from autoplan.targets import get_target
+    from autoplan.workload import Workload
+
+    target = get_target("xeon-8480")  # a catalog CPU: no probe in unit tests
+    workload = {"requests": 2, "concurrency": 1, "input_len": 8, "output_len": 4}
+    plan_art = apply_plan_cpu(loaded, read_plan(_write(tmp_path, {"decisions": {
+        "lm_head": "int4_g32"}})), tmp_path / "plan")
+    decisions = {"baseline": {}, "plan": artifact_decisions(plan_art)}
+    assert str(decisions["plan"]["lm_head"]) == "dense+int4_g32"
+    measured = {n: SimpleNamespace(decode_tok_s=100.0, ttft_ms={"p50": 10.0},
+                                   tpot_ms={"p50": 10.0}) for n in decisions}
+    block = prediction_block(loaded.spec, target, workload, decisions, measured)
+    base = block["sides"]["baseline"]
+    assert base["predicted_over_measured"]["decode_tok_s"] == pytest.approx(
+        base["predicted"]["decode_tok_s"] / 100.0)
+    # The baseline is fp32 on every layer (lm_head included), not the target's default.
+    fp32 = {layer.name: Choice.parse("fp32") for layer in loaded.spec.layers}
+    direct = CostModel(loaded.spec, target, Workload(batch=1, input_len=8, output_len=4))
+    assert base["predicted"]["decode_tok_s"] == pytest.approx(
+        direct.evaluate(fp32).metrics.decode_tokens_per_s)
+    plan = predict_side(loaded.spec, target, workload, decisions["plan"])
+    assert plan["decode_tok_s"] > base["predicted"]["decode_tok_s"]  # int4 lm_head streams less
