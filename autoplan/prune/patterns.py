@@ -77,8 +77,10 @@ def select_keep(score: Tensor, sparsity: Sparsity, *, per_row: bool = True) -> T
     if kind == "block":
         b = sparsity.block
         tiles = s.reshape(out // b, b, n // b, b).sum(dim=(1, 3))
-        tile_keep = _prune_lowest(tiles.reshape(-1), round(tiles.numel() * sparsity.ratio))
-        tile_keep = tile_keep.reshape(out // b, n // b)
+        # Balanced: every row of tiles keeps the same count. A global top-k can drop whole
+        # row-blocks (every output channel of a block row at zero: measured KL 9.7 on
+        # SmolLM2 at 50%), and the BSR kernel wants equal work per row-block anyway.
+        tile_keep = _prune_lowest(tiles, round((n // b) * sparsity.ratio))
         return tile_keep.repeat_interleave(b, 0).repeat_interleave(b, 1)
     if kind == "channel":
         cols = _prune_lowest(s.sum(dim=0), round(n * sparsity.ratio))
