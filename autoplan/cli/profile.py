@@ -32,7 +32,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     from autoplan.models import load_model
     from autoplan.models._cache import cache_root
     from autoplan.quality.text import load_text_dataset
-    from autoplan.sensitivity import build_profile
+    from autoplan.sensitivity import build_profile, calibration_key
     from autoplan.sensitivity.targets import profile_scope
     from autoplan.targets import get_target
 
@@ -46,8 +46,9 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     data = load_text_dataset(text, tokenizer=loaded.tokenizer, seq_len=seq_len,
                              n_calib=calib_blocks, n_eval=0, seed=seed)
     with RichReporter(quiet=quiet or as_json) as rep:
-        prof = build_profile(loaded.model, layers, scope, list(data.calib.split(2)),
-                             model_hash=loaded.content_hash, calib_hash=data.content_hash,
+        batches = list(data.calib.split(2))
+        prof = build_profile(loaded.model, layers, scope, batches,
+                             model_hash=loaded.content_hash, calib_hash=calibration_key(batches),
                              settings=settings, cache_dir=cache_root() / "profiles", seed=seed,
                              on_progress=lambda d, t: rep.progress("profile", d, t))
     wall = time.perf_counter() - t0

@@ -40,7 +40,7 @@ from autoplan.search.storage import default_storage_url, redact
 from autoplan.search.study import StudyConfig, run_study
 from autoplan.search.tables import build_tables
 from autoplan.search.verify import Measurement, Verifier
-from autoplan.sensitivity import build_profile
+from autoplan.sensitivity import build_profile, calibration_key
 from autoplan.targets import get_target
 from autoplan.workload import Workload
 
@@ -128,7 +128,7 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     layers = [la.name for u in space.units for la in u.layers]
     profile = build_profile(
         loaded.model, layers, choices, calib, model_hash=loaded.content_hash,
-        calib_hash=data.content_hash, settings=settings, cache_dir=cache_root() / "profiles",
+        calib_hash=calibration_key(calib), settings=settings, cache_dir=cache_root() / "profiles",
         seed=req.seed, on_progress=lambda d, t: rep.progress("profile", d, t))
 
     cost = CostModel(loaded.spec, target, req.workload, price_per_hour=req.price_per_hour)

@@ -65,6 +65,16 @@ class SensitivityProfile:
                    raw.get("tokens", 0), raw.get("scores", {}), raw.get("outliers", {}))
 
 
+def calibration_key(batches: Sequence[Tensor]) -> str:
+    """Hash of exactly what the profile sees: the calibration token batches (not the
+    evaluation split, so changing the evaluation size reuses the profile)."""
+    h = hashlib.sha256(b"autoplan-calib-v1")
+    for b in batches:
+        h.update(f"{tuple(b.shape)}|".encode())
+        h.update(b.to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def cache_path(cache_dir: Path, model_hash: str, calib_hash: str,
                settings: CompressionSettings) -> Path:
     key = hashlib.sha256(
@@ -148,4 +158,5 @@ def build_profile(
     return prof
 
 
-__all__ = ["SensitivityProfile", "build_profile", "cache_path", "load_cached", "OWL_M"]
+__all__ = ["OWL_M", "SensitivityProfile", "build_profile", "cache_path", "calibration_key",
+           "load_cached"]

@@ -33,7 +33,7 @@ def test_kl_forms(text: str, limit: float) -> None:
     assert (b.metric, b.relative, b.suite_file) == ("kl", False, None)
     assert b.limit == pytest.approx(limit)
     assert b.text == text.strip()
-    assert b.prior_slope == 1.0
+    assert b.prior_slope == 1.5
 
 
 @pytest.mark.parametrize(("text", "limit", "relative"), [
@@ -43,7 +43,7 @@ def test_ppl_forms(text: str, limit: float, relative: bool) -> None:
     b = QualityBudget.parse(text)
     assert (b.metric, b.relative) == ("ppl", relative)
     assert b.limit == pytest.approx(limit)
-    assert b.prior_slope == (1.0 if relative else 10.0)
+    assert b.prior_slope == (1.5 if relative else 10.0)
 
 
 def test_suite_form(suite_file: Path) -> None:
