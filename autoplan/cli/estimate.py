@@ -9,6 +9,7 @@ from rich.table import Table
 
 from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cost import CostModel, Estimate, resolve_config
+from autoplan.cost.measured import load_cost_table
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
 from autoplan.runtimes import default_runtime, runtime_names, supports
@@ -112,11 +113,12 @@ def _pick_runtime(tgt, runtime: str | None, choice: Choice):
 @click.option("--input-len", type=int, default=512, show_default=True)
 @click.option("--output-len", type=int, default=128, show_default=True)
 @click.option("--price-per-hour", type=float, default=None, help="$/hour (default: catalog).")
+@click.option("--cost-table", default=None, help="Measured GEMM times (cost_table.json from benchmarks/gpu_check.sh).")
 @click.option("--breakdown", is_flag=True, help="Show the per-layer breakdown.")
 @json_option
 def command(model: str, target: str, precision: str | None, sparsity: str, runtime: str | None,
             batch: int, input_len: int, output_len: int, price_per_hour: float | None,
-            breakdown: bool, as_json: bool) -> None:
+            cost_table: str | None, breakdown: bool, as_json: bool) -> None:
     """Predict speed, memory, energy and $/1M tokens of one choice for every linear layer."""
     for name, value in (("batch", batch), ("input-len", input_len), ("output-len", output_len)):
         _positive(name, value)
@@ -129,7 +131,8 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UserInputError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
-    cm = CostModel(spec, tgt, workload, price_per_hour=price_per_hour)
+    cm = CostModel(spec, tgt, workload, price_per_hour=price_per_hour,
+                   measured=load_cost_table(cost_table))
     prec = Precision.parse(precision) if precision else cm.baseline.precision
     choice = Choice(Sparsity.parse(sparsity), prec)
     runtime, support = _pick_runtime(tgt, runtime, choice)

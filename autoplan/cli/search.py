@@ -40,12 +40,14 @@ from autoplan.workload import Workload
 @click.option("--protect-first/--no-protect-first", default=None, help="Keep block 0 uncompressed.")
 @click.option("--protect-last/--no-protect-last", default=None, help="Keep the last block uncompressed.")
 @click.option("--price-per-hour", type=float, default=None, help="Override the target's $/hour.")
+@click.option("--cost-table", default=None, help="Measured GEMM times (cost_table.json from benchmarks/gpu_check.sh) replacing the analytic ones.")
 @click.option("--trust-remote-code", is_flag=True, help="Run the model folder's own code (off by default).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def command(model, target, runtime, budget, objective, batch, input_len, output_len, trials,  # noqa: ANN001, PLR0913
             seed, storage, study, out, multi_objective, prune_score, quant_method, text,
-            protect_first, protect_last, price_per_hour, trust_remote_code, as_json, quiet) -> None:
+            protect_first, protect_last, price_per_hour, cost_table, trust_remote_code, as_json,
+            quiet) -> None:
     """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
     from pydantic import ValidationError
 
@@ -61,7 +63,7 @@ def command(model, target, runtime, budget, objective, batch, input_len, output_
         workload=workload, trials=trials, seed=seed, storage=storage, study=study, out=out,
         multi_objective=multi_objective, prune_score=prune_score, quant_method=quant_method,
         text=text, protect_first_block=protect_first, protect_last_block=protect_last,
-        price_per_hour=price_per_hour, trust_remote_code=trust_remote_code)
+        price_per_hour=price_per_hour, trust_remote_code=trust_remote_code, cost_table=cost_table)
     with RichReporter(quiet=quiet or as_json) as reporter:
         outcome = run_search(req, reporter)
     if as_json:

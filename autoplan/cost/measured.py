@@ -56,3 +56,21 @@ class MeasuredTable:
 
 
 __all__ = ["MeasuredTable"]
+
+
+def load_cost_table(path: str | None) -> dict | None:
+    """Read a measured cost table file (`benchmarks/gpu_check.sh` / backends.microbench
+    output) for CostModel(measured=...); None passes through. Errors are one line."""
+    if path is None:
+        return None
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserInputError(f"no cost table at '{path}': pass the cost_table.json written by "
+                             "benchmarks/gpu_check.sh")
+    try:
+        return json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"{path} is not valid JSON: {exc}") from None

@@ -21,6 +21,7 @@ import torch
 
 from autoplan import __version__
 from autoplan.compress import CompressionSettings
+from autoplan.cost.measured import load_cost_table
 from autoplan.cost.model import CostModel
 from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
@@ -77,6 +78,7 @@ class SearchRequest:
     max_rounds: int = 3
     price_per_hour: float | None = None
     trust_remote_code: bool = False
+    cost_table: str | None = None  # measured GEMM times replacing the analytic ones
 
 
 class Reporter:
@@ -131,7 +133,8 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
         calib_hash=calibration_key(calib), settings=settings, cache_dir=cache_root() / "profiles",
         seed=req.seed, on_progress=lambda d, t: rep.progress("profile", d, t))
 
-    cost = CostModel(loaded.spec, target, req.workload, price_per_hour=req.price_per_hour)
+    cost = CostModel(loaded.spec, target, req.workload, price_per_hour=req.price_per_hour,
+                     measured=load_cost_table(req.cost_table))
     tables = build_tables(space, cost, profile)
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
@@ -266,7 +269,9 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
             rounds=rounds, certificate=certificate, gain_over_best_uniform=gain,
             best_uniform=best_uniform.label if best_uniform else None,
             best_uniform_kl=best_uniform.quality.kl if best_uniform else None, outcome=outcome,
-            note="speed figures are cost-model predictions; quality is measured"),
+            note="speed figures are cost-model predictions"
+                 + (f" using measured GEMM times from {req.cost_table}" if req.cost_table else "")
+                 + "; quality is measured"),
         audit=ps.Audit(calibration_source=data.source, calibration_hash=data.content_hash,
                        calibration=ps.CalibrationSettings(
                            seq_len=req.seq_len, n_calib=req.calib_blocks,
