@@ -32,9 +32,11 @@ class RichReporter(Reporter):
             self._progress.console.print(f"[bold cyan]>[/] {name}")
 
     def progress(self, task: str, done: int, total: int) -> None:
+        if total <= 0:  # nothing to do (e.g. a fully cached profile): show it as complete
+            done = total = 1
         if task not in self._tasks:
-            self._tasks[task] = self._progress.add_task(task, total=max(total, 1))
-        self._progress.update(self._tasks[task], completed=done, total=max(total, 1))
+            self._tasks[task] = self._progress.add_task(task, total=total)
+        self._progress.update(self._tasks[task], completed=done, total=total)
 
     def note(self, text: str) -> None:
         if not self.quiet:

@@ -174,9 +174,11 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
         rep.stage(f"verifying round {k + 1}")
         to_check = [c for c in result.candidates if c.picks not in verifier.measured]
         checked = []
-        for i, cand in enumerate(to_check[: req.verify_top]):
-            rep.progress("verify", i, min(len(to_check), req.verify_top))
+        n_check = min(len(to_check), req.verify_top)
+        rep.progress("verify", 0, n_check)
+        for i, cand in enumerate(to_check[:n_check]):
             checked.append(verifier.measure(cand.picks, f"round{k + 1}-candidate{i + 1}"))
+            rep.progress("verify", i + 1, n_check)
         passing = [m for m in verifier.measured.values() if m.passed]
         rounds.append({"round": k + 1, "surrogate_limit": limit, "trials": result.n_trials,
                        "resumed_trials": result.resumed,
