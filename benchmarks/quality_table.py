@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import platform
 import random
 import shlex
 import sys
@@ -36,6 +34,7 @@ from autoplan.models import load_model
 from autoplan.plan import write_json_atomic
 from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.text import load_text_dataset
+from _common import machine_info  # noqa: E402 - benchmarks/ is the script dir
 
 # (label, choice, prune_score, quant_method, weight/activation note)
 RECIPES: list[tuple[str, str, str, str, str]] = [
@@ -56,20 +55,6 @@ RECIPES: list[tuple[str, str, str, str, str]] = [
     ("block32 50% Wanda", "block32@50+bf16", "wanda", "rtn", "50% 32x32 blocks, bf16"),
 ]
 QUICK = {"fp8_e4m3", "int4_g128 RTN", "int4_g128 GPTQ", "2:4 Wanda"}
-
-
-def machine_info() -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform()}
 
 
 def seed_all(seed: int) -> None:

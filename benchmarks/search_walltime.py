@@ -14,21 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _common import machine_info
+
 RESULTS = Path(__file__).parent / "results" / "search_walltime.json"
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def run(cmd: list[str], env: dict[str, str]) -> float:
@@ -64,7 +58,7 @@ def main() -> None:
             "baseline_tokens_per_s_predicted": plan["predicted"]["baseline"]["tokens_per_s"],
         }
         print(label, json.dumps(rows[label]), flush=True)
-    result = {"machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version()},
+    result = {"machine": machine_info(),
               "command": " ".join(["autoplan", "search", "--target", args.target, "--trials",
                                    str(args.trials), *args.extra]),
               "runs": rows}

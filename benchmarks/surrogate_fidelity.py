@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import platform
 import random
 import shlex
 import sys
@@ -57,24 +55,11 @@ from autoplan.quality.text import load_text_dataset
 from autoplan.search.space import build_space
 from autoplan.sensitivity import build_profile
 from autoplan.targets import get_target
+from _common import machine_info  # noqa: E402 - benchmarks/ is the script dir
 
 CHOICES = ["dense+fp8_e4m3", "dense+int8", "dense+int8_wo", "dense+int4_g64",
            "dense+int4_g128", "dense+nvfp4", "2:4+bf16", "2:4+fp8_e4m3"]
 DIRICHLET_ALPHA = 0.7
-
-
-def machine_info() -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform()}
 
 
 def draw_plans(units, n: int, min_fraction: float, seed: int) -> list[dict[str, Choice]]:
