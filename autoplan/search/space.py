@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.formats import Choice
 from autoplan.modelspec import LinearLayer, ModelSpec
-from autoplan.runtimes import supports
+from autoplan.runtimes import get_runtime, supports
 from autoplan.targets import Target
 
 
@@ -118,6 +118,12 @@ def build_space(
     Raises:
         UnsupportedFormatError: the runtime accelerates nothing but the baseline here.
     """
+    rt = get_runtime(runtime)
+    if target.platform not in rt.platforms:
+        raise UnsupportedFormatError(
+            f"{rt.name} does not run on {target.platform} targets like {target.name} (it runs "
+            f"on {', '.join(rt.platforms)}); pick another --runtime"
+        )
     sf = load_space_file(target.platform)
     baseline = Choice.parse(sf.baseline)
     pool = candidates or [Choice.parse(c) for c in sf.candidates]
