@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         report.predicted = prediction_block(
             loaded.spec, get_target("local"), report.workload,
             {name: artifact_decisions(art) for name, art in arts.items()},
-            {s.name: s for s in report.sides})
+            {s.name: s for s in report.sides}, artifacts=arts, threads=args.threads,
+            progress=lambda m: print(m, file=sys.stderr))
         decisions_summary = {name: _summary(artifact_decisions(art)) for name, art in arts.items()}
         if peer is not None:
             peer.generator.close()
@@ -184,13 +185,16 @@ def _print(report, doc: dict, args: argparse.Namespace) -> None:
         print(f"{s.name:<20}{s.decode_tok_s:>14.1f}{s.prefill_tok_s:>15.0f}"
               f"{s.ttft_ms['p50']:>13.1f}{s.tpot_ms['p50']:>13.2f}{streamed:>10}{roof:>10}"
               f"{ratio:>8.2f}x")
-    print("\npredicted (cost model, local) vs measured, decode tok/s | TPOT p50 ms:")
+    print(f"\npredicted ({report.predicted['source']}, local) vs measured, decode tok/s | "
+          "TPOT p50 ms:")
     for name, side in report.predicted["sides"].items():
         p, m, r = side["predicted"], side["measured"], side["predicted_over_measured"]
         ok = "within" if abs(r["decode_tok_s"] - 1) <= PREDICTION_TOLERANCE else "OUTSIDE"
+        analytic = side.get("analytic_over_measured")
+        extra = f" [analytic only: ratio {analytic['decode_tok_s']:.2f}]" if analytic else ""
         print(f"  {name:<10} predicted {p['decode_tok_s']:7.1f} measured {m['decode_tok_s']:7.1f}"
               f" ratio {r['decode_tok_s']:.2f} ({ok} +-20%) | TPOT {p['tpot_ms']:.2f} vs "
-              f"{m['tpot_ms']:.2f}")
+              f"{m['tpot_ms']:.2f}{extra}")
     for name, goal in GOALS.items():
         got = ratios[name]["decode_tok_s"]
         print(f"goal {name} decode >= {goal:.0f}x fp32: {got:.2f}x "

@@ -4,6 +4,19 @@ Bench exists to check the planner: every ONNX side is predicted by the same Cost
 search used (`local` target, Workload(batch=concurrency, input_len, output_len)) and the
 report shows predicted next to measured with their ratio. The baseline is predicted as
 dense fp32 on every linear layer, lm_head included, which is what the baseline export runs.
+
+With the artifacts at hand (ONNX Runtime on this CPU, the `local` target is present), the
+linear layers are not predicted from the roofline: every GEMM node the artifact runs --
+packed q/k/v and gate/up nodes as packed, each MatMulNBits with the artifact's
+accuracy_level -- is timed in ONNX Runtime (backends/cpu/ort_microbench.py, cached per
+machine) at the workload's shapes (decode m = concurrency; prefill m = the chunk of
+concurrency x input_len, see CostModel's PREFILL_CHUNK; lm_head m = concurrency), and those
+rows replace the analytic GEMM time (CostModel(measured=...)). The non-GEMM part of a decode
+step (attention over the KV cache, norms, elementwise, per-node dispatch, the loop's argmax)
+is measured too, once, on the baseline export with its linear layers taken out
+(ort_microbench.non_gemm_decode_seconds at the workload's mean decode context), and
+replaces the analytic fixed decode terms; prefill keeps the analytic fixed terms. The
+analytic-only figure is kept next to it (`predicted_analytic`).
 """
 
 from __future__ import annotations
@@ -22,8 +35,45 @@ def artifact_decisions(artifact: Any) -> dict[str, Choice]:
             for name, entry in artifact.manifest.get("layers", {}).items()}
 
 
+def kernel_rows(spec: Any, workload: Mapping[str, int], decisions: Mapping[str, Choice],
+                manifest: Mapping[str, Any] | None = None) -> list[tuple]:
+    """The (m, n, k, choice, accuracy_level) GEMM rows one side runs (ort_microbench.Row).
+
+    Layers the manifest records as packed into one node (q/k/v, gate/up) give one row at the
+    node's summed width; the others one row each.
+    """
+    import math
+
+    from autoplan.backends.cpu.ort_microbench import row_key
+    from autoplan.cost.model import PREFILL_CHUNK
+
+    manifest = manifest or {}
+    level = int(manifest.get("nbits_accuracy_level") or 0)
+    entries = manifest.get("layers", {})
+    by_name = {layer.name: layer for layer in spec.layers}
+    nodes: dict[str, list] = {}
+    for layer in spec.layers:
+        entry = entries.get(layer.name) or {}
+        node = entry.get("node") if entry.get("columns") else None
+        nodes.setdefault(node or layer.name, []).append(layer)
+    b = int(workload["concurrency"])
+    tokens = b * int(workload["input_len"])
+    chunks = math.ceil(tokens / PREFILL_CHUNK)
+    chunk_m = min(tokens, PREFILL_CHUNK)
+    last_m = tokens - (chunks - 1) * chunk_m
+    rows = []
+    for members in nodes.values():
+        first = members[0]
+        choice = decisions.get(first.name, FP32)
+        n = sum(by_name[m.name].out_features for m in members)
+        ms = {b} if first.role == "lm_head" else {b, chunk_m, last_m}
+        rows += [row_key(m, n, first.in_features, choice, level) for m in sorted(ms)]
+    return list(dict.fromkeys(rows))
+
+
 def predict_side(spec: Any, target: Any, workload: Mapping[str, int],
-                 decisions: Mapping[str, Choice]) -> dict[str, float]:
+                 decisions: Mapping[str, Choice],
+                 measured: Mapping[str, Any] | None = None) -> dict[str, float]:
     """Predicted decode tok/s, TTFT and TPOT of one side (decisions: layer -> Choice).
 
     Layers the decisions leave out run fp32 in the export, so they are predicted fp32 too
@@ -35,31 +85,85 @@ def predict_side(spec: Any, target: Any, workload: Mapping[str, int],
     wl = Workload(batch=workload["concurrency"], input_len=workload["input_len"],
                   output_len=workload["output_len"])
     full = {layer.name: decisions.get(layer.name, FP32) for layer in spec.layers}
-    metrics = CostModel(spec, target, wl).evaluate(full).metrics
+    metrics = CostModel(spec, target, wl, measured=measured).evaluate(full).metrics
     return {"decode_tok_s": metrics.decode_tokens_per_s, "ttft_ms": metrics.ttft_s * 1e3,
             "tpot_ms": metrics.tpot_s * 1e3}
 
 
 def prediction_block(spec: Any, target: Any, workload: Mapping[str, int],
                      side_decisions: Mapping[str, Mapping[str, Choice]],
-                     measured: Mapping[str, Any]) -> dict[str, Any]:
+                     measured: Mapping[str, Any],
+                     artifacts: Mapping[str, Any] | None = None, threads: int | None = None,
+                     progress: Any = None) -> dict[str, Any]:
     """`BenchReport.predicted`: per side, predicted (cost model), measured, predicted/measured.
 
     Args:
         side_decisions: side name -> its per-layer decisions ({} = all fp32).
         measured: side name -> SideStats of that side.
+        artifacts: side name -> CpuArtifact (ONNX Runtime on this machine). Given, the
+            prediction uses measured ORT kernel times for the sides' GEMM nodes (timed once,
+            then cached); `predicted_analytic` keeps the roofline-only figure.
+        threads: ORT intra-op threads the sides ran with (None = physical cores).
     """
+    table = None
+    side_rows: dict[str, list] = {}
+    if artifacts:
+        from autoplan.backends.cpu.ort_microbench import measure_rows, select
+
+        for name, decisions in side_decisions.items():
+            if name in artifacts:
+                side_rows[name] = kernel_rows(spec, workload, decisions,
+                                              artifacts[name].manifest)
+        table = measure_rows([r for rows in side_rows.values() for r in rows], threads,
+                             progress=progress)
+        table = {**table, "non_gemm_decode_s": _non_gemm(artifacts, side_decisions, workload,
+                                                         threads, progress)}
     sides: dict[str, Any] = {}
     for name, decisions in side_decisions.items():
-        pred = predict_side(spec, target, workload, decisions)
+        analytic = predict_side(spec, target, workload, decisions)
+        pred = analytic
+        if name in side_rows:
+            pred = predict_side(spec, target, workload, decisions,
+                                measured=select(table, side_rows[name]))
         stats = measured[name]
         meas = {"decode_tok_s": stats.decode_tok_s, "ttft_ms": stats.ttft_ms["p50"],
                 "tpot_ms": stats.tpot_ms["p50"]}
         sides[name] = {"predicted": pred, "measured": meas,
                        "predicted_over_measured": {k: pred[k] / meas[k] if meas[k] else None
                                                    for k in pred}}
-    return {"source": "cost model (autoplan.cost.CostModel)", "target": target.name,
-            "sides": sides}
+        if name in side_rows:
+            sides[name]["kernels"] = "measured ORT kernels"
+            sides[name]["predicted_analytic"] = analytic
+            sides[name]["analytic_over_measured"] = {
+                k: analytic[k] / meas[k] if meas[k] else None for k in analytic}
+    source = ("cost model + measured ORT kernels (autoplan.cost.CostModel, "
+              "backends/cpu/ort_microbench.py)" if side_rows
+              else "cost model (autoplan.cost.CostModel)")
+    out = {"source": source, "target": target.name, "sides": sides}
+    if table is not None:
+        out["kernel_table"] = {k: table.get(k) for k in ("device", "onnxruntime", "threads",
+                                                          "includes_dispatch", "method",
+                                                          "non_gemm_decode_s")}
+        out["kernel_table"]["rows"] = sum(len(r) for r in side_rows.values())
+    return out
 
 
-__all__ = ["FP32", "artifact_decisions", "predict_side", "prediction_block"]
+def _non_gemm(artifacts: Mapping[str, Any], side_decisions: Mapping[str, Any],
+              workload: Mapping[str, int], threads: int | None, progress: Any) -> float | None:
+    """Measured non-GEMM decode seconds on an all-fp32 side's export (None without one, or
+    for batched decode, which this measurement does not cover)."""
+    from autoplan.backends.cpu.ort_microbench import non_gemm_decode_seconds
+
+    if int(workload["concurrency"]) != 1:
+        return None
+    fp32 = [n for n, d in side_decisions.items()
+            if n in artifacts and all(c == FP32 for c in d.values())]
+    if not fp32:
+        return None
+    if progress:
+        progress("timing the decode step without its linear layers (baseline export)")
+    context = int(workload["input_len"]) + int(workload["output_len"]) // 2
+    return non_gemm_decode_seconds(artifacts[fp32[0]].model_path, context, threads)
+
+
+__all__ = ["FP32", "artifact_decisions", "kernel_rows", "predict_side", "prediction_block"]

@@ -46,7 +46,9 @@ def _table(report: BenchReport) -> Table:
 
 
 def _prediction_table(predicted: dict) -> Table:
-    table = Table(title=f"predicted (cost model, target {predicted['target']}) vs measured")
+    kind = ("cost model + measured ORT kernels" if "ORT kernels" in predicted["source"]
+            else "cost model")
+    table = Table(title=f"predicted ({kind}, target {predicted['target']}) vs measured")
     for col in ("side", "metric", "predicted (cost model)", "measured", "predicted/measured"):
         table.add_column(col, justify="left" if col in ("side", "metric") else "right")
     for name, side in predicted["sides"].items():
@@ -105,8 +107,12 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
                            input_len=input_len, output_len=output_len, vocab=loaded.spec.vocab,
                            bandwidth=bandwidth, threads=threads,
                            progress=None if as_json else lambda m: err_console.print(m))
-    report.predicted = prediction_block(loaded.spec, get_target("local"), report.workload,
-                                        decisions, {s.name: s for s in report.sides})
+        # On this CPU the linear layers are predicted from measured ORT kernel times
+        # (timed once per machine and shape, then cached): see autoplan.bench.predict.
+        report.predicted = prediction_block(
+            loaded.spec, get_target("local"), report.workload, decisions,
+            {s.name: s for s in report.sides}, artifacts=dict(arts), threads=threads,
+            progress=None if as_json else lambda m: err_console.print(m))
     if as_json:
         emit_json(report.to_json())
         return

@@ -3,8 +3,13 @@
 Schema written by backends/microbench.py: {"schema_version": 1, "device": ..., "rows":
 [{"m", "n", "k", "choice", "median_us", ...}]}. An exact (m, n, k, choice) match replaces the
 roofline term of that GEMM; the per-kernel overhead is still added, because a kernel-level
-benchmark times the kernel, not its place in a serving step. No interpolation: a shape that
-was not measured keeps the analytic time.
+benchmark times the kernel, not its place in a serving step -- unless the document says
+`"includes_dispatch": true` (backends/cpu/ort_microbench.py times each node inside an ONNX
+Runtime session, so the runtime's per-node dispatch is already in the row). No
+interpolation: a shape that was not measured keeps the analytic time.
+
+A fused group (q/k/v, gate/up) runs as one GEMM of the members' summed width; CostModel
+looks that packed shape up first and gives each member its share (by output width).
 """
 
 from __future__ import annotations
@@ -19,9 +24,14 @@ from autoplan.formats import Choice
 
 @dataclass(frozen=True)
 class MeasuredTable:
-    """(m, n, k, choice) -> seconds."""
+    """(m, n, k, choice) -> seconds; `includes_dispatch`: rows already hold the per-kernel
+    overhead (the cost model then does not add it again)."""
 
     rows: dict[tuple[int, int, int, Choice], float] = field(default_factory=dict)
+    includes_dispatch: bool = False
+    # Measured seconds of everything but the linear layers in one decode step (the
+    # document's "non_gemm_decode_s"); replaces the analytic fixed decode terms.
+    non_gemm_decode_s: float | None = None
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any] | None) -> MeasuredTable:
@@ -43,7 +53,11 @@ class MeasuredTable:
             if seconds <= 0:
                 raise UserInputError(f"measured row {i} has a non-positive median_us")
             rows[key] = seconds
-        return cls(rows)
+        fixed = doc.get("non_gemm_decode_s")
+        if fixed is not None and not float(fixed) > 0:
+            raise UserInputError("measured non_gemm_decode_s must be > 0")
+        return cls(rows, bool(doc.get("includes_dispatch", False)),
+                   None if fixed is None else float(fixed))
 
     def seconds(self, m: int, n: int, k: int, choice: Choice) -> float | None:
         """The measured time of this GEMM, or None."""

@@ -66,6 +66,9 @@ class CostModel:
             raise UserInputError(f"price per hour must be >= 0, got {self.price_per_hour}")
         self.measured = MeasuredTable.from_document(measured)
         self._groups = Counter(layer.fuse_group for layer in spec.layers)
+        self._group_n: Counter[str] = Counter()
+        for layer in spec.layers:
+            self._group_n[layer.fuse_group] += layer.out_features
         self._memo: dict[tuple, PhaseTime] = {}
         tokens = workload.batch * workload.input_len
         self._chunks = math.ceil(tokens / PREFILL_CHUNK)
@@ -74,28 +77,44 @@ class CostModel:
         self._fixed: FixedCost | None = None
 
     # ---- per-layer terms ---------------------------------------------------------------
-    def _gemm(self, choice: Choice, m: int, n: int, k: int) -> float:
+    def _gemm(self, choice: Choice, m: int, n: int, k: int, group_n: int = 0) -> tuple[float, bool]:
+        """(seconds, measured?) of one member's GEMM; a measured packed-group row (m, group_n,
+        k) is shared by output width, else an exact per-layer row, else the roofline."""
+        if group_n > n:
+            hit = self.measured.seconds(m, group_n, k, choice)
+            if hit is not None:
+                return hit * n / group_n, True
         hit = self.measured.seconds(m, n, k, choice)
         if hit is not None:
-            return hit
-        return gemm_time(self.target, self.eff, choice, m, n, k, self.baseline.precision).seconds
+            return hit, True
+        return gemm_time(self.target, self.eff, choice, m, n, k,
+                         self.baseline.precision).seconds, False
+
+    def _call(self, choice: Choice, m: int, n: int, k: int, group_n: int,
+              overhead: float) -> float:
+        seconds, measured = self._gemm(choice, m, n, k, group_n)
+        if measured and self.measured.includes_dispatch:
+            return seconds
+        return seconds + overhead
 
     def layer_time(self, layer: LinearLayer, choice: Choice) -> PhaseTime:
         """Prefill (whole batch) and decode-step seconds of one linear layer under a choice."""
         lm_head = layer.role == "lm_head"
         group = self._groups.get(layer.fuse_group, 1)
-        key = (layer.in_features, layer.out_features, lm_head, group, choice)
+        group_n = self._group_n.get(layer.fuse_group, layer.out_features) if group > 1 else 0
+        key = (layer.in_features, layer.out_features, lm_head, group, group_n, choice)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
         n, k, b = layer.out_features, layer.in_features, self.workload.batch
         overhead = kernels_per_call(choice) * self.eff.kernel_s / group
-        decode = self._gemm(choice, b, n, k) + overhead
+        decode = self._call(choice, b, n, k, group_n, overhead)
         if lm_head:  # logits only for each sequence's last prompt position
             prefill = decode
         else:
-            prefill = (self._chunks - 1) * (self._gemm(choice, self._chunk_m, n, k) + overhead)
-            prefill += self._gemm(choice, self._last_m, n, k) + overhead
+            prefill = (self._chunks - 1) * self._call(choice, self._chunk_m, n, k, group_n,
+                                                      overhead)
+            prefill += self._call(choice, self._last_m, n, k, group_n, overhead)
         result = PhaseTime(prefill, decode)
         self._memo[key] = result
         return result
@@ -107,8 +126,14 @@ class CostModel:
     def _fixed_cost(self) -> FixedCost:
         if self._fixed is None:
             peak = math_peak(self.target, self.baseline, self.baseline.precision)
-            self._fixed = fixed_cost(self.spec, self.target, self.eff, self.workload, peak,
-                                     self.kv_bytes, PREFILL_CHUNK)
+            fixed = fixed_cost(self.spec, self.target, self.eff, self.workload, peak,
+                               self.kv_bytes, PREFILL_CHUNK)
+            measured = self.measured.non_gemm_decode_s
+            if measured is not None:  # a measured decode step without its GEMMs
+                parts = {k: PhaseTime(v.prefill_s, 0.0) for k, v in fixed.parts.items()}
+                parts["measured_non_gemm"] = PhaseTime(0.0, measured)
+                fixed = FixedCost(parts, fixed.kv_read_bytes)
+            self._fixed = fixed
         return self._fixed
 
     # ---- decisions -----------------------------------------------------------------------
@@ -188,4 +213,4 @@ class CostModel:
         )
 
 
-__all__ = ["CostModel", "Decisions", "PREFILL_CHUNK", "USABLE_MEMORY", "ZERO"]
+__all__ = ["PREFILL_CHUNK", "USABLE_MEMORY", "ZERO", "CostModel", "Decisions"]

@@ -1,0 +1,304 @@
+"""Measured ONNX Runtime kernel times for linear-layer shapes: the `local` cost table.
+
+For a row (m, n, k, choice) we build a small ONNX graph the way the artifact is built --
+fp32 `MatMul` nodes (onnx_graph), rewritten by the very ort_quant.quantize_graph the export
+uses (int8 W8A8 -> DynamicQuantizeLinear/MatMulInteger/... which ORT fuses into
+DynamicQuantizeMatMul; int4_gN / int8_wo -> MatMulNBits with the artifact's accuracy_level)
+-- and run it with ort_runtime's session options (intra-op threads = physical cores,
+sequential, ORT_ENABLE_ALL, no spinning).
+
+The graph holds R independent copies of the node (own input, own weight, own output), so
+one `run_with_iobinding` times R kernel calls back to back; per-call time = run time / R
+(this amortizes the Python -> ORT call overhead over R calls). In a decoder step ~120 other
+weights pass between two calls of one layer, so its weight comes from DRAM, not from the
+L2/L3 where the previous call left it: before every timed run we read a `FLUSH_BYTES`
+buffer (3x this box's 32 MB L3), and the R weight copies of one run are distinct, so each
+call streams its own weight from memory. (Rotation alone is not enough: 8 copies of a
+1.8 MB int8 layer still fit in L3, which made int8 GEMVs look ~2x faster than in the
+decoder -- measured 2026-11-30, predicted/measured 1.27 for the INT8 side before the flush.) The time therefore
+includes ORT's per-node dispatch (thread-pool fan-out, output allocation from the arena):
+the table says `"includes_dispatch": true`, and the cost model does not add its analytic
+per-kernel overhead on top of these rows.
+
+Cost table: backends/microbench.py's schema v1 (read_cost_table reads it), plus header
+fields `runtime`, `onnxruntime`, `threads`, `includes_dispatch`, `method` and per row `kernel`
+(the ORT op) and `accuracy_level` (MatMulNBits rows; None otherwise). Cached per machine
+(CPU model, cores), ORT version and thread count under cache_root()/"cost_tables"; rows
+accumulate there, only missing rows are measured.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autoplan.errors import AutoplanError, UserInputError
+from autoplan.formats import Choice, Precision
+
+SCHEMA_VERSION = 1
+# How rows are timed; a cached table timed another way is re-measured.
+METHOD = "rotate-copies+flush-96MB"
+ROTATE_BYTES = 64 * 2**20  # > 2x the L3 of the dev box (32 MB)
+FLUSH_BYTES = 96 * 2**20  # read before each timed run: evicts L2/L3
+MAX_COPIES = 8
+BUILD_BYTES = 256 * 2**20  # fp32 weights held while building one graph
+NBITS = frozenset({Precision.INT4_G32, Precision.INT4_G64, Precision.INT4_G128,
+                   Precision.INT8_WO})
+
+Row = tuple[int, int, int, str, int | None]  # m, n, k, choice, accuracy_level (nbits only)
+
+
+def row_key(m: int, n: int, k: int, choice: Choice | str, accuracy_level: int = 0) -> Row:
+    """The identity of a cost-table row; accuracy_level matters only for MatMulNBits."""
+    c = Choice.parse(choice) if isinstance(choice, str) else choice
+    return int(m), int(n), int(k), str(c), (int(accuracy_level) if c.precision in NBITS else None)
+
+
+def _key_of(row: dict[str, Any]) -> Row:
+    return row_key(row["m"], row["n"], row["k"], row["choice"], row.get("accuracy_level") or 0)
+
+
+def copies_for(n: int, k: int, choice: Choice) -> int:
+    """Weight copies that exceed ROTATE_BYTES (so calls stream from memory), within limits."""
+    stored = max(1.0, n * k * choice.precision.info.weight_bits / 8)
+    fp32 = n * k * 4
+    want = -(-ROTATE_BYTES // stored)
+    return int(max(1, min(MAX_COPIES, want, BUILD_BYTES // fp32)))
+
+
+def build_graph(m: int, n: int, k: int, choice: Choice | str, accuracy_level: int = 0,
+                copies: int = 1, seed: int = 0):
+    """ONNX model with `copies` independent [m, k] x [k, n] linear nodes in the given format."""
+    import onnx
+    from autoplan.backends.cpu.onnx_graph import OPSET
+    from autoplan.backends.cpu.ort_quant import quantize_graph
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = Choice.parse(choice) if isinstance(choice, str) else choice
+    rng = np.random.default_rng(seed)
+    base = (rng.standard_normal((k, n), dtype=np.float32) * 0.02).astype(np.float32)
+    nodes, inits, inputs, outputs = [], [], [], []
+    for i in range(copies):
+        name = f"linear{i}"
+        w = base if i == 0 else np.roll(base, i, axis=0)
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(w), f"{name}.weight_t"))
+        nodes.append(helper.make_node("MatMul", [f"x{i}", f"{name}.weight_t"], [f"y{i}"],
+                                      name=name))
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [m, k]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [m, n]))
+    graph = helper.make_graph(nodes, "linear_microbench", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = min(model.ir_version, 9)
+    decisions = {f"linear{i}": c for i in range(copies)} if c.precision is not Precision.FP32 else {}
+    records = quantize_graph(model, decisions, accuracy_level=accuracy_level)
+    kernel = records[0].op_type if records else "MatMul"
+    if c.precision is Precision.INT8:
+        kernel = "DynamicQuantizeMatMul"  # what ORT fuses the int8 pattern into
+    del onnx
+    return model, kernel
+
+
+def _session(model, threads: int | None):
+    import onnxruntime as ort
+    from autoplan.backends.cpu.ort_runtime import physical_cores
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or physical_cores()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def time_row(m: int, n: int, k: int, choice: Choice | str, accuracy_level: int = 0,
+             threads: int | None = None, repeats: int | None = None, warmup: int = 3,
+             min_seconds: float = 0.3, flush_cache: bool = True) -> dict[str, Any]:
+    """Build, run and time one row; per-call microseconds (median, p10, p90), each timed run
+    starting from evicted caches (flush_cache)."""
+    c = Choice.parse(choice) if isinstance(choice, str) else choice
+    copies = copies_for(n, k, c)
+    model, kernel = build_graph(m, n, k, c, accuracy_level, copies)
+    sess = _session(model, threads)
+    io = sess.io_binding()
+    x = (np.random.default_rng(1).standard_normal((m, k), dtype=np.float32) * 0.5)
+    for i in range(copies):
+        io.bind_cpu_input(f"x{i}", x)
+        io.bind_output(f"y{i}", "cpu")
+    flush = np.ones(FLUSH_BYTES // 8, dtype=np.float64) if flush_cache else None
+    for _ in range(max(1, warmup)):
+        sess.run_with_iobinding(io)
+    if repeats is None:  # enough runs for ~min_seconds, within [5, 50]
+        t0 = time.perf_counter()
+        sess.run_with_iobinding(io)
+        once = time.perf_counter() - t0
+        repeats = int(min(50, max(5, min_seconds / max(once, 1e-6))))
+    samples = []
+    for _ in range(repeats):
+        if flush is not None:
+            flush.sum()
+        t0 = time.perf_counter()
+        sess.run_with_iobinding(io)
+        samples.append((time.perf_counter() - t0) * 1e6 / copies)
+    samples.sort()
+    pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]
+    m_, n_, k_, choice_s, level = row_key(m, n, k, c, accuracy_level)
+    return {"m": m_, "n": n_, "k": k_, "choice": choice_s, "accuracy_level": level,
+            "kernel": kernel, "copies": copies, "repeats": repeats,
+            "median_us": statistics.median(samples), "p10_us": pick(0.1), "p90_us": pick(0.9)}
+
+
+def machine_key(threads: int | None = None) -> str:
+    """CPU model, cores, ORT version and threads: what a cached table is valid for."""
+    import onnxruntime as ort
+    from autoplan.backends.cpu.ort_runtime import physical_cores
+    from autoplan.backends.cpu.probe import cpu_info
+
+    info = cpu_info()
+    slug = re.sub(r"[^a-z0-9]+", "-", info.model.lower()).strip("-") or "cpu"
+    return f"ort-{ort.__version__}-{slug}-{info.cores}c-{threads or physical_cores()}t"
+
+
+def cache_path(threads: int | None = None) -> Path:
+    from autoplan.models._cache import cache_root
+
+    return cache_root() / "cost_tables" / f"{machine_key(threads)}.json"
+
+
+def empty_table(threads: int | None = None) -> dict[str, Any]:
+    import onnxruntime as ort
+    from autoplan.backends.cpu.ort_runtime import physical_cores
+    from autoplan.backends.cpu.probe import cpu_info
+
+    info = cpu_info()
+    n_threads = threads or physical_cores()
+    return {"schema_version": SCHEMA_VERSION, "device": f"{info.model} ({n_threads} threads)",
+            "runtime": "onnxruntime", "onnxruntime": ort.__version__, "threads": n_threads,
+            "includes_dispatch": True, "method": METHOD, "rows": [], "skipped": []}
+
+
+def measure_rows(wanted: Iterable[Row], threads: int | None = None, *,
+                 path: str | Path | None = None, refresh: bool = False,
+                 progress=None) -> dict[str, Any]:
+    """The cost table holding every wanted row: cached rows are reused, missing ones timed
+    and the table written back (path: default cache_path(threads))."""
+    from autoplan.backends.microbench import read_cost_table, write_cost_table
+
+    p = Path(path) if path is not None else cache_path(threads)
+    table = empty_table(threads)
+    if p.is_file() and not refresh:
+        try:
+            old = read_cost_table(p)
+        except (ValueError, KeyError, OSError, AutoplanError):
+            old = {}  # an unreadable cache is re-measured
+        if old.get("runtime") == "onnxruntime" and old.get("threads") == table["threads"] \
+                and old.get("onnxruntime") == table["onnxruntime"] \
+                and old.get("method") == METHOD:
+            table["rows"] = list(old["rows"])
+    have = {_key_of(r) for r in table["rows"]}
+    missing = [w for w in dict.fromkeys(wanted) if w not in have]
+    for i, (m, n, k, choice, level) in enumerate(missing):
+        if progress:
+            progress(f"ORT kernel {i + 1}/{len(missing)}: m={m} n={n} k={k} {choice}"
+                     + (f" accuracy_level={level}" if level is not None else ""))
+        table["rows"].append(time_row(m, n, k, choice, level or 0, threads))
+    if missing:
+        write_cost_table(table, p)
+    return table
+
+
+def select(table: dict[str, Any], wanted: Iterable[Row]) -> dict[str, Any]:
+    """A copy of the table with only the wanted rows (so one artifact's accuracy_level or
+    fusion never borrows another's row)."""
+    keep = set(wanted)
+    rows = [r for r in table["rows"] if _key_of(r) in keep]
+    if len({_key_of(r) for r in rows}) < len(keep):
+        missing = keep - {_key_of(r) for r in rows}
+        raise UserInputError(f"cost table lacks {len(missing)} measured row(s), e.g. "
+                             f"{min(missing, key=str)}")
+    return {**table, "rows": rows}
+
+
+
+
+def _decoder_session(path: Path, threads: int | None):
+    import onnxruntime as ort
+    from autoplan.backends.cpu.ort_runtime import physical_cores
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or physical_cores()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("optimization.disable_specified_optimizers", "ConstantFolding")
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int | None = None,
+                            window: int = 64, repeats: int = 3) -> float:
+    """Seconds per decode step of an exported decoder with its linear layers taken out.
+
+    Every linear node (a MatMul whose weight is an initializer: the fp32 baseline export) is
+    replaced by a constant zero output of its shape at decode ([1, 1, n]), so what is left
+    -- embedding gather, norms, rotary + GroupQueryAttention over the KV cache, residual adds,
+    the SiLU gate, the executor's per-node dispatch, the Python loop with its argmax -- runs
+    exactly as in the decoder, through the same OrtGenerator. Timed over `window` decode
+    steps centred on `context` (prompt of one token, so the constants' shapes fit), median
+    of `repeats`. This is the measured counterpart of the cost model's analytic fixed terms.
+    """
+    import tempfile
+
+    import onnx
+    from autoplan.backends.cpu.ort_runtime import OrtGenerator
+    from onnx import numpy_helper
+
+    path = Path(model_path)
+    path = path / "model.onnx" if path.is_dir() else path
+    model = onnx.load(str(path))
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    removed, nodes, consts = set(), [], []
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.input[1] in inits:
+            n = int(inits[node.input[1]].dims[-1])
+            name = f"{node.name}.const_out"
+            consts.append(numpy_helper.from_array(np.zeros((1, 1, n), np.float32), name))
+            nodes.append(onnx.helper.make_node("Identity", [name], list(node.output),
+                                               name=node.name))
+            removed.add(node.input[1])
+        else:
+            nodes.append(node)
+    if not removed:
+        raise UserInputError(f"{path} has no fp32 linear MatMul nodes: pass the baseline export")
+    del graph.node[:]
+    graph.node.extend(nodes)
+    keep = [t for t in graph.initializer if t.name not in removed]
+    del graph.initializer[:]
+    graph.initializer.extend(keep + consts)
+    start = max(1, context - window // 2)
+    with tempfile.TemporaryDirectory(prefix="autoplan-nongemm-") as tmp:
+        onnx.save(model, str(Path(tmp) / "model.onnx"))
+        gen = OrtGenerator(Path(tmp) / "model.onnx", threads=threads)
+        # Same options, but no constant folding: otherwise the zero q/k/v and gate/up outputs
+        # would fold the Split and the SiLU gate away, which the decoder does run.
+        gen.session = _decoder_session(Path(tmp) / "model.onnx", threads)
+        ids = np.ones((1, 1), dtype=np.int64)
+        gen.generate(ids, 8)  # warm-up
+        runs = []
+        for _ in range(repeats):
+            res = gen.generate(ids, start + window)
+            runs.append(float(np.mean(res.step_s[start - 1:])))
+        del gen
+    return statistics.median(runs)
+
+
+__all__ = ["Row", "build_graph", "cache_path", "copies_for", "empty_table", "machine_key",
+           "measure_rows", "non_gemm_decode_seconds", "row_key", "select", "time_row"]
