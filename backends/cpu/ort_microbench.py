@@ -106,14 +106,9 @@ def build_graph(m: int, n: int, k: int, choice: Choice | str, accuracy_level: in
 
 def _session(model, threads: int | None):
     import onnxruntime as ort
-    from autoplan.backends.cpu.ort_runtime import physical_cores
+    from autoplan.backends.cpu.ort_runtime import session_options
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads or physical_cores()
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts = session_options(threads)
     return ort.InferenceSession(model.SerializeToString(), opts,
                                 providers=["CPUExecutionProvider"])
 
@@ -230,14 +225,9 @@ def select(table: dict[str, Any], wanted: Iterable[Row]) -> dict[str, Any]:
 
 def _decoder_session(path: Path, threads: int | None):
     import onnxruntime as ort
-    from autoplan.backends.cpu.ort_runtime import physical_cores
+    from autoplan.backends.cpu.ort_runtime import session_options
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads or physical_cores()
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts = session_options(threads)
     opts.add_session_config_entry("optimization.disable_specified_optimizers", "ConstantFolding")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 

@@ -30,6 +30,23 @@ def physical_cores() -> int:
         return os.cpu_count() or 1
 
 
+def session_options(threads: int | None = None, *, spinning: bool = False):
+    """The ONNX Runtime session options every autoplan CPU session uses (generation and the
+    kernel microbenchmark must match): `threads` intra-op threads (default: physical cores),
+    one inter-op thread, sequential execution, all graph optimizations, and pool threads
+    that sleep instead of spinning unless asked (spinning starves other processes on a
+    shared machine)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or physical_cores()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return opts
+
+
 @dataclass
 class GenerationResult:
     """Tokens and timings of one static batch."""
@@ -85,12 +102,7 @@ class OrtGenerator:
             path = path / "model.onnx"
         if not path.is_file():
             raise AutoplanError(f"no ONNX model at '{model_path}': run `autoplan apply` first")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or physical_cores()
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        opts = session_options(threads, spinning=spinning)
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self._past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values")]
         if not self._past:
