@@ -114,7 +114,8 @@ def test_weight_only_int4_via_marlin_on_nvidia_only_in_vllm():
 def test_cpu_runtimes():
     for name in ("xeon-8480", "epyc-9654", "graviton4"):
         assert ok(name, "onnxruntime", "int8")
-        assert ok(name, "onnxruntime", "int8_wo")
+        # 8-bit MatMulNBits has no fast W8A16 kernel (measured slower than fp32)
+        assert not ok(name, "onnxruntime", "int8_wo")
         assert ok(name, "onnxruntime", "int4_g32")
         assert ok(name, "onnxruntime", "fp32")
         assert not ok(name, "onnxruntime", "2:4+int8")
