@@ -46,8 +46,7 @@ def solve_exact(tables: Tables, limit: float, *, time_limit_s: float = 60.0) -> 
         raise AutoplanError(f"exact solver failed: {res.message}")
     x = np.round(res.x).astype(int)
     picks = tuple(int(np.argmax(x[a:b])) for a, b in zip(offsets[:-1], offsets[1:]))
-    total = sum(float(tables.total_time(u)[p]) for u, p in enumerate(picks))
-    return KnapsackSolution(picks, total, tables.surrogate(picks))
+    return KnapsackSolution(picks, tables.request_time(picks), tables.surrogate(picks))
 
 
 __all__ = ["KnapsackSolution", "solve_exact"]

@@ -75,7 +75,7 @@ def lagrangian_allocations(tables: Tables, limit: float, count: int = 12) -> lis
                           for u in range(n_units))
             hull[picks] = None
     feasible = [list(p) for p in hull if tables.surrogate(p) <= limit]
-    feasible.sort(key=lambda p: sum(float(times[u][c]) for u, c in enumerate(p)))
+    feasible.sort(key=tables.request_time)
     return feasible[:count]
 
 

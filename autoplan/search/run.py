@@ -220,8 +220,7 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
 
     rep.stage("certificate")
     exact = solve_exact(tables, limit)
-    searched_time = sum(float(tables.total_time(u)[c]) for u, c in enumerate(best_searched.picks)) \
-        if best_searched else float("nan")
+    searched_time = tables.request_time(best_searched.picks) if best_searched else float("nan")
     certificate = ps.Certificate(
         solver="scipy.optimize.milp (HiGHS)", optimum_objective=value(exact.picks),
         search_objective=value(best_searched.picks) if best_searched else float("nan"),

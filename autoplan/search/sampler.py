@@ -36,8 +36,7 @@ class ExchangeSampler(optuna.samplers.BaseSampler):
         self._restart_prob, self._repair_pool = restart_prob, repair_pool
         units = tables.space.units
         self._names = [u.name for u in units]
-        self._labels = [[str(c) for c in u.choices] for u in units]
-        self._index = [{s: i for i, s in enumerate(lbl)} for lbl in self._labels]
+        self._labels = tables.labels
         self._time = [tables.total_time(u) for u in range(len(units))]
         self._seen = 0
         self._elites: list[tuple[float, tuple[int, ...]]] = []  # (time, picks), best first
@@ -75,14 +74,11 @@ class ExchangeSampler(optuna.samplers.BaseSampler):
         for t in trials[self._seen:]:
             if not all(n in t.params for n in self._names):
                 continue
-            picks = tuple(self._index[u][t.params[n]] for u, n in enumerate(self._names))
+            picks = self._tables.picks_of_params(t.params)
             if self._tables.surrogate(picks) <= self._limit:
-                self._elites.append((self._total(picks), picks))
+                self._elites.append((self._tables.request_time(picks), picks))
         self._seen = len(trials)
         self._elites = sorted(set(self._elites))[:32]
-
-    def _total(self, picks) -> float:  # noqa: ANN001 - sequence of ints
-        return float(sum(self._time[u][c] for u, c in enumerate(picks)))
 
     def _move(self, picks: list[int]) -> list[int]:
         n = len(picks)

@@ -58,18 +58,6 @@ def _sampler(cfg: StudyConfig, tables: Tables, limit: float) -> optuna.samplers.
     return ExchangeSampler(tables, limit, seed=cfg.seed)
 
 
-def _picks(trial: FrozenTrial | optuna.Trial, tables: Tables) -> tuple[int, ...]:
-    return tuple(unit.choices.index(_choice(trial.params[unit.name], unit))
-                 for unit in tables.space.units)
-
-
-def _choice(text, unit):  # noqa: ANN001, ANN202 - small private helper
-    for c in unit.choices:
-        if str(c) == text:
-            return c
-    raise KeyError(text)
-
-
 def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
               warm_starts: Sequence[Sequence[int]] = (),
               on_trial: Callable[[int, int], None] | None = None) -> StudyResult:
@@ -88,12 +76,13 @@ def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
         memory.add_trials(done)
     else:
         for picks in warm_starts:
-            memory.enqueue_trial({u.name: str(u.choices[c]) for u, c in zip(units, picks)},
+            memory.enqueue_trial({u.name: tables.labels[i][c]
+                                  for i, (u, c) in enumerate(zip(units, picks))},
                                  skip_if_exists=True)
 
     def objective(trial: optuna.Trial):  # noqa: ANN202 - optuna callback
-        picks = [u.choices.index(_choice(trial.suggest_categorical(
-            u.name, [str(c) for c in u.choices]), u)) for u in units]
+        picks = [tables.label_index[i][trial.suggest_categorical(u.name, tables.labels[i])]
+                 for i, u in enumerate(units)]
         prefill, decode = tables.times(picks)
         value = cost.metric_from_times(prefill, decode, cfg.objective)
         surrogate = tables.surrogate(picks)
@@ -108,7 +97,7 @@ def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
         if persist is not None and trial.state == TrialState.COMPLETE:
             persist.add_trial(trial)
         if on_trial:
-            on_trial(len(done) + trial.number + 1 - len(done), total)
+            on_trial(trial.number + 1, total)  # loaded trials are numbered first
 
     if on_trial:
         on_trial(len(done), total)
@@ -126,7 +115,7 @@ def _collect(trials: list[FrozenTrial], tables: Tables, limit: float, cfg: Study
         surrogate = float(t.user_attrs["surrogate"])
         if surrogate > limit:
             continue
-        picks = _picks(t, tables)
+        picks = tables.picks_of_params(t.params)
         if picks not in feasible:
             feasible[picks] = Candidate(picks, float(t.values[0]), surrogate, t.number)
     ranked = sorted(feasible.values(), key=lambda c: (sign * c.value, c.surrogate))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -35,6 +36,25 @@ class Tables:
     def total_time(self, u: int) -> np.ndarray:
         """Request time contribution of unit u per choice: prefill + (out - 1) * decode."""
         return self.prefill[u] + (self.output_len - 1) * self.decode[u]
+
+    def request_time(self, picks: Sequence[int]) -> float:
+        """Sum of the units' request-time contributions (every objective is monotone in it)."""
+        return sum(float(self.total_time(u)[c]) for u, c in enumerate(picks))
+
+    @cached_property
+    def labels(self) -> tuple[tuple[str, ...], ...]:
+        """Per unit, its choices as the strings Optuna stores as parameter values."""
+        return tuple(tuple(str(c) for c in unit.choices) for unit in self.space.units)
+
+    @cached_property
+    def label_index(self) -> tuple[dict[str, int], ...]:
+        """Per unit, choice string -> index into its choice list."""
+        return tuple({s: i for i, s in enumerate(lbl)} for lbl in self.labels)
+
+    def picks_of_params(self, params: Mapping[str, str]) -> tuple[int, ...]:
+        """Choice indices from an Optuna trial's params (unit name -> choice string)."""
+        return tuple(self.label_index[u][params[unit.name]]
+                     for u, unit in enumerate(self.space.units))
 
     def times(self, picks: Sequence[int]) -> tuple[float, float]:
         p = self.const_prefill + sum(float(self.prefill[u][c]) for u, c in enumerate(picks))
