@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import random
-import shlex
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
 
 from autoplan.compress import CompressionSettings, collect_stats, compressed_copy
 from autoplan.formats import Choice
@@ -34,7 +30,7 @@ from autoplan.models import load_model
 from autoplan.plan import write_json_atomic
 from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.text import load_text_dataset
-from _common import machine_info  # noqa: E402 - benchmarks/ is the script dir
+from _common import seed_all, start_run  # noqa: E402 - benchmarks/ is the script dir
 
 # (label, choice, prune_score, quant_method, weight/activation note)
 RECIPES: list[tuple[str, str, str, str, str]] = [
@@ -57,12 +53,6 @@ RECIPES: list[tuple[str, str, str, str, str]] = [
 QUICK = {"fp8_e4m3", "int4_g128 RTN", "int4_g128 GPTQ", "2:4 Wanda"}
 
 
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -81,12 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or Path(__file__).parent / "results" /
                ("quality_table_quick.json" if args.quick else "quality_table.json"))
     t_all = time.perf_counter()
-    seed_all(args.seed)
-    info = machine_info()
-    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
-    print(f"machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
-          f"({info['torch_threads']} threads), python {info['python']}")
-    print(f"command: {command}")
+    info, command = start_run(args.seed, argv)
 
     loaded = load_model(args.model)
     model = loaded.model

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
-import shlex
 import sys
 import tempfile
 import time
@@ -55,7 +53,7 @@ from autoplan.quality.text import load_text_dataset
 from autoplan.search.space import build_space
 from autoplan.sensitivity import build_profile
 from autoplan.targets import get_target
-from _common import machine_info  # noqa: E402 - benchmarks/ is the script dir
+from _common import start_run  # noqa: E402 - benchmarks/ is the script dir
 
 CHOICES = ["dense+fp8_e4m3", "dense+int8", "dense+int8_wo", "dense+int4_g64",
            "dense+int4_g128", "dense+nvfp4", "2:4+bf16", "2:4+fp8_e4m3"]
@@ -130,14 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or Path(__file__).parent / "results" /
                ("surrogate_fidelity_quick.json" if args.quick else "surrogate_fidelity.json"))
     t_all = time.perf_counter()
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    info = machine_info()
-    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
-    print(f"machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
-          f"({info['torch_threads']} threads), python {info['python']}")
-    print(f"command: {command}")
+    info, command = start_run(args.seed, argv)
 
     loaded = load_model(args.model)
     model = loaded.model
