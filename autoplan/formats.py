@@ -2,6 +2,7 @@
 
 Canonical text forms (used in search spaces, plans and the CLI):
     precision:  fp32 bf16 fp16 fp8_e4m3 fp8_e5m2 int8 int8_wo int4_g32 int4_g64 int4_g128 nvfp4 mxfp4
+                int4a8_g32 int4a8_g64 int4a8_g128 int8a8_g128   (ONNX Runtime's int8-compute formats)
     sparsity:   dense | 2:4 (any N:M) | unstructured@50 | block32@50 | channel@25   (@ = percent zeroed)
     choice:     "2:4+fp8_e4m3"  (also accepted: "2:4 × fp8_e4m3", "2:4 x fp8_e4m3")
 """
@@ -31,6 +32,14 @@ class Precision(str, Enum):
     INT4_G128 = "int4_g128"
     NVFP4 = "nvfp4"  # E2M1 values, E4M3 scale per 16, FP32 tensor scale (W4A4)
     MXFP4 = "mxfp4"  # E2M1 values, E8M0 scale per 32 (W4A4)
+    # ONNX Runtime MatMulNBits at accuracy_level 4 (MLAS "CompInt8"): the weights of int4_gN
+    # (or int8 per channel), and each activation row quantized to int8 per block of N along
+    # K at run time (scale amax / 127, symmetric). Per-block scales make the numerics
+    # independent of batch and sequence shape, so a simulated plan equals the running one.
+    INT4A8_G32 = "int4a8_g32"
+    INT4A8_G64 = "int4a8_g64"
+    INT4A8_G128 = "int4a8_g128"
+    INT8A8_G128 = "int8a8_g128"
 
     @classmethod
     def parse(cls, text: str) -> Precision:
@@ -55,6 +64,8 @@ class PrecisionInfo:
     weight-only formats dequantize and run at the activation dtype.
     act_bytes: bytes per activation element read by the matmul.
     group: elements sharing one scale (0 = per output channel).
+    act_group: activation elements (along K) sharing one dynamic int8 scale, for the
+        block-quantized-activation formats; 0 = per token (W8A8) or no activation quantization.
     """
 
     value_bits: int
@@ -63,6 +74,7 @@ class PrecisionInfo:
     act_bytes: float
     group: int
     weight_only: bool
+    act_group: int = 0
 
     @property
     def weight_bits(self) -> float:
@@ -83,6 +95,10 @@ _PRECISION_INFO: dict[Precision, PrecisionInfo] = {
     Precision.INT4_G128: PrecisionInfo(4, 16 / 128, "bf16", 2, 128, True),
     Precision.NVFP4: PrecisionInfo(4, 8 / 16, "fp4", 0.5625, 16, False),
     Precision.MXFP4: PrecisionInfo(4, 8 / 32, "fp4", 0.53125, 32, False),
+    Precision.INT4A8_G32: PrecisionInfo(4, 16 / 32, "int8", 1, 32, False, act_group=32),
+    Precision.INT4A8_G64: PrecisionInfo(4, 16 / 64, "int8", 1, 64, False, act_group=64),
+    Precision.INT4A8_G128: PrecisionInfo(4, 16 / 128, "int8", 1, 128, False, act_group=128),
+    Precision.INT8A8_G128: PrecisionInfo(8, 0.0, "int8", 1, 0, False, act_group=128),
 }
 
 _SPARSITY_RE = re.compile(

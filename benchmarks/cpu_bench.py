@@ -16,8 +16,8 @@ Reported, never asserted (a measurement, not a test):
 
 Usage:
   python benchmarks/cpu_bench.py [--requests 8] [--input-len 128] [--output-len 64]
-      [--int8-artifact DIR] [--int4-artifact DIR] [--int4 int4_g32] [--int4-accuracy-level 4]
-      [--extra-artifact NAME=DIR ...] [--llama-cpp-python PATH] [--gguf PATH] [--out results.json]
+      [--int8-artifact DIR] [--int4-artifact DIR] [--int8 int8a8_g128] [--int4 int4a8_g32]
+      [--no-spin] [--extra-artifact NAME=DIR ...] [--llama-cpp-python PATH] [--gguf PATH] [--out results.json]
 """
 
 from __future__ import annotations
@@ -56,9 +56,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--int4-artifact", default=None, help="exported INT4 plan (default uniform)")
     ap.add_argument("--extra-artifact", action="append", default=[], metavar="NAME=DIR",
                     help="another exported plan to run side by side (repeatable)")
-    ap.add_argument("--int4", default="int4_g32", help="uniform int4 format: int4_g32/g64/g128")
-    ap.add_argument("--int4-accuracy-level", type=int, default=4, choices=(0, 1, 4),
-                    help="uniform int4 MatMulNBits compute: 4 = int8 math (fast), 0 = fp32")
+    ap.add_argument("--int8", default="int8a8_g128", help="uniform int8 format (without "
+                    "--int8-artifact): int8a8_g128, int8 or int8_wo")
+    ap.add_argument("--int4", default="int4a8_g32", help="uniform int4 format (without "
+                    "--int4-artifact): int4a8_gN or int4_gN, N = 32/64/128")
+    ap.add_argument("--no-spin", action="store_true",
+                    help="ORT pool threads sleep between ops (machine shared with other jobs)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-quality", action="store_true", help="skip the artifacts' KL on eval")
@@ -71,16 +74,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 def _artifacts(loaded, args: argparse.Namespace, tmp: Path) -> dict[str, CpuArtifact]:
     layers = [layer.name for layer in loaded.spec.layers]
-    uniform = {"int8": ({n: Choice.parse("int8") for n in layers}, 0),
-               "int4": ({n: Choice.parse(args.int4) for n in layers}, args.int4_accuracy_level)}
+    uniform = {"int8": {n: Choice.parse(args.int8) for n in layers},
+               "int4": {n: Choice.parse(args.int4) for n in layers}}
     arts = {"baseline": export_cpu_model(loaded.model, loaded.tokenizer, {}, tmp / "baseline")}
     for name, given in (("int8", args.int8_artifact), ("int4", args.int4_artifact)):
         if given:
             arts[name] = CpuArtifact.load(given)
         else:
-            decisions, level = uniform[name]
-            arts[name] = export_cpu_model(loaded.model, loaded.tokenizer, decisions, tmp / name,
-                                          accuracy_level=level)
+            arts[name] = export_cpu_model(loaded.model, loaded.tokenizer, uniform[name],
+                                          tmp / name)
     for item in args.extra_artifact:
         name, _, folder = item.partition("=")
         if not folder or name in arts:
@@ -110,7 +112,6 @@ def _quality(loaded, arts: dict[str, CpuArtifact], args: argparse.Namespace) -> 
             plan = json.loads(plan_file.read_text())
             q["plan_kl_simulated"] = (plan.get("quality") or {}).get("kl")
             q["plan_budget"] = (plan.get("budget") or {}).get("text")
-        q["nbits_accuracy_level"] = art.manifest.get("nbits_accuracy_level")
         out[name] = q
         print(f"quality {name}: KL {q['kl']:.4f}, ppl {q['ppl']:.2f} (ref {q['ppl_ref']:.2f})",
               file=sys.stderr)
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="cpu-bench-") as tmp:
         arts = _artifacts(loaded, args, Path(tmp))
         quality = None if args.no_quality else _quality(loaded, arts, args)
-        sides = [ort_side(name, art, args.threads) for name, art in arts.items()]
+        sides = [ort_side(name, art, args.threads, spinning=not args.no_spin)
+                 for name, art in arts.items()]
         if not args.no_torch:
             sides.append(torch_side(loaded.model, args.threads))
         peer = None
@@ -144,12 +146,12 @@ def main(argv: list[str] | None = None) -> int:
             loaded.spec, get_target("local"), report.workload,
             {name: artifact_decisions(art) for name, art in arts.items()},
             {s.name: s for s in report.sides}, artifacts=arts, threads=args.threads,
-            progress=lambda m: print(m, file=sys.stderr))
+            progress=lambda m: print(m, file=sys.stderr), spinning=not args.no_spin)
         decisions_summary = {name: _summary(artifact_decisions(art)) for name, art in arts.items()}
         if peer is not None:
             peer.generator.close()
     doc = report.to_json()
-    doc["config"] = {**vars(args), "int4_format": args.int4}
+    doc["config"] = vars(args)
     doc["plans"] = decisions_summary
     doc["quality"] = quality
     if peer is not None:

@@ -42,7 +42,7 @@ def check_cpu_plan(plan: PlanInput) -> None:
 
 
 def apply_plan_cpu(loaded: Any, plan: PlanInput, out_dir: str | Path, *,
-                   calibration: Sequence[Any] | None = None, accuracy_level: int = 0,
+                   calibration: Sequence[Any] | None = None,
                    allow_model_mismatch: bool = False) -> CpuArtifact:
     """Compress `loaded` (autoplan.models.LoadedModel) by `plan` and export it to `out_dir`.
 
@@ -52,7 +52,6 @@ def apply_plan_cpu(loaded: Any, plan: PlanInput, out_dir: str | Path, *,
         out_dir: artifact folder, written atomically; gets plan.json beside the model.
         calibration: token batches of the plan's calibration set, needed only by full plans
             whose Wanda/SparseGPT masks or GPTQ weights depend on activations.
-        accuracy_level: MatMulNBits compute type for int4/int8_wo layers.
         allow_model_mismatch: apply a full plan to a model with another content hash.
     """
     check_cpu_plan(plan)
@@ -67,7 +66,7 @@ def apply_plan_cpu(loaded: Any, plan: PlanInput, out_dir: str | Path, *,
     quantized = {name: sim.quantized for name, sim in sims.items()
                  if sim.choice.precision is not Precision.FP32}
     return export_cpu_model(loaded.model, loaded.tokenizer, plan.decisions, out_dir,
-                            weights=weights, quantized=quantized, accuracy_level=accuracy_level,
+                            weights=weights, quantized=quantized,
                             extra_files={"plan.json": plan.text})
 
 

@@ -7,8 +7,8 @@ dense fp32 on every linear layer, lm_head included, which is what the baseline e
 
 With the artifacts at hand (ONNX Runtime on this CPU, the `local` target is present), the
 linear layers are not predicted from the roofline: every GEMM node the artifact runs --
-packed q/k/v and gate/up nodes as packed, each MatMulNBits with the artifact's
-accuracy_level -- is timed in ONNX Runtime (backends/cpu/ort_microbench.py, cached per
+packed q/k/v and gate/up nodes as packed, each MatMulNBits at the accuracy_level its format
+implies -- is timed in ONNX Runtime (backends/cpu/ort_microbench.py, cached per
 machine) at the workload's shapes (decode m = concurrency; prefill m = the chunk of
 concurrency x input_len, see CostModel's PREFILL_CHUNK; lm_head m = concurrency), and those
 rows replace the analytic GEMM time (CostModel(measured=...)). The non-GEMM part of a decode
@@ -37,7 +37,7 @@ def artifact_decisions(artifact: Any) -> dict[str, Choice]:
 
 def kernel_rows(spec: Any, workload: Mapping[str, int], decisions: Mapping[str, Choice],
                 manifest: Mapping[str, Any] | None = None) -> list[tuple]:
-    """The (m, n, k, choice, accuracy_level) GEMM rows one side runs (ort_microbench.Row).
+    """The (m, n, k, choice) GEMM rows one side runs (ort_microbench.Row).
 
     Layers the manifest records as packed into one node (q/k/v, gate/up) give one row at the
     node's summed width; the others one row each.
@@ -48,7 +48,6 @@ def kernel_rows(spec: Any, workload: Mapping[str, int], decisions: Mapping[str, 
     from autoplan.cost.model import PREFILL_CHUNK
 
     manifest = manifest or {}
-    level = int(manifest.get("nbits_accuracy_level") or 0)
     entries = manifest.get("layers", {})
     by_name = {layer.name: layer for layer in spec.layers}
     nodes: dict[str, list] = {}
@@ -67,7 +66,7 @@ def kernel_rows(spec: Any, workload: Mapping[str, int], decisions: Mapping[str, 
         choice = decisions.get(first.name, FP32)
         n = sum(by_name[m.name].out_features for m in members)
         ms = {b} if first.role == "lm_head" else {b, chunk_m, last_m}
-        rows += [row_key(m, n, first.in_features, choice, level) for m in sorted(ms)]
+        rows += [row_key(m, n, first.in_features, choice) for m in sorted(ms)]
     return list(dict.fromkeys(rows))
 
 
@@ -94,7 +93,7 @@ def prediction_block(spec: Any, target: Any, workload: Mapping[str, int],
                      side_decisions: Mapping[str, Mapping[str, Choice]],
                      measured: Mapping[str, Any],
                      artifacts: Mapping[str, Any] | None = None, threads: int | None = None,
-                     progress: Any = None) -> dict[str, Any]:
+                     progress: Any = None, spinning: bool = True) -> dict[str, Any]:
     """`BenchReport.predicted`: per side, predicted (cost model), measured, predicted/measured.
 
     Args:
@@ -104,6 +103,7 @@ def prediction_block(spec: Any, target: Any, workload: Mapping[str, int],
             prediction uses measured ORT kernel times for the sides' GEMM nodes (timed once,
             then cached); `predicted_analytic` keeps the roofline-only figure.
         threads: ORT intra-op threads the sides ran with (None = physical cores).
+        spinning: whether the sides' ORT pool threads spun (the kernel rows must match).
     """
     table = None
     side_rows: dict[str, list] = {}
@@ -115,9 +115,9 @@ def prediction_block(spec: Any, target: Any, workload: Mapping[str, int],
                 side_rows[name] = kernel_rows(spec, workload, decisions,
                                               artifacts[name].manifest)
         table = measure_rows([r for rows in side_rows.values() for r in rows], threads,
-                             progress=progress)
+                             progress=progress, spinning=spinning)
         table = {**table, "non_gemm_decode_s": _non_gemm(artifacts, side_decisions, workload,
-                                                         threads, progress)}
+                                                         threads, progress, spinning)}
     sides: dict[str, Any] = {}
     for name, decisions in side_decisions.items():
         analytic = predict_side(spec, target, workload, decisions)
@@ -142,14 +142,57 @@ def prediction_block(spec: Any, target: Any, workload: Mapping[str, int],
     out = {"source": source, "target": target.name, "sides": sides}
     if table is not None:
         out["kernel_table"] = {k: table.get(k) for k in ("device", "onnxruntime", "threads",
-                                                          "includes_dispatch", "method",
+                                                          "includes_dispatch", "method", "spinning",
                                                           "non_gemm_decode_s")}
         out["kernel_table"]["rows"] = sum(len(r) for r in side_rows.values())
     return out
 
 
+def search_kernel_table(loaded: Any, space: Any, workload: Any, threads: int | None = None,
+                        spinning: bool = True, progress: Any = None) -> dict[str, Any]:
+    """Measured ORT kernel rows for every (unit, choice) a CPU search may pick, plus the
+    measured non-GEMM decode step: the CostModel(measured=...) of `autoplan search
+    --measure-kernels` on `--target local --runtime onnxruntime`.
+
+    The export packs a fused group (q/k/v, gate/up) into one node whenever its members share
+    a format, which a search unit guarantees, so each unit is timed at its packed width.
+    Rows are cached per machine (ort_microbench); the non-GEMM step is timed on a fresh fp32
+    export of the model (batch-1 decode only, as in `prediction_block`).
+    """
+    import tempfile
+    from pathlib import Path
+
+    from autoplan.backends.cpu.ort_microbench import measure_rows, non_gemm_decode_seconds
+
+    wl = {"concurrency": workload.batch, "input_len": workload.input_len,
+          "output_len": workload.output_len}
+    manifest = {"layers": {layer.name: {"node": unit.name, "columns": [0, 1]}
+                           for unit in space.units if len(unit.layers) > 1
+                           for layer in unit.layers}}
+    rows: list[tuple] = []
+    for choice in dict.fromkeys((space.baseline, *space.all_choices)):
+        decisions = {layer.name: choice for unit in space.units if choice in unit.choices
+                     for layer in unit.layers}
+        rows += kernel_rows(loaded.spec, wl, decisions, manifest)
+    table = measure_rows(list(dict.fromkeys(rows)), threads, progress=progress,
+                         spinning=spinning)
+    non_gemm = None
+    if workload.batch == 1:
+        from autoplan.bench.artifacts import export_baseline
+
+        if progress:
+            progress("timing the decode step without its linear layers (fp32 export)")
+        with tempfile.TemporaryDirectory(prefix="autoplan-nongemm-") as tmp:
+            art = export_baseline(loaded, Path(tmp) / "baseline")
+            context = workload.input_len + workload.output_len // 2
+            non_gemm = non_gemm_decode_seconds(art.model_path, context, threads,
+                                               spinning=spinning)
+    return {**table, "non_gemm_decode_s": non_gemm}
+
+
 def _non_gemm(artifacts: Mapping[str, Any], side_decisions: Mapping[str, Any],
-              workload: Mapping[str, int], threads: int | None, progress: Any) -> float | None:
+              workload: Mapping[str, int], threads: int | None, progress: Any,
+              spinning: bool = True) -> float | None:
     """Measured non-GEMM decode seconds on an all-fp32 side's export (None without one, or
     for batched decode, which this measurement does not cover)."""
     from autoplan.backends.cpu.ort_microbench import non_gemm_decode_seconds
@@ -163,7 +206,9 @@ def _non_gemm(artifacts: Mapping[str, Any], side_decisions: Mapping[str, Any],
     if progress:
         progress("timing the decode step without its linear layers (baseline export)")
     context = int(workload["input_len"]) + int(workload["output_len"]) // 2
-    return non_gemm_decode_seconds(artifacts[fp32[0]].model_path, context, threads)
+    return non_gemm_decode_seconds(artifacts[fp32[0]].model_path, context, threads,
+                                   spinning=spinning)
 
 
-__all__ = ["FP32", "artifact_decisions", "kernel_rows", "predict_side", "prediction_block"]
+__all__ = ["FP32", "artifact_decisions", "kernel_rows", "predict_side", "prediction_block",
+           "search_kernel_table"]

@@ -37,10 +37,11 @@ class Side:
     streamed_bytes: int | None = None
 
 
-def ort_side(name: str, artifact: CpuArtifact, threads: int | None = None) -> Side:
+def ort_side(name: str, artifact: CpuArtifact, threads: int | None = None,
+             spinning: bool = True) -> Side:
     """Open an artifact in an InferenceSession, measuring the memory the session adds."""
     before = current_rss_bytes()
-    gen = OrtGenerator(artifact.model_path, threads=threads)
+    gen = OrtGenerator(artifact.model_path, threads=threads, spinning=spinning)
     gen.generate(np.zeros((1, 4), np.int64), 2)  # arenas are sized on the first run
     m = artifact.manifest
     return Side(name, "onnxruntime", gen, current_rss_bytes() - before, m.get("weight_bytes"),

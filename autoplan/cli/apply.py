@@ -10,16 +10,32 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.errors import UserInputError
 
 
+def _plan_calibration(plan, loaded):
+    """The plan's calibration batches, rebuilt from the settings its audit records, when its
+    weights depend on them (GPTQ, Wanda/SparseGPT masks); None otherwise."""
+    from autoplan.cli.export import _calibration
+    from autoplan.export import needs_calibration
+
+    full = plan.full
+    if full is None or not needs_calibration(full):
+        return None
+    cal = full.audit.calibration
+    if cal is None:
+        raise UserInputError("this plan's weights depend on calibration data but it does not "
+                             "record how it was drawn: use `autoplan export PLAN --format onnx` "
+                             "with the search's --seq-len/--n-calib/--n-eval/--seed")
+    err_console.print("rebuilding the plan's calibration set ...")
+    return _calibration(full, loaded, None, cal.seq_len, cal.n_calib, cal.n_eval, cal.seed,
+                        cal.batch_size)
+
+
 @click.command("apply")
 @click.argument("plan_path", metavar="PLAN")
 @click.option("--model", default=None,
               help="Model: alias, HF folder or GGUF (default: the plan's).")
 @click.option("--out", "out_dir", required=True, help="Folder to write (replaced atomically).")
-@click.option("--int4-accuracy-level", type=click.Choice(["0", "1", "4"]), default="0",
-              show_default=True, help="MatMulNBits compute: 0/1 fp32 (exact W4A16), 4 int8.")
 @json_option
-def command(plan_path: str, model: str | None, out_dir: str, int4_accuracy_level: str,
-            as_json: bool) -> None:
+def command(plan_path: str, model: str | None, out_dir: str, as_json: bool) -> None:
     """Apply PLAN to the model and write the runnable artifact to --out."""
     from autoplan.models import load_model
 
@@ -30,9 +46,8 @@ def command(plan_path: str, model: str | None, out_dir: str, int4_accuracy_level
         raise UserInputError("this plan does not name its model: pass --model")
     err_console.print(f"loading {model} ...")
     loaded = load_model(model)
-    # A plan whose weights depend on calibration data is refused by apply_plan_cpu with a
-    # message; `autoplan export --format onnx` rebuilds the plan's calibration set.
-    art = apply_plan_cpu(loaded, plan, out_dir, accuracy_level=int(int4_accuracy_level))
+    batches = _plan_calibration(plan, loaded)
+    art = apply_plan_cpu(loaded, plan, out_dir, calibration=batches)
     counts: dict[str, int] = {}
     for layer in art.manifest["layers"].values():
         counts[layer["op_type"]] = counts.get(layer["op_type"], 0) + 1

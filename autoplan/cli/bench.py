@@ -71,12 +71,13 @@ def _prediction_table(predicted: dict) -> Table:
 @click.option("--output-len", type=int, default=64, show_default=True)
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch eager fp32 reference.")
 @click.option("--threads", type=int, default=None, help="Threads (default: physical cores).")
-@click.option("--int4-accuracy-level", type=click.Choice(["0", "1", "4"]), default="0",
-              show_default=True, help="With --plan: MatMulNBits compute, 0/1 fp32, 4 int8.")
+@click.option("--no-spin", is_flag=True,
+              help="ORT pool threads sleep between ops (for a machine shared with other jobs; "
+                   "the default spins, as a dedicated serving node does).")
 @json_option
 def command(model: str, plan_path: str | None, artifact: str | None, requests: int,
             concurrency: int, input_len: int, output_len: int, no_torch: bool,
-            threads: int | None, int4_accuracy_level: str, as_json: bool) -> None:
+            threads: int | None, no_spin: bool, as_json: bool) -> None:
     """Measure prefill/decode tok/s, TTFT, TPOT and memory: baseline vs plan, one run."""
     from autoplan.models import load_model
     from autoplan.targets import get_target
@@ -93,13 +94,15 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
         if plan is not None:
             decisions["plan"] = plan.decisions
             err_console.print("applying the plan ...")
+            from autoplan.cli.apply import _plan_calibration
+
             arts.append(("plan", apply_plan_cpu(loaded, plan, Path(tmp) / "plan",
-                                                accuracy_level=int(int4_accuracy_level))))
+                                                calibration=_plan_calibration(plan, loaded))))
         elif artifact:
             art = CpuArtifact.load(artifact)
             arts.append(("plan", art))
             decisions["plan"] = artifact_decisions(art)
-        sides = [ort_side(name, art, threads) for name, art in arts]
+        sides = [ort_side(name, art, threads, spinning=not no_spin) for name, art in arts]
         if not no_torch:
             sides.append(torch_side(loaded.model, threads))
         bandwidth = read_bandwidth(threads=threads)
@@ -112,7 +115,7 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
         report.predicted = prediction_block(
             loaded.spec, get_target("local"), report.workload, decisions,
             {s.name: s for s in report.sides}, artifacts=dict(arts), threads=threads,
-            progress=None if as_json else lambda m: err_console.print(m))
+            progress=None if as_json else lambda m: err_console.print(m), spinning=not no_spin)
     if as_json:
         emit_json(report.to_json())
         return

@@ -204,6 +204,32 @@ class MxFp4Scheme(Scheme):
         return q * s, q
 
 
+class BlockInt8ActScheme(AbsmaxScheme):
+    """Activations as ONNX Runtime's MatMulNBits rounds them at accuracy_level 4.
+
+    MLAS ``QuantizeARow_CompInt8``: per block of ``group`` values along K, stored scale
+    ``amax / 127`` (FP32) and codes ``round_half_even(x * (127 / amax))`` -- the reciprocal is
+    computed from amax in one division, not as ``1 / scale``, which can differ by one ULP and
+    flip a code at a half-integer. An all-zero block gets scale 0 and codes 0.
+    """
+
+    code_dtype = torch.int8
+    divisor = 127.0
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+
+    def scale(self, slab: Tensor, ctx: Tensor | None) -> Tensor:
+        return _amax(slab).float() / self.divisor
+
+    def fake(self, x: Tensor, scale: Tensor | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        amax = _amax(x).float()
+        live = amax > 0
+        inv = torch.where(live, self.divisor / torch.where(live, amax, 1.0), 0.0)
+        q = torch.round(x * inv)  # |x * inv| <= 127 (+1 ulp), so no clamp is needed
+        return q * scale.float(), q
+
+
 def quantize_rows(
     x: Tensor, scheme: Scheme, ctx: Tensor | None, scale: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -243,9 +269,10 @@ def weight_scheme(precision: Precision, dtype: torch.dtype, *, per_channel: bool
         return RoundScheme(round_to_fp16)
     if p in (Precision.FP8_E4M3, Precision.FP8_E5M2):
         return Fp8Scheme(p, per_tensor=not per_channel)
-    if p in (Precision.INT8, Precision.INT8_WO):
+    if p in (Precision.INT8, Precision.INT8_WO, Precision.INT8A8_G128):
         return IntScheme(-127, 127, 127.0, per_tensor=not per_channel, scale_dtype=scale_dtype)
-    if p in (Precision.INT4_G32, Precision.INT4_G64, Precision.INT4_G128):
+    if p in (Precision.INT4_G32, Precision.INT4_G64, Precision.INT4_G128, Precision.INT4A8_G32,
+             Precision.INT4A8_G64, Precision.INT4A8_G128):
         return IntScheme(-8, 7, 7.5, group=p.info.group, scale_dtype=scale_dtype)
     if p is Precision.NVFP4:
         return NvFp4Scheme()
@@ -268,6 +295,8 @@ def activation_scheme(precision: Precision, static_scale: Tensor | None = None) 
         return RoundScheme(round_to_fp16)
     if p.info.weight_only or p is Precision.FP32:
         return RoundScheme(None)
+    if p.info.act_group:
+        return BlockInt8ActScheme(p.info.act_group)
     if p in (Precision.FP8_E4M3, Precision.FP8_E5M2):
         return Fp8Scheme(p, min_scale=_FP8_ACT_MIN_SCALE)
     if p is Precision.INT8:
@@ -282,6 +311,7 @@ def activation_scheme(precision: Precision, static_scale: Tensor | None = None) 
 
 __all__ = [
     "AbsmaxScheme",
+    "BlockInt8ActScheme",
     "Fp8Scheme",
     "IntScheme",
     "MxFp4Scheme",

@@ -24,6 +24,7 @@ from autoplan.cost.measured import load_cost_table
 from autoplan.cost.model import CostModel
 from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
+from autoplan.formats import Choice
 from autoplan.models import load_model
 from autoplan.models._cache import cache_root
 from autoplan.plan import schema as ps
@@ -78,6 +79,9 @@ class SearchRequest:
     price_per_hour: float | None = None
     trust_remote_code: bool = False
     cost_table: str | None = None  # measured GEMM times replacing the analytic ones
+    # Time this machine's ONNX Runtime kernels for every candidate (--target local only).
+    measure_kernels: bool = False
+    choices: tuple[str, ...] | None = None  # candidate formats (default: the space file's)
 
 
 class Reporter:
@@ -100,7 +104,8 @@ def _study_name(req: SearchRequest, model_hash: str, runtime: str, calib_hash: s
     key = "|".join(map(str, (model_hash, req.target, runtime, req.workload.model_dump_json(),
                              req.objective, req.budget, req.prune_score, req.quant_method,
                              req.seed, calib_hash, req.multi_objective,
-                             req.protect_first_block, req.protect_last_block)))
+                             req.protect_first_block, req.protect_last_block,
+                             req.choices, req.measure_kernels, req.cost_table)))
     return f"autoplan-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
@@ -116,10 +121,17 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     settings = CompressionSettings(req.prune_score, req.quant_method)
     torch.manual_seed(req.seed)
 
+    if req.measure_kernels and (target.name != "local" or runtime != "onnxruntime"):
+        raise UserInputError("--measure-kernels times this machine's ONNX Runtime kernels: use "
+                             "it with --target local --runtime onnxruntime")
+    if req.measure_kernels and req.cost_table:
+        raise UserInputError("pass --measure-kernels or --cost-table, not both")
+    candidates = [Choice.parse(c) for c in req.choices] if req.choices else None
+
     rep.stage("loading model")
     loaded = load_model(req.model, trust_remote_code=req.trust_remote_code)
     space = build_space(loaded.spec, target, runtime, protect_first_block=req.protect_first_block,
-                        protect_last_block=req.protect_last_block)
+                        protect_last_block=req.protect_last_block, candidates=candidates)
     data = load_text_dataset(req.text, tokenizer=loaded.tokenizer, seq_len=req.seq_len,
                              n_calib=req.calib_blocks, n_eval=req.eval_blocks, seed=req.seed)
     calib = list(data.calib.split(CALIB_BATCH))
@@ -132,8 +144,14 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
         calib_hash=calibration_key(calib), settings=settings, cache_dir=cache_root() / "profiles",
         seed=req.seed, on_progress=lambda d, t: rep.progress("profile", d, t))
 
+    measured = load_cost_table(req.cost_table)
+    if req.measure_kernels:
+        from autoplan.bench.predict import search_kernel_table
+
+        rep.stage("timing ONNX Runtime kernels")
+        measured = search_kernel_table(loaded, space, req.workload, progress=rep.note)
     cost = CostModel(loaded.spec, target, req.workload, price_per_hour=req.price_per_hour,
-                     measured=load_cost_table(req.cost_table))
+                     measured=measured)
     tables = build_tables(space, cost, profile)
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
@@ -271,6 +289,8 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
             best_uniform_kl=best_uniform.quality.kl if best_uniform else None, outcome=outcome,
             note="speed figures are cost-model predictions"
                  + (f" using measured GEMM times from {req.cost_table}" if req.cost_table else "")
+                 + (" using this machine's measured ONNX Runtime kernel times and non-GEMM "
+                    "decode step" if req.measure_kernels else "")
                  + "; quality is measured"),
         audit=ps.Audit(calibration_source=data.source, calibration_hash=data.content_hash,
                        calibration=ps.CalibrationSettings(

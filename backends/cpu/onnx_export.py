@@ -23,8 +23,8 @@ import onnx
 import torch
 
 from autoplan.backends.cpu.onnx_graph import OPSET, build_decoder
-from autoplan.backends.cpu.ort_quant import (QuantizedNode, check_cpu_choices, quantize_graph,
-                                            tensor_sha256)
+from autoplan.backends.cpu.ort_quant import (QuantizedNode, check_cpu_choices, nbits_layout,
+                                             quantize_graph, tensor_sha256)
 from autoplan.errors import AutoplanError, UserInputError
 from autoplan.formats import Choice
 
@@ -64,7 +64,7 @@ class CpuArtifact:
 def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[str, Choice],
                      out_dir: str | Path, *, masks: Mapping[str, torch.Tensor] | None = None,
                      weights: Mapping[str, torch.Tensor] | None = None,
-                     accuracy_level: int = 0, quantized: Mapping[str, Any] | None = None,
+                     quantized: Mapping[str, Any] | None = None,
                      extra_files: Mapping[str, str] | None = None) -> CpuArtifact:
     """Export `model` with each layer in its planned format, runnable by ONNX Runtime on CPU.
 
@@ -77,7 +77,6 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
             planned sparse without a mask must already hold its zeros (checked).
         weights: optional layer -> replacement weight [out, in] (the plan's own weights,
             e.g. SparseGPT-updated), used instead of the module's.
-        accuracy_level: MatMulNBits compute type for int4/int8_wo layers (see ort_quant).
         quantized: optional layer -> autoplan.quant.QuantizedWeight of the plan (e.g. GPTQ
             codes), packed verbatim; other layers are rounded to nearest.
         extra_files: name -> text written into the folder in the same atomic step.
@@ -90,9 +89,8 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
     proto = build_decoder(model, masks=masks, weights=weights,
                           fuse_qkv=lambda i: _same_choice(decisions, i, "self_attn", "qkv"),
                           fuse_gate_up=lambda i: _same_choice(decisions, i, "mlp", ("gate", "up")))
-    records = quantize_graph(proto, decisions, accuracy_level=accuracy_level,
-                             quantized=quantized)
-    manifest = _manifest(model, proto, records, accuracy_level)
+    records = quantize_graph(proto, decisions, quantized=quantized)
+    manifest = _manifest(model, proto, records)
     with _atomic_dir(Path(out_dir)) as tmp:
         onnx.save_model(proto, str(tmp / "model.onnx"), save_as_external_data=True,
                         all_tensors_to_one_file=True, location="model.onnx.data",
@@ -130,8 +128,8 @@ def _check_sparsity(model: torch.nn.Module, decisions: Mapping[str, Choice],
             )
 
 
-def _manifest(model: torch.nn.Module, proto: onnx.ModelProto, records: list[QuantizedNode],
-              accuracy_level: int) -> dict[str, Any]:
+def _manifest(model: torch.nn.Module, proto: onnx.ModelProto,
+              records: list[QuantizedNode]) -> dict[str, Any]:
     import onnxruntime
 
     layers: dict[str, Any] = {}
@@ -139,6 +137,9 @@ def _manifest(model: torch.nn.Module, proto: onnx.ModelProto, records: list[Quan
         hashes = tensor_sha256(proto, list(rec.tensors.values()))
         layers[rec.layer] = {
             "choice": rec.choice, "op_type": rec.op_type, "node": rec.node,
+            # MatMulNBits compute type, implied by the format (ort_quant.nbits_layout)
+            "accuracy_level": (nbits_layout(Choice.parse(rec.choice).precision)[2]
+                               if rec.op_type == "MatMulNBits" else None),
             "columns": list(rec.columns) if rec.columns else None,
             "tensors": {role: {"name": n, "sha256": hashes[n]} for role, n in rec.tensors.items()},
         }
@@ -151,7 +152,6 @@ def _manifest(model: torch.nn.Module, proto: onnx.ModelProto, records: list[Quan
                   "vocab": cfg.vocab_size, "hidden": cfg.hidden_size},
         "runtime": {"onnxruntime": onnxruntime.__version__, "opset": OPSET},
         "int8_activations": INT8_ACTIVATIONS,
-        "nbits_accuracy_level": accuracy_level,
         "weight_bytes": int(sum(_init_bytes(t) for t in proto.graph.initializer)),
         "streamed_weight_bytes": _streamed_bytes(proto),
         "layers": layers,

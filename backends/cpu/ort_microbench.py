@@ -3,9 +3,10 @@
 For a row (m, n, k, choice) we build a small ONNX graph the way the artifact is built --
 fp32 `MatMul` nodes (onnx_graph), rewritten by the very ort_quant.quantize_graph the export
 uses (int8 W8A8 -> DynamicQuantizeLinear/MatMulInteger/... which ORT fuses into
-DynamicQuantizeMatMul; int4_gN / int8_wo -> MatMulNBits with the artifact's accuracy_level)
--- and run it with ort_runtime's session options (intra-op threads = physical cores,
-sequential, ORT_ENABLE_ALL, no spinning).
+DynamicQuantizeMatMul; int4_gN / int8_wo -> MatMulNBits at accuracy_level 0, int4a8_gN /
+int8a8_g128 -> MatMulNBits at level 4) -- and run it with ort_runtime's session options
+(intra-op threads = physical cores, sequential, ORT_ENABLE_ALL, spinning as generation runs).
+
 
 The graph holds R independent copies of the node (own input, own weight, own output), so
 one `run_with_iobinding` times R kernel calls back to back; per-call time = run time / R
@@ -22,8 +23,9 @@ per-kernel overhead on top of these rows.
 
 Cost table: backends/microbench.py's schema v1 (read_cost_table reads it), plus header
 fields `runtime`, `onnxruntime`, `threads`, `includes_dispatch`, `method` and per row `kernel`
-(the ORT op) and `accuracy_level` (MatMulNBits rows; None otherwise). Cached per machine
-(CPU model, cores), ORT version and thread count under cache_root()/"cost_tables"; rows
+(the ORT op) and `accuracy_level` (MatMulNBits rows, implied by the format; None otherwise).
+Cached per machine (CPU model, cores), ORT version, thread count and spinning mode under
+cache_root()/"cost_tables"; rows
 accumulate there, only missing rows are measured.
 """
 
@@ -43,25 +45,22 @@ from autoplan.formats import Choice, Precision
 
 SCHEMA_VERSION = 1
 # How rows are timed; a cached table timed another way is re-measured.
-METHOD = "rotate-copies+flush-96MB"
+METHOD = "rotate-copies+flush-96MB/v2"  # v2: accuracy_level follows the format
 ROTATE_BYTES = 64 * 2**20  # > 2x the L3 of the dev box (32 MB)
 FLUSH_BYTES = 96 * 2**20  # read before each timed run: evicts L2/L3
 MAX_COPIES = 8
 BUILD_BYTES = 256 * 2**20  # fp32 weights held while building one graph
-NBITS = frozenset({Precision.INT4_G32, Precision.INT4_G64, Precision.INT4_G128,
-                   Precision.INT8_WO})
-
-Row = tuple[int, int, int, str, int | None]  # m, n, k, choice, accuracy_level (nbits only)
+Row = tuple[int, int, int, str]  # m, n, k, choice
 
 
-def row_key(m: int, n: int, k: int, choice: Choice | str, accuracy_level: int = 0) -> Row:
-    """The identity of a cost-table row; accuracy_level matters only for MatMulNBits."""
+def row_key(m: int, n: int, k: int, choice: Choice | str) -> Row:
+    """The identity of a cost-table row (the format implies the kernel and its settings)."""
     c = Choice.parse(choice) if isinstance(choice, str) else choice
-    return int(m), int(n), int(k), str(c), (int(accuracy_level) if c.precision in NBITS else None)
+    return int(m), int(n), int(k), str(c)
 
 
 def _key_of(row: dict[str, Any]) -> Row:
-    return row_key(row["m"], row["n"], row["k"], row["choice"], row.get("accuracy_level") or 0)
+    return row_key(row["m"], row["n"], row["k"], row["choice"])
 
 
 def copies_for(n: int, k: int, choice: Choice) -> int:
@@ -72,8 +71,7 @@ def copies_for(n: int, k: int, choice: Choice) -> int:
     return int(max(1, min(MAX_COPIES, want, BUILD_BYTES // fp32)))
 
 
-def build_graph(m: int, n: int, k: int, choice: Choice | str, accuracy_level: int = 0,
-                copies: int = 1, seed: int = 0):
+def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, seed: int = 0):
     """ONNX model with `copies` independent [m, k] x [k, n] linear nodes in the given format."""
     import onnx
     from autoplan.backends.cpu.onnx_graph import OPSET
@@ -96,7 +94,7 @@ def build_graph(m: int, n: int, k: int, choice: Choice | str, accuracy_level: in
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = min(model.ir_version, 9)
     decisions = {f"linear{i}": c for i in range(copies)} if c.precision is not Precision.FP32 else {}
-    records = quantize_graph(model, decisions, accuracy_level=accuracy_level)
+    records = quantize_graph(model, decisions)
     kernel = records[0].op_type if records else "MatMul"
     if c.precision is Precision.INT8:
         kernel = "DynamicQuantizeMatMul"  # what ORT fuses the int8 pattern into
@@ -104,24 +102,24 @@ def build_graph(m: int, n: int, k: int, choice: Choice | str, accuracy_level: in
     return model, kernel
 
 
-def _session(model, threads: int | None):
+def _session(model, threads: int | None, spinning: bool):
     import onnxruntime as ort
     from autoplan.backends.cpu.ort_runtime import session_options
 
-    opts = session_options(threads)
+    opts = session_options(threads, spinning=spinning)
     return ort.InferenceSession(model.SerializeToString(), opts,
                                 providers=["CPUExecutionProvider"])
 
 
-def time_row(m: int, n: int, k: int, choice: Choice | str, accuracy_level: int = 0,
-             threads: int | None = None, repeats: int | None = None, warmup: int = 3,
-             min_seconds: float = 0.3, flush_cache: bool = True) -> dict[str, Any]:
+def time_row(m: int, n: int, k: int, choice: Choice | str, threads: int | None = None,
+             repeats: int | None = None, warmup: int = 3, min_seconds: float = 0.3,
+             flush_cache: bool = True, spinning: bool = True) -> dict[str, Any]:
     """Build, run and time one row; per-call microseconds (median, p10, p90), each timed run
     starting from evicted caches (flush_cache)."""
     c = Choice.parse(choice) if isinstance(choice, str) else choice
     copies = copies_for(n, k, c)
-    model, kernel = build_graph(m, n, k, c, accuracy_level, copies)
-    sess = _session(model, threads)
+    model, kernel = build_graph(m, n, k, c, copies)
+    sess = _session(model, threads, spinning)
     io = sess.io_binding()
     x = (np.random.default_rng(1).standard_normal((m, k), dtype=np.float32) * 0.5)
     for i in range(copies):
@@ -144,30 +142,34 @@ def time_row(m: int, n: int, k: int, choice: Choice | str, accuracy_level: int =
         samples.append((time.perf_counter() - t0) * 1e6 / copies)
     samples.sort()
     pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]
-    m_, n_, k_, choice_s, level = row_key(m, n, k, c, accuracy_level)
+    from autoplan.backends.cpu.ort_quant import nbits_layout
+
+    level = nbits_layout(c.precision)[2] if kernel == "MatMulNBits" else None
+    m_, n_, k_, choice_s = row_key(m, n, k, c)
     return {"m": m_, "n": n_, "k": k_, "choice": choice_s, "accuracy_level": level,
             "kernel": kernel, "copies": copies, "repeats": repeats,
             "median_us": statistics.median(samples), "p10_us": pick(0.1), "p90_us": pick(0.9)}
 
 
-def machine_key(threads: int | None = None) -> str:
-    """CPU model, cores, ORT version and threads: what a cached table is valid for."""
+def machine_key(threads: int | None = None, spinning: bool = True) -> str:
+    """CPU model, cores, ORT version, threads and spinning: what a cached table is valid for."""
     import onnxruntime as ort
     from autoplan.backends.cpu.ort_runtime import physical_cores
     from autoplan.backends.cpu.probe import cpu_info
 
     info = cpu_info()
     slug = re.sub(r"[^a-z0-9]+", "-", info.model.lower()).strip("-") or "cpu"
-    return f"ort-{ort.__version__}-{slug}-{info.cores}c-{threads or physical_cores()}t"
+    spin = "" if spinning else "-nospin"
+    return f"ort-{ort.__version__}-{slug}-{info.cores}c-{threads or physical_cores()}t{spin}"
 
 
-def cache_path(threads: int | None = None) -> Path:
+def cache_path(threads: int | None = None, spinning: bool = True) -> Path:
     from autoplan.models._cache import cache_root
 
-    return cache_root() / "cost_tables" / f"{machine_key(threads)}.json"
+    return cache_root() / "cost_tables" / f"{machine_key(threads, spinning)}.json"
 
 
-def empty_table(threads: int | None = None) -> dict[str, Any]:
+def empty_table(threads: int | None = None, spinning: bool = True) -> dict[str, Any]:
     import onnxruntime as ort
     from autoplan.backends.cpu.ort_runtime import physical_cores
     from autoplan.backends.cpu.probe import cpu_info
@@ -176,18 +178,19 @@ def empty_table(threads: int | None = None) -> dict[str, Any]:
     n_threads = threads or physical_cores()
     return {"schema_version": SCHEMA_VERSION, "device": f"{info.model} ({n_threads} threads)",
             "runtime": "onnxruntime", "onnxruntime": ort.__version__, "threads": n_threads,
-            "includes_dispatch": True, "method": METHOD, "rows": [], "skipped": []}
+            "includes_dispatch": True, "method": METHOD, "spinning": spinning, "rows": [],
+            "skipped": []}
 
 
 def measure_rows(wanted: Iterable[Row], threads: int | None = None, *,
                  path: str | Path | None = None, refresh: bool = False,
-                 progress=None) -> dict[str, Any]:
+                 progress=None, spinning: bool = True) -> dict[str, Any]:
     """The cost table holding every wanted row: cached rows are reused, missing ones timed
-    and the table written back (path: default cache_path(threads))."""
+    and the table written back (path: default cache_path(threads, spinning))."""
     from autoplan.backends.microbench import read_cost_table, write_cost_table
 
-    p = Path(path) if path is not None else cache_path(threads)
-    table = empty_table(threads)
+    p = Path(path) if path is not None else cache_path(threads, spinning)
+    table = empty_table(threads, spinning)
     if p.is_file() and not refresh:
         try:
             old = read_cost_table(p)
@@ -195,23 +198,22 @@ def measure_rows(wanted: Iterable[Row], threads: int | None = None, *,
             old = {}  # an unreadable cache is re-measured
         if old.get("runtime") == "onnxruntime" and old.get("threads") == table["threads"] \
                 and old.get("onnxruntime") == table["onnxruntime"] \
-                and old.get("method") == METHOD:
+                and old.get("method") == METHOD and old.get("spinning") == spinning:
             table["rows"] = list(old["rows"])
     have = {_key_of(r) for r in table["rows"]}
     missing = [w for w in dict.fromkeys(wanted) if w not in have]
-    for i, (m, n, k, choice, level) in enumerate(missing):
+    for i, (m, n, k, choice) in enumerate(missing):
         if progress:
-            progress(f"ORT kernel {i + 1}/{len(missing)}: m={m} n={n} k={k} {choice}"
-                     + (f" accuracy_level={level}" if level is not None else ""))
-        table["rows"].append(time_row(m, n, k, choice, level or 0, threads))
+            progress(f"ORT kernel {i + 1}/{len(missing)}: m={m} n={n} k={k} {choice}")
+        table["rows"].append(time_row(m, n, k, choice, threads, spinning=spinning))
     if missing:
         write_cost_table(table, p)
     return table
 
 
 def select(table: dict[str, Any], wanted: Iterable[Row]) -> dict[str, Any]:
-    """A copy of the table with only the wanted rows (so one artifact's accuracy_level or
-    fusion never borrows another's row)."""
+    """A copy of the table with only the wanted rows (so one artifact's fusion never
+    borrows another's row)."""
     keep = set(wanted)
     rows = [r for r in table["rows"] if _key_of(r) in keep]
     if len({_key_of(r) for r in rows}) < len(keep):
@@ -221,19 +223,17 @@ def select(table: dict[str, Any], wanted: Iterable[Row]) -> dict[str, Any]:
     return {**table, "rows": rows}
 
 
-
-
-def _decoder_session(path: Path, threads: int | None):
+def _decoder_session(path: Path, threads: int | None, spinning: bool):
     import onnxruntime as ort
     from autoplan.backends.cpu.ort_runtime import session_options
 
-    opts = session_options(threads)
+    opts = session_options(threads, spinning=spinning)
     opts.add_session_config_entry("optimization.disable_specified_optimizers", "ConstantFolding")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
 def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int | None = None,
-                            window: int = 64, repeats: int = 3) -> float:
+                            window: int = 64, repeats: int = 3, spinning: bool = True) -> float:
     """Seconds per decode step of an exported decoder with its linear layers taken out.
 
     Every linear node (a MatMul whose weight is an initializer: the fp32 baseline export) is
@@ -276,10 +276,10 @@ def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int |
     start = max(1, context - window // 2)
     with tempfile.TemporaryDirectory(prefix="autoplan-nongemm-") as tmp:
         onnx.save(model, str(Path(tmp) / "model.onnx"))
-        gen = OrtGenerator(Path(tmp) / "model.onnx", threads=threads)
+        gen = OrtGenerator(Path(tmp) / "model.onnx", threads=threads, spinning=spinning)
         # Same options, but no constant folding: otherwise the zero q/k/v and gate/up outputs
         # would fold the Split and the SiLU gate away, which the decoder does run.
-        gen.session = _decoder_session(Path(tmp) / "model.onnx", threads)
+        gen.session = _decoder_session(Path(tmp) / "model.onnx", threads, spinning)
         ids = np.ones((1, 1), dtype=np.int64)
         gen.generate(ids, 8)  # warm-up
         runs = []

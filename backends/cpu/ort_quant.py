@@ -10,9 +10,13 @@ This module rewrites that node in place, so the layer -> node mapping stays exac
   *tensor* (uint8, asymmetric) at run time, where autoplan.quant simulates vLLM's per-token
   int8: identical at decode batch 1, coarser for prefill and batched decode (the manifest
   records it).
-- `int4_g32/g64/g128` (W4A16) and `int8_wo` (W8A16): com.microsoft `MatMulNBits`, codes
+- `int4_g32/g64/g128` (W4A16) and `int8_wo` (W8A16): com.microsoft `MatMulNBits` at
+  accuracy_level 0 (fp32 math on the dequantized weights: exact weight-only numerics), codes
   stored with the op's default zero point 2**(bits-1). int4 groups run along K (codes
   -8..7, amax / 7.5); int8_wo is per output channel (the scale repeated for every block).
+- `int4a8_g32/g64/g128` and `int8a8_g128`: the same MatMulNBits weights at accuracy_level 4,
+  where MLAS quantizes each activation row to int8 per block (its fast VNNI/AVX2 path);
+  autoplan.quant simulates that rounding exactly (BlockInt8ActScheme).
 
 Codes and scales come from autoplan.quant.quantize_weight (or the plan's own GPTQ-rounded
 QuantizedWeight), never from a second rounding rule, so the ONNX model holds exactly the
@@ -41,12 +45,25 @@ from autoplan.quant import QuantizedWeight, quantize_weight
 
 MS_DOMAIN = "com.microsoft"
 _FP32 = Choice(DENSE, Precision.FP32)
-INT4 = {Precision.INT4_G32: 32, Precision.INT4_G64: 64, Precision.INT4_G128: 128}
-CPU_PRECISIONS = frozenset({Precision.FP32, Precision.INT8, Precision.INT8_WO, *INT4})
+INT4 = {Precision.INT4_G32: 32, Precision.INT4_G64: 64, Precision.INT4_G128: 128,
+        Precision.INT4A8_G32: 32, Precision.INT4A8_G64: 64, Precision.INT4A8_G128: 128}
+INT8_NBITS = frozenset({Precision.INT8_WO, Precision.INT8A8_G128})
+CPU_PRECISIONS = frozenset({Precision.FP32, Precision.INT8, *INT8_NBITS, *INT4})
 # Sparsity has no CPU kernel: masked weights run dense. N:M exists only to feed sparse tensor
 # cores, so a plan that asks for it on a CPU target was made for other hardware.
 CPU_SPARSITY_KINDS = frozenset({"dense", "unstructured", "block", "channel"})
-INT8_WO_BLOCK = 128  # MatMulNBits block for int8_wo; every block carries the channel's scale
+INT8_WO_BLOCK = 128  # MatMulNBits block for 8-bit layers; every block carries the channel's scale
+
+
+def nbits_layout(precision: Precision) -> tuple[int, int, int]:
+    """(bits, block_size, accuracy_level) of the MatMulNBits node running `precision`.
+
+    The level follows the format, never a switch: level 4 rounds activations to int8, which
+    only the *a8 formats simulate, so any other level would run numerics nobody measured.
+    """
+    bits = 8 if precision in INT8_NBITS else 4
+    block = INT8_WO_BLOCK if bits == 8 else INT4[precision]
+    return bits, block, 4 if precision.info.act_group else 0
 
 
 @dataclass(frozen=True)
@@ -136,7 +153,6 @@ def unpack_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int) -> n
 
 # ---- graph rewrite --------------------------------------------------------------------------
 def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
-                   accuracy_level: int = 0,
                    quantized: Mapping[str, QuantizedWeight] | None = None) -> list[QuantizedNode]:
     """Rewrite each decided layer's MatMul node of `model` in place; fail if one is missing.
 
@@ -144,8 +160,6 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
         model: the fp32 decoder from onnx_graph.build_decoder: MatMul nodes named by layer, or
             packing several layers as recorded in its `autoplan.fused_layers` metadata.
         decisions: layer name -> Choice; layers not listed stay fp32.
-        accuracy_level: MatMulNBits compute type (0/1 = fp32 math, exact W4A16; 4 = int8 math,
-            faster on VNNI CPUs but activations are rounded to int8 per block).
         quantized: optional layer -> QuantizedWeight already computed for the plan (GPTQ
             codes); other quantized layers are rounded to nearest by autoplan.quant.
 
@@ -192,7 +206,7 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
         if choice.precision is Precision.INT8:
             built, tensors = _int8_nodes(node, codes, scales, act_quantized)
         else:
-            built, tensors = _nbits_nodes(node, codes, scales, choice.precision, accuracy_level)
+            built, tensors = _nbits_nodes(node, codes, scales, choice.precision)
         graph.initializer.extend(tensors)
         new_nodes += built
         main = next(b for b in built if b.name == node.name)
@@ -236,11 +250,10 @@ def _int8_nodes(node: onnx.NodeProto, codes: np.ndarray, scales: np.ndarray,
 
 
 def _nbits_nodes(node: onnx.NodeProto, codes: np.ndarray, scales: np.ndarray,
-                 precision: Precision, accuracy_level: int
-                 ) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
+                 precision: Precision) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
     name = node.name
     n, k = codes.shape
-    bits, block = (8, INT8_WO_BLOCK) if precision is Precision.INT8_WO else (4, INT4[precision])
+    bits, block, accuracy_level = nbits_layout(precision)
     packed, flat_scales = pack_nbits(codes, scales, bits, block)
     b = numpy_helper.from_array(packed, f"{name}.weight_q{bits}")
     s = numpy_helper.from_array(flat_scales, f"{name}.weight_scale")
@@ -289,6 +302,6 @@ def tensor_sha256(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
 
 __all__ = [
     "CPU_PRECISIONS", "CPU_SPARSITY_KINDS", "QuantizedNode", "check_cpu_choices",
-    "cpu_unsupported", "dequantized_weights", "pack_nbits", "quantize_graph", "quantize_layer",
+    "cpu_unsupported", "dequantized_weights", "nbits_layout", "pack_nbits", "quantize_graph", "quantize_layer",
     "records_from_manifest", "tensor_sha256", "unpack_nbits",
 ]

@@ -82,6 +82,10 @@ def test_show_bad_file_exits_2(tmp_path: Path) -> None:
     (["--target", "h1000"], "h1000"),
     (["--trials", "0"], "--trials"),
     (["--batch", "0"], "--batch"),
+    (["--measure-kernels"], "--target local --runtime onnxruntime"),
+    (["--choices", "fp7"], "unknown precision"),
+    (["--target", "xeon-8480", "--runtime", "onnxruntime", "--choices", "int8"],
+     "accelerates no compressed format"),
 ])
 def test_user_mistakes_exit_2_with_one_line(model_dir: Path, tmp_path: Path, args: list[str],
                                             needle: str) -> None:

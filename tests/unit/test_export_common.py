@@ -208,7 +208,8 @@ def test_cli_export_and_refusal_exit_codes(loaded, tmp_path):
 
 def test_onnx_format_dispatches_to_cpu_backend(loaded, tmp_path):
     pytest.importorskip("onnx")
-    decisions = {n: ("dense+fp32" if n == "lm_head" else "dense+int8") for n in layer_names(loaded)}
+    decisions = {n: ("dense+fp32" if n == "lm_head" else "dense+int8a8_g128")
+                 for n in layer_names(loaded)}
     plan = make_plan(loaded, decisions, target="xeon-8480", runtime="onnxruntime")
     out = export_plan(plan, loaded, "onnx", tmp_path / "cpu")
     names = {p.name for p in out.iterdir()}

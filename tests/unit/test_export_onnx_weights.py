@@ -15,7 +15,8 @@ onnx = pytest.importorskip("onnx")
 
 
 @pytest.mark.parametrize("quant,prune,choice", [("gptq", "magnitude", "int4_g32"),
-                                                ("rtn", "sparsegpt", "channel@25+int8")])
+                                                ("gptq", "magnitude", "int4a8_g32"),
+                                                ("rtn", "sparsegpt", "channel@25+int8a8_g128")])
 def test_onnx_export_holds_the_plans_weights_exactly(tmp_path, quant, prune, choice):
     from autoplan.backends.cpu.onnx_export import CpuArtifact
     from autoplan.backends.cpu.ort_quant import dequantized_weights, records_from_manifest

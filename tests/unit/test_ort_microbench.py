@@ -38,9 +38,10 @@ def _optimized_ops(model, tmp_path) -> list[str]:
 
 
 @pytest.mark.parametrize("choice,op", [("fp32", "MatMul"), ("int8", "DynamicQuantizeMatMul"),
-                                       ("int4_g32", "MatMulNBits"), ("int8_wo", "MatMulNBits")])
+                                       ("int4_g32", "MatMulNBits"), ("int4a8_g32", "MatMulNBits"),
+                                       ("int8a8_g128", "MatMulNBits")])
 def test_graph_runs_the_artifact_kernel(choice, op, tmp_path):
-    model, kernel = OM.build_graph(2, 48, 64, choice, accuracy_level=4, copies=2)
+    model, kernel = OM.build_graph(2, 48, 64, choice, copies=2)
     assert kernel == op
     assert _optimized_ops(model, tmp_path) == [op, op]  # one kernel per copy, int8 fused
 
@@ -49,7 +50,7 @@ def test_fp32_graph_computes_the_product():
     from onnx import numpy_helper
 
     model, _ = OM.build_graph(3, 16, 32, "fp32", copies=2)
-    sess = OM._session(model, threads=1)
+    sess = OM._session(model, threads=1, spinning=False)
     x = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
     ys = sess.run(None, {"x0": x, "x1": x})
     weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -58,9 +59,10 @@ def test_fp32_graph_computes_the_product():
 
 
 def test_time_row_fields_and_order():
-    row = OM.time_row(1, 32, 64, "int4_g32", accuracy_level=4, threads=1, repeats=5)
-    assert (row["m"], row["n"], row["k"], row["choice"]) == (1, 32, 64, "dense+int4_g32")
+    row = OM.time_row(1, 32, 64, "int4a8_g32", threads=1, repeats=5)
+    assert (row["m"], row["n"], row["k"], row["choice"]) == (1, 32, 64, "dense+int4a8_g32")
     assert row["accuracy_level"] == 4 and row["kernel"] == "MatMulNBits"
+    assert OM.time_row(1, 32, 64, "int4_g32", threads=1, repeats=5)["accuracy_level"] == 0
     assert 0 < row["p10_us"] <= row["median_us"] <= row["p90_us"]
     assert OM.time_row(1, 32, 64, "fp32", threads=1, repeats=5)["accuracy_level"] is None
 
@@ -73,16 +75,19 @@ def test_copies_rotate_small_weights_only():
 
 def test_table_cached_readable_and_selected(tmp_path, monkeypatch):
     path = tmp_path / "table.json"
-    wanted = [OM.row_key(1, 32, 64, "fp32"), OM.row_key(1, 32, 64, "int4_g32", 4)]
-    table = OM.measure_rows(wanted, threads=1, path=path)
+    wanted = [OM.row_key(1, 32, 64, "fp32"), OM.row_key(1, 32, 64, "int4a8_g32")]
+    table = OM.measure_rows(wanted, threads=1, path=path, spinning=False)
     assert read_cost_table(path)["rows"] == table["rows"]  # schema v1 compatible
     assert table["includes_dispatch"] and table["runtime"] == "onnxruntime"
     monkeypatch.setattr(OM, "time_row", lambda *a, **k: pytest.fail("re-measured a cached row"))
-    again = OM.measure_rows(wanted[:1], threads=1, path=path)
+    again = OM.measure_rows(wanted[:1], threads=1, path=path, spinning=False)
     assert len(again["rows"]) == 2
-    # A different accuracy_level is a different row.
+    # The weight-only format (accuracy_level 0) is a different row.
     with pytest.raises(Exception, match="lacks"):
-        OM.select(again, [OM.row_key(1, 32, 64, "int4_g32", 0)])
+        OM.select(again, [OM.row_key(1, 32, 64, "int4_g32")])
+    # A table timed with spinning threads is another table: its rows are not reused.
+    monkeypatch.undo()
+    assert len(OM.measure_rows(wanted[:1], threads=1, path=path, spinning=True)["rows"]) == 1
     assert len(OM.select(again, wanted[1:])["rows"]) == 1
     write_cost_table(again, tmp_path / "copy.json")
     assert MeasuredTable.from_document(read_cost_table(tmp_path / "copy.json")).includes_dispatch
@@ -113,16 +118,16 @@ def test_kernel_rows_follow_the_manifest():
     layers = {l.name: {"node": l.fuse_group, "columns": [0, 1]} if l.role in ("q", "k", "v")
               else {"node": l.name, "columns": None} for l in spec.layers}
     wl = {"concurrency": 2, "input_len": 8, "output_len": 4}
-    int4 = {l.name: Choice.parse("int4_g32") for l in spec.layers}
-    rows = kernel_rows(spec, wl, int4, {"nbits_accuracy_level": 4, "layers": layers})
+    int4 = {l.name: Choice.parse("int4a8_g32") for l in spec.layers}
+    rows = kernel_rows(spec, wl, int4, {"layers": layers})
     q = spec.layer("model.layers.0.self_attn.q_proj")
     packed_n = sum(l.out_features for l in spec.layers if l.fuse_group == q.fuse_group)
-    assert OM.row_key(2, packed_n, 64, "int4_g32", 4) in rows  # decode, packed
-    assert OM.row_key(16, packed_n, 64, "int4_g32", 4) in rows  # prefill: 2 x 8 tokens
-    assert OM.row_key(2, spec.vocab, 64, "int4_g32", 4) in rows  # lm_head: decode m only
-    assert OM.row_key(16, spec.vocab, 64, "int4_g32", 4) not in rows
+    assert OM.row_key(2, packed_n, 64, "int4a8_g32") in rows  # decode, packed
+    assert OM.row_key(16, packed_n, 64, "int4a8_g32") in rows  # prefill: 2 x 8 tokens
+    assert OM.row_key(2, spec.vocab, 64, "int4a8_g32") in rows  # lm_head: decode m only
+    assert OM.row_key(16, spec.vocab, 64, "int4a8_g32") not in rows
     gate = spec.layer("model.layers.0.mlp.gate_proj")
-    assert OM.row_key(2, gate.out_features, 64, "int4_g32", 4) in rows  # not packed here
+    assert OM.row_key(2, gate.out_features, 64, "int4a8_g32") in rows  # not packed here
 
 
 def test_measured_non_gemm_replaces_fixed_decode_terms():
@@ -135,3 +140,30 @@ def test_measured_non_gemm_replaces_fixed_decode_terms():
     assert measured.fixed_time().prefill_s == pytest.approx(analytic.fixed_time().prefill_s)
     with pytest.raises(Exception, match="non_gemm_decode_s"):
         MeasuredTable.from_document({"rows": [], "non_gemm_decode_s": 0})
+
+
+def test_search_kernel_table_times_every_unit_choice_at_packed_width(monkeypatch):
+    from types import SimpleNamespace
+
+    from autoplan.bench import predict
+    from autoplan.search.space import build_space
+
+    spec = ModelSpec.from_config(_TOY_CFG)
+    space = build_space(spec, get_target("xeon-8480"), "onnxruntime",
+                        candidates=[Choice.parse("int4a8_g32"), Choice.parse("int8a8_g128")])
+    seen = {}
+
+    def fake_measure(rows, threads=None, **kw):
+        seen["rows"], seen["spinning"] = rows, kw.get("spinning")
+        return {"rows": [], "includes_dispatch": True}
+
+    monkeypatch.setattr(OM, "measure_rows", fake_measure)
+    wl = Workload(batch=2, input_len=8, output_len=4)  # batch 2: no non-GEMM step timing
+    table = predict.search_kernel_table(SimpleNamespace(spec=spec), space, wl)
+    assert table["non_gemm_decode_s"] is None and seen["spinning"] is True
+    q = spec.layer("model.layers.0.self_attn.q_proj")
+    packed_n = sum(l.out_features for l in spec.layers if l.fuse_group == q.fuse_group)
+    for choice in ("fp32", "int4a8_g32", "int8a8_g128"):
+        assert OM.row_key(2, packed_n, 64, choice) in seen["rows"]  # decode, packed q/k/v
+        assert OM.row_key(16, packed_n, 64, choice) in seen["rows"]  # prefill chunk
+        assert OM.row_key(2, spec.vocab, 64, choice) in seen["rows"]  # lm_head is searched

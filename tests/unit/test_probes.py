@@ -143,7 +143,8 @@ def test_backend_supports_delegates_to_the_runtime_matrix():
     assert get_backend("nvidia").supports(h100, "vllm", Choice.parse("fp8")).ok
     assert not get_backend("nvidia").supports(h100, "vllm", Choice.parse("2:4+fp8")).ok
     assert not get_backend("amd").supports(h100, "vllm", Choice.parse("bf16")).ok
-    assert get_backend("cpu").supports(spr, "onnxruntime", Choice.parse("int8")).ok
+    assert get_backend("cpu").supports(spr, "onnxruntime", Choice.parse("int8a8_g128")).ok
+    assert not get_backend("cpu").supports(spr, "onnxruntime", Choice.parse("int8")).ok
 
 
 def test_cli_probe_json(cached_env, measured):

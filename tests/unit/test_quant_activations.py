@@ -90,3 +90,29 @@ def test_mxfp4_activation_matches_weight_math_and_keeps_shape():
 def test_dtype_is_preserved():
     x = _x().to(torch.bfloat16)
     assert quantize_activation(x, P.FP8_E4M3).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("precision", [P.INT4A8_G32, P.INT4A8_G64, P.INT4A8_G128, P.INT8A8_G128])
+def test_block_int8_activations_follow_mlas_comp_int8(precision):
+    """ORT MatMulNBits accuracy_level 4 (MLAS QuantizeARow_CompInt8): per block of g along K,
+    scale = amax / 127 and codes = round_half_even(x * (127 / amax))."""
+    g = precision.info.act_group
+    x = _x((3, 2, 200), seed=4)  # K = 200: a ragged last block for every g
+    x[0, 0, :g] = 0.0  # an all-zero block stays zero
+    got = quantize_activation(x, precision)
+    rows = x.reshape(-1, 200)
+    want = torch.empty_like(rows)
+    for r in range(rows.shape[0]):
+        for start in range(0, 200, g):
+            blk = rows[r, start:start + g]
+            amax = blk.abs().max()
+            if amax == 0:
+                want[r, start:start + g] = 0
+                continue
+            inv = torch.tensor(127.0) / amax  # one fp32 division, as MLAS computes it
+            want[r, start:start + g] = torch.round(blk * inv) * (amax / 127.0)
+    assert torch.equal(got, want.reshape(x.shape))
+    # Per-block scales: a row's result does not depend on the other rows (batch-invariant).
+    assert torch.equal(quantize_activation(x[1:2], precision), got[1:2])
+    codes = got.reshape(-1, 200)[:, :g] / (rows[:, :g].abs().amax(-1, keepdim=True) / 127.0)
+    assert torch.all(codes[1:].round().abs() <= 127)

@@ -65,6 +65,14 @@ def test_lm_head_protected_on_gpu_spaces(target: str, runtime: str | None) -> No
     assert space.decisions({})["lm_head"] == space.baseline
 
 
+def test_given_candidates_restrict_the_space_and_keep_the_baseline() -> None:
+    space = _space("xeon-8480", "onnxruntime", candidates=[Choice.parse("int8a8_g128"),
+                                                           Choice.parse("int8")])
+    assert set(space.all_choices) == {Choice.parse("fp32"), Choice.parse("int8a8_g128")}
+    assert "dense+int8" in space.dropped  # refused by the runtime matrix, with its reason
+    assert all(u.choices[0] == space.baseline for u in space.units)
+
+
 def test_lm_head_searched_on_cpu() -> None:
     space = _space("xeon-8480", "onnxruntime")
     assert space.protected == ()
