@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             peer = llamacpp_side(Path(args.llama_cpp_python), gguf, args.threads or 2,
                                  args.input_len + args.output_len + 8)
             sides.append(peer)
-        bandwidth = read_bandwidth(threads=args.threads)
+        bandwidth = lambda: read_bandwidth(threads=args.threads)  # sampled once per batch round
         report = run_bench(sides, requests=args.requests, concurrency=args.concurrency,
                            input_len=args.input_len, output_len=args.output_len,
                            vocab=loaded.spec.vocab, bandwidth=bandwidth, threads=args.threads,
@@ -176,7 +176,9 @@ def _summary(decisions: dict[str, Choice]) -> dict[str, int]:
 def _print(report, doc: dict, args: argparse.Namespace) -> None:
     print(f"\n{args.model}: {args.requests} requests x {args.input_len} in / {args.output_len} "
           f"out, concurrency {args.concurrency}, {report.threads} threads, read bandwidth "
-          f"{report.bandwidth_gbps:.1f} GB/s (measured), peak RSS {report.peak_rss_mb:.0f} MB")
+          f"{report.bandwidth_gbps:.1f} GB/s (median of {len(report.bandwidth_samples_gbps)} "
+          f"samples, {min(report.bandwidth_samples_gbps):.1f}-"
+          f"{max(report.bandwidth_samples_gbps):.1f}), peak RSS {report.peak_rss_mb:.0f} MB")
     print(f"{'side':<20}{'decode tok/s':>14}{'prefill tok/s':>15}{'TTFT p50 ms':>13}"
           f"{'TPOT p50 ms':>13}{'MB/token':>10}{'roofline':>10}{'vs fp32':>9}")
     ratios = doc.get("ratios_vs_baseline", {})

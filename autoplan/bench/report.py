@@ -37,7 +37,8 @@ class BenchReport:
     sides: list[SideStats]
     threads: int
     peak_rss_mb: float
-    bandwidth_gbps: float | None = None
+    bandwidth_gbps: float | None = None  # median of the samples when sampled per round
+    bandwidth_samples_gbps: list[float] = field(default_factory=list)
     predicted: dict[str, Any] | None = None  # cost-model prediction for `local` (integration)
     notes: list[str] = field(default_factory=list)
 

@@ -2,7 +2,10 @@
 
 Every batch of prompts is run by each side in turn before the next batch starts, and the
 order rotates per batch, so slow drift of the machine (other jobs, thermal state) lands on
-all sides alike instead of on whichever ran last. Requests are grouped into static batches
+all sides alike instead of on whichever ran last. The read bandwidth behind the roofline
+fraction is sampled the same way, once per batch round (a shared VM's bandwidth moves with
+its neighbours: two single measurements 3 minutes apart on the dev box gave 48.6 and 74.9
+GB/s), and the median of those samples is the denominator. Requests are grouped into static batches
 of `concurrency` equal-length prompts (random token ids, seeded), each decoded greedily for
 exactly `output_len` tokens.
 """
@@ -54,10 +57,15 @@ def torch_side(model: Any, threads: int | None = None) -> Side:
 
 
 def run_bench(sides: list[Side], *, requests: int, concurrency: int, input_len: int,
-              output_len: int, vocab: int, seed: int = 0, bandwidth: float | None = None,
+              output_len: int, vocab: int, seed: int = 0,
+              bandwidth: float | Callable[[], float] | None = None,
               threads: int | None = None,
               progress: Callable[[str], None] | None = None) -> BenchReport:
-    """Time every side on the same prompt batches, interleaved; see the module docstring."""
+    """Time every side on the same prompt batches, interleaved; see the module docstring.
+
+    `bandwidth`: bytes/s for the roofline fraction, or a probe (e.g. read_bandwidth) called
+    once per batch round, whose median is used.
+    """
     if min(requests, concurrency, input_len, output_len) < 1:
         raise UserInputError("--requests, --concurrency, --input-len and --output-len must be >= 1")
     if requests % concurrency:
@@ -69,19 +77,23 @@ def run_bench(sides: list[Side], *, requests: int, concurrency: int, input_len: 
     for side in sides:
         side.generator.generate(batches[0], min(WARMUP_TOKENS, output_len))
     results: dict[str, list[GenerationResult]] = {s.name: [] for s in sides}
+    samples: list[float] = []
     for i, prompts in enumerate(batches):
+        if callable(bandwidth):
+            samples.append(bandwidth())
         for side in sides[i % len(sides):] + sides[: i % len(sides)]:
             res = side.generator.generate(prompts, output_len)
             results[side.name].append(res)
             if progress:
                 progress(f"batch {i + 1}/{len(batches)} {side.name}: "
                          f"decode {res.decode_tok_s:.1f} tok/s, TTFT {res.ttft_s * 1e3:.0f} ms")
+    bw = float(np.median(samples)) if samples else bandwidth
     stats = [summarize(s.name, s.runtime, results[s.name], s.rss_load, s.weight_bytes,
-                       s.streamed_bytes, bandwidth) for s in sides]
+                       s.streamed_bytes, bw) for s in sides]
     workload = {"requests": requests, "concurrency": concurrency, "input_len": input_len,
                 "output_len": output_len}
     return BenchReport(workload, stats, threads or physical_cores(), peak_rss_bytes() / 1e6,
-                       bandwidth / 1e9 if bandwidth else None,
+                       bw / 1e9 if bw else None, bandwidth_samples_gbps=[s / 1e9 for s in samples],
                        notes=["static batching: each batch of --concurrency prompts is one ONNX "
                               "session call; its requests share TTFT and TPOT"])
 

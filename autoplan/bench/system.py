@@ -23,7 +23,7 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def read_bandwidth(size_bytes: int = 512 << 20, repeats: int = 5, threads: int | None = None
+def read_bandwidth(size_bytes: int = 512 << 20, repeats: int = 3, threads: int | None = None
                    ) -> float:
     """Best-of-`repeats` memory read bandwidth in bytes/s: torch sum over a buffer far larger
     than the last-level cache, on the same thread count the runtimes use."""

@@ -105,7 +105,7 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
         sides = [ort_side(name, art, threads, spinning=not no_spin) for name, art in arts]
         if not no_torch:
             sides.append(torch_side(loaded.model, threads))
-        bandwidth = read_bandwidth(threads=threads)
+        bandwidth = lambda: read_bandwidth(threads=threads)  # sampled once per batch round
         report = run_bench(sides, requests=requests, concurrency=concurrency,
                            input_len=input_len, output_len=output_len, vocab=loaded.spec.vocab,
                            bandwidth=bandwidth, threads=threads,

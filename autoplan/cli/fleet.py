@@ -12,6 +12,8 @@ from autoplan.cost import CostModel, resolve_config
 from autoplan.cost.model import USABLE_MEMORY
 from autoplan.errors import UserInputError
 from autoplan.fleet import FleetSizing, size_fleet
+from autoplan.formats import Choice
+from autoplan.search.space import load_space_file
 from autoplan.targets import get_target
 from autoplan.workload import Workload
 
@@ -68,9 +70,13 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
         raise UserInputError("this plan does not name its model: pass --model")
     target = get_target(node)
     workload = Workload(batch=batch, input_len=input_len, output_len=output_len)
-    cm = CostModel(resolve_config(model), target, workload)
+    # The "before" is what the search compares plans against on this platform (its search
+    # space's baseline: fp32 on CPUs, bf16 on GPUs), not the fastest dtype the node has.
+    base = Choice.parse(load_space_file(target.platform).baseline)
+    cm = CostModel(resolve_config(model), target, workload, baseline=base)
     cap = max_replicas or None
-    before = _size(cm, None, workload, qps, p99_ms / 1e3, cap)
+    before = _size(cm, {layer.name: base for layer in cm.spec.layers}, workload, qps,
+                   p99_ms / 1e3, cap)
     after = _size(cm, plan.decisions, workload, qps, p99_ms / 1e3, cap)
     if as_json:
         emit_json({"predicted": True, "node": target.name, "qps": qps, "p99_sla_s": p99_ms / 1e3,

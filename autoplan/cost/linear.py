@@ -103,9 +103,10 @@ def gemm_time(target: Target, eff: FamilyEfficiency, choice: Choice, m: int, n: 
 
 
 def kernels_per_call(choice: Choice) -> int:
-    """GEMM kernel plus a dynamic activation-quantization kernel for W8A8/W4A4 formats."""
+    """GEMM kernel plus a dynamic activation-quantization kernel for W8A8/W4A4 formats
+    (the block-quantized-activation formats quantize inside MatMulNBits: one kernel)."""
     info = choice.precision.info
-    return 1 + (0 if info.weight_only or info.act_bytes >= 2 else 1)
+    return 1 + (0 if info.weight_only or info.act_bytes >= 2 or info.act_group else 1)
 
 
 __all__ = ["GemmTime", "gemm_time", "kernels_per_call", "math_peak", "sparse24_accelerated",

@@ -52,14 +52,16 @@ class CostModel:
             "median_us"}]}); an exact (m, n, k, choice) row replaces the analytic GEMM time.
         kv_bytes: bytes per KV-cache element (2 = 16-bit cache).
         price_per_hour: $/hour for the device; default the target's catalog price.
+        baseline: the format of layers a decision leaves out (default: the target's usual
+            serving dtype, bf16 where the chip has bf16 math, else fp32).
     """
 
     def __init__(self, spec: ModelSpec, target: Target, workload: Workload, *,
                  measured: Mapping[str, Any] | None = None, kv_bytes: float = 2.0,
-                 price_per_hour: float | None = None) -> None:
+                 price_per_hour: float | None = None, baseline: Choice | None = None) -> None:
         self.spec, self.target, self.workload = spec, target, workload
         self.eff = family_efficiency(target)
-        self.baseline = Choice(DENSE, baseline_precision(target))
+        self.baseline = baseline or Choice(DENSE, baseline_precision(target))
         self.kv_bytes = kv_bytes
         self.price_per_hour = target.price_per_hour.value if price_per_hour is None else price_per_hour
         if self.price_per_hour < 0:

@@ -104,6 +104,11 @@ def test_run_bench_interleaves_and_reports(loaded, tmp_path):
     assert set(doc["ratios_vs_baseline"]) == {"plan", "pytorch-eager-fp32"}
     assert doc["predicted"] is None and doc["peak_rss_mb"] > 0
     assert 0 < doc["sides"][0]["roofline_fraction"]
+    # A bandwidth probe is sampled once per batch round and its median is the denominator.
+    probes = iter([1e10, 3e10])
+    sampled = run_bench(sides[:1], requests=4, concurrency=2, input_len=5, output_len=3,
+                        vocab=256, bandwidth=lambda: next(probes), threads=1)
+    assert sampled.bandwidth_samples_gbps == [10.0, 30.0] and sampled.bandwidth_gbps == 20.0
     with pytest.raises(UserInputError, match="multiple of --concurrency"):
         run_bench(sides[:1], requests=3, concurrency=2, input_len=4, output_len=2, vocab=256)
 

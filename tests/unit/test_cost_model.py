@@ -184,3 +184,13 @@ def test_small_model_not_absurdly_fast() -> None:
     # 270 MB of weights would stream in 0.12 ms (8,000 tok/s); fixed kernel costs dominate.
     assert 200 < tps < 2000
     assert math.isfinite(cm.evaluate().to_json()["metrics"]["energy"])
+
+
+def test_block_quantized_activation_formats_run_as_one_kernel():
+    from autoplan.cost.linear import kernels_per_call
+
+    # W8A8 pays a separate dynamic-quantization kernel; MatMulNBits quantizes inside.
+    assert kernels_per_call(Choice.parse("int8")) == 2
+    assert kernels_per_call(Choice.parse("int4a8_g32")) == 1
+    assert kernels_per_call(Choice.parse("int8a8_g128")) == 1
+    assert kernels_per_call(Choice.parse("int4_g32")) == 1

@@ -64,3 +64,30 @@ def test_replicas_share_the_node():
 def test_model_that_does_not_fit_is_refused():
     with pytest.raises(UserInputError, match="one replica needs"):
         size_fleet(**{**CASE, "weight_bytes": 20e9})
+
+
+def test_cli_compares_against_the_search_baseline(tmp_path):
+    """On a CPU node the "before" is the CPU search's fp32 baseline, not the node's bf16."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+    from autoplan.modelspec import ModelSpec
+    from tests.unit.test_ort_microbench import _TOY_CFG
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(_TOY_CFG))
+    names = [layer.name for layer in ModelSpec.from_config(_TOY_CFG).layers]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"decisions": {n: "int4a8_g32" for n in names}}))
+    out = CliRunner().invoke(cli, ["fleet", "--plan", str(plan), "--model", str(cfg), "--node",
+                                   "xeon-8480", "--qps", "5", "--p99-ms", "3000", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["baseline"]["nodes"] >= doc["plan"]["nodes"]
+    first = doc["baseline"]["steps"][0]  # memory per replica: the weights in fp32 (4 B each)
+    spec = ModelSpec.from_config(_TOY_CFG)
+    linear = sum(layer.params for layer in spec.layers)
+    assert first["label"] == "memory per replica"
+    assert float(first["formula"].split(" B")[0]) >= 4 * linear * 0.999  # not bf16's 2 B
