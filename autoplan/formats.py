@@ -95,10 +95,12 @@ _PRECISION_INFO: dict[Precision, PrecisionInfo] = {
     Precision.INT4_G128: PrecisionInfo(4, 16 / 128, "bf16", 2, 128, True),
     Precision.NVFP4: PrecisionInfo(4, 8 / 16, "fp4", 0.5625, 16, False),
     Precision.MXFP4: PrecisionInfo(4, 8 / 32, "fp4", 0.53125, 32, False),
-    Precision.INT4A8_G32: PrecisionInfo(4, 16 / 32, "int8", 1, 32, False, act_group=32),
-    Precision.INT4A8_G64: PrecisionInfo(4, 16 / 64, "int8", 1, 64, False, act_group=64),
-    Precision.INT4A8_G128: PrecisionInfo(4, 16 / 128, "int8", 1, 128, False, act_group=128),
-    Precision.INT8A8_G128: PrecisionInfo(8, 0.0, "int8", 1, 0, False, act_group=128),
+    # ONNX Runtime formats: an fp32 model's MatMulNBits scales are fp32, one per block (the
+    # int8 channel scale repeated per 128-block)
+    Precision.INT4A8_G32: PrecisionInfo(4, 32 / 32, "int8", 1, 32, False, act_group=32),
+    Precision.INT4A8_G64: PrecisionInfo(4, 32 / 64, "int8", 1, 64, False, act_group=64),
+    Precision.INT4A8_G128: PrecisionInfo(4, 32 / 128, "int8", 1, 128, False, act_group=128),
+    Precision.INT8A8_G128: PrecisionInfo(8, 32 / 128, "int8", 1, 0, False, act_group=128),
 }
 
 _SPARSITY_RE = re.compile(

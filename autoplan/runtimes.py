@@ -136,7 +136,9 @@ def load_matrix() -> Matrix:
         matrix = Matrix.model_validate(tomllib.loads(text))
     except (ValidationError, tomllib.TOMLDecodeError) as exc:
         raise AutoplanError(f"autoplan/data/runtimes.toml is invalid: {exc}") from exc
-    families = {t.family for t in load_catalog().values()} | {"*"}
+    # The measured `local` target takes one of these families (backends/cpu/local_target.py).
+    local = {"local-amx", "local-avx512", "local-avx2", "local-arm64", "local-generic"}
+    families = {t.family for t in load_catalog().values()} | local | {"*"}
     rules = [("(global)", r) for r in matrix.deny]
     for rt in matrix.runtime:
         rules += [(rt.name, r) for r in (*rt.deny, *rt.accel)]

@@ -12,6 +12,7 @@ exactly `output_len` tokens.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,7 @@ def run_bench(sides: list[Side], *, requests: int, concurrency: int, input_len: 
     samples: list[float] = []
     for i, prompts in enumerate(batches):
         if callable(bandwidth):
+            time.sleep(0.05)  # let the last side's spinning pool threads go to sleep first
             samples.append(bandwidth())
         for side in sides[i % len(sides):] + sides[: i % len(sides)]:
             res = side.generator.generate(prompts, output_len)

@@ -25,8 +25,14 @@ def _plan_calibration(plan, loaded):
                              "record how it was drawn: use `autoplan export PLAN --format onnx` "
                              "with the search's --seq-len/--n-calib/--n-eval/--seed")
     err_console.print("rebuilding the plan's calibration set ...")
-    return _calibration(full, loaded, None, cal.seq_len, cal.n_calib, cal.n_eval, cal.seed,
-                        cal.batch_size)
+    try:
+        return _calibration(full, loaded, None, cal.seq_len, cal.n_calib, cal.n_eval, cal.seed,
+                            cal.batch_size)
+    except UserInputError:
+        raise UserInputError(
+            f"the calibration text '{full.audit.calibration_source}' no longer hashes to the "
+            "plan's audit (changed file?): run `autoplan export PLAN --format onnx "
+            "--calibration FILE ...` with the text the search used") from None
 
 
 @click.command("apply")

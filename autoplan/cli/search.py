@@ -41,9 +41,10 @@ from autoplan.workload import Workload
 @click.option("--protect-last/--no-protect-last", default=None, help="Keep the last block uncompressed.")
 @click.option("--price-per-hour", type=float, default=None, help="Override the target's $/hour.")
 @click.option("--cost-table", default=None, help="Measured GEMM times (cost_table.json from benchmarks/gpu_check.sh) replacing the analytic ones.")
-@click.option("--measure-kernels", is_flag=True,
-              help="With --target local --runtime onnxruntime: time this machine's ORT kernels "
-                   "for every candidate (cached) and plan with them instead of the roofline.")
+@click.option("--measure-kernels/--no-measure-kernels", default=None,
+              help="Time this machine's ORT kernels for every candidate (cached) and plan with "
+                   "them instead of the roofline. Default: on for --target local --runtime "
+                   "onnxruntime, which is the only place it applies.")
 @click.option("--choices", default=None,
               help="Comma-separated formats to search (e.g. int8a8_g128 or "
                    "int4a8_g32,int4a8_g64); default: the platform's search space.")
@@ -71,7 +72,8 @@ def command(model, target, runtime, budget, objective, batch, input_len, output_
         text=text, protect_first_block=protect_first, protect_last_block=protect_last,
         price_per_hour=price_per_hour, trust_remote_code=trust_remote_code, cost_table=cost_table,
         measure_kernels=measure_kernels,
-        choices=tuple(c.strip() for c in choices.split(",") if c.strip()) if choices else None)
+        choices=None if choices is None else tuple(c.strip() for c in choices.split(",")
+                                                   if c.strip()))
     with RichReporter(quiet=quiet or as_json) as reporter:
         outcome = run_search(req, reporter)
     if as_json:

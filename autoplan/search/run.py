@@ -79,8 +79,10 @@ class SearchRequest:
     price_per_hour: float | None = None
     trust_remote_code: bool = False
     cost_table: str | None = None  # measured GEMM times replacing the analytic ones
-    # Time this machine's ONNX Runtime kernels for every candidate (--target local only).
-    measure_kernels: bool = False
+    # Time this machine's ONNX Runtime kernels for every candidate and plan with them. None:
+    # yes exactly when planning for this machine (--target local --runtime onnxruntime),
+    # where the analytic model is 3-4x off (docs/benchmarks.md, CPU section).
+    measure_kernels: bool | None = None
     choices: tuple[str, ...] | None = None  # candidate formats (default: the space file's)
 
 
@@ -109,6 +111,22 @@ def _study_name(req: SearchRequest, model_hash: str, runtime: str, calib_hash: s
     return f"autoplan-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
+def parse_choices(texts: tuple[str, ...] | None) -> list[Choice] | None:
+    """`--choices` as distinct Choices in the given order (None: the platform's space)."""
+    if texts is None:
+        return None
+    choices = list(dict.fromkeys(Choice.parse(t) for t in texts))
+    if not choices:
+        raise UserInputError("--choices is empty: list formats, e.g. int4a8_g32,int8a8_g128")
+    return choices
+
+
+def _measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:
+    if req.measure_kernels is not None:
+        return req.measure_kernels
+    return target == "local" and runtime == "onnxruntime" and not req.cost_table
+
+
 def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOutcome:
     rep = reporter or Reporter()
     t_start = time.perf_counter()
@@ -121,12 +139,14 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     settings = CompressionSettings(req.prune_score, req.quant_method)
     torch.manual_seed(req.seed)
 
-    if req.measure_kernels and (target.name != "local" or runtime != "onnxruntime"):
+    measure_kernels = _measures_kernels(req, target.name, runtime)
+    req = dataclasses.replace(req, measure_kernels=measure_kernels)
+    if measure_kernels and (target.name != "local" or runtime != "onnxruntime"):
         raise UserInputError("--measure-kernels times this machine's ONNX Runtime kernels: use "
                              "it with --target local --runtime onnxruntime")
-    if req.measure_kernels and req.cost_table:
+    if measure_kernels and req.cost_table:
         raise UserInputError("pass --measure-kernels or --cost-table, not both")
-    candidates = [Choice.parse(c) for c in req.choices] if req.choices else None
+    candidates = parse_choices(req.choices)
 
     rep.stage("loading model")
     loaded = load_model(req.model, trust_remote_code=req.trust_remote_code)
@@ -145,13 +165,13 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
         seed=req.seed, on_progress=lambda d, t: rep.progress("profile", d, t))
 
     measured = load_cost_table(req.cost_table)
-    if req.measure_kernels:
+    if measure_kernels:
         from autoplan.bench.predict import search_kernel_table
 
         rep.stage("timing ONNX Runtime kernels")
         measured = search_kernel_table(loaded, space, req.workload, progress=rep.note)
     cost = CostModel(loaded.spec, target, req.workload, price_per_hour=req.price_per_hour,
-                     measured=measured)
+                     measured=measured, baseline=space.baseline)
     tables = build_tables(space, cost, profile)
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
@@ -289,8 +309,9 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
             best_uniform_kl=best_uniform.quality.kl if best_uniform else None, outcome=outcome,
             note="speed figures are cost-model predictions"
                  + (f" using measured GEMM times from {req.cost_table}" if req.cost_table else "")
-                 + (" using this machine's measured ONNX Runtime kernel times and non-GEMM "
-                    "decode step" if req.measure_kernels else "")
+                 + (" using this machine's measured ONNX Runtime kernel times"
+                    + (" and non-GEMM decode step" if (measured or {}).get("non_gemm_decode_s")
+                       else "") if measure_kernels else "")
                  + "; quality is measured"),
         audit=ps.Audit(calibration_source=data.source, calibration_hash=data.content_hash,
                        calibration=ps.CalibrationSettings(

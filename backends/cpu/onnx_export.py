@@ -30,7 +30,9 @@ from autoplan.formats import Choice
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "autoplan-cpu-onnx"
-MANIFEST_VERSION = 1
+# 2: each MatMulNBits layer records the accuracy_level its format implies (version 1 had one
+# artifact-wide level, so its layer formats do not say how the kernel rounded).
+MANIFEST_VERSION = 2
 INT8_ACTIVATIONS = "dynamic per-tensor uint8 asymmetric (ORT DynamicQuantizeLinear)"
 
 
@@ -56,8 +58,12 @@ class CpuArtifact:
                                  "with `autoplan apply PLAN --model M --out DIR`") from None
         if manifest.get("format") != MANIFEST_FORMAT:
             raise UserInputError(f"'{path}/{MANIFEST}' is not an autoplan CPU manifest")
-        if manifest.get("schema_version", 0) > MANIFEST_VERSION:
+        version = manifest.get("schema_version", 0)
+        if version > MANIFEST_VERSION:
             raise UserInputError(f"'{path}' was written by a newer autoplan: upgrade autoplan")
+        if version < MANIFEST_VERSION:
+            raise UserInputError(f"'{path}' was written by an older autoplan whose manifest does "
+                                 "not record each layer's kernel settings: re-run `autoplan apply`")
         return cls(folder, manifest)
 
 

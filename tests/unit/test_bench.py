@@ -185,3 +185,16 @@ def test_prediction_block_sets_predicted_measured_and_ratio(loaded, tmp_path):
         direct.evaluate(fp32).metrics.decode_tokens_per_s)
     plan = predict_side(loaded.spec, target, workload, decisions["plan"])
     assert plan["decode_tok_s"] > base["predicted"]["decode_tok_s"]  # int4 lm_head streams less
+
+
+def test_artifacts_of_an_older_manifest_are_refused(loaded, tmp_path):
+    import json
+
+    from autoplan.backends.cpu.onnx_export import MANIFEST, CpuArtifact
+
+    art = export_baseline(loaded, tmp_path / "base")
+    doc = json.loads((art.path / MANIFEST).read_text())
+    doc["schema_version"] = 1  # one artifact-wide accuracy_level: formats do not say it
+    (art.path / MANIFEST).write_text(json.dumps(doc))
+    with pytest.raises(UserInputError, match="re-run `autoplan apply`"):
+        CpuArtifact.load(art.path)

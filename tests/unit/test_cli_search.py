@@ -86,6 +86,7 @@ def test_show_bad_file_exits_2(tmp_path: Path) -> None:
     (["--choices", "fp7"], "unknown precision"),
     (["--target", "xeon-8480", "--runtime", "onnxruntime", "--choices", "int8"],
      "accelerates no compressed format"),
+    (["--choices", ","], "--choices is empty"),
 ])
 def test_user_mistakes_exit_2_with_one_line(model_dir: Path, tmp_path: Path, args: list[str],
                                             needle: str) -> None:

@@ -116,7 +116,9 @@ def test_cpu_runtimes():
         # ORT's int8 kernel rounds activations per tensor (uint8), not per token: refused;
         # its level-4 MatMulNBits formats are simulated exactly and accelerated.
         assert not ok(name, "onnxruntime", "int8")
-        assert ok(name, "onnxruntime", "int8a8_g128") and ok(name, "onnxruntime", "int4a8_g32")
+        arm = name == "graviton4"  # the int8-compute rounding is matched on x86 MLAS only
+        assert ok(name, "onnxruntime", "int8a8_g128") != arm
+        assert ok(name, "onnxruntime", "int4a8_g32") != arm
         # 8-bit MatMulNBits has no fast W8A16 kernel (measured slower than fp32)
         assert not ok(name, "onnxruntime", "int8_wo")
         assert ok(name, "onnxruntime", "int4_g32")

@@ -131,3 +131,25 @@ def test_uniform_skips_units_that_cannot_take_the_choice() -> None:
     for unit in space.units:
         want = g128 if g128 in unit.choices else space.baseline
         assert all(decisions[la.name] == want for la in unit.layers)
+
+
+def test_repeated_choices_are_searched_once() -> None:
+    from autoplan.search.run import parse_choices
+
+    got = parse_choices(("int4a8_g32", "dense+int4a8_g32", "int8a8_g128"))
+    assert got == [Choice.parse("int4a8_g32"), Choice.parse("int8a8_g128")]
+    assert parse_choices(None) is None
+    with pytest.raises(Exception, match="empty"):
+        parse_choices(())
+
+
+def test_kernels_are_measured_by_default_only_when_planning_for_this_machine() -> None:
+    from autoplan.search.run import SearchRequest, _measures_kernels
+
+    assert _measures_kernels(SearchRequest(target="local"), "local", "onnxruntime")
+    assert not _measures_kernels(SearchRequest(target="local"), "local", "llama.cpp")
+    assert not _measures_kernels(SearchRequest(target="xeon-8480"), "xeon-8480", "onnxruntime")
+    assert not _measures_kernels(SearchRequest(target="local", measure_kernels=False), "local",
+                                 "onnxruntime")
+    assert not _measures_kernels(SearchRequest(target="local", cost_table="t.json"), "local",
+                                 "onnxruntime")
