@@ -198,3 +198,49 @@ def test_artifacts_of_an_older_manifest_are_refused(loaded, tmp_path):
     (art.path / MANIFEST).write_text(json.dumps(doc))
     with pytest.raises(UserInputError, match="re-run `autoplan apply`"):
         CpuArtifact.load(art.path)
+
+
+def test_search_kernel_table_times_the_non_gemm_step_at_batch_1(loaded, monkeypatch):
+    """Batch 1: the fp32 export of the model is made and its decode step without linear layers
+    timed (the rows themselves are stubbed: timing them is test_ort_microbench's job)."""
+    from autoplan.backends.cpu import ort_microbench as OM
+    from autoplan.bench.predict import search_kernel_table
+    from autoplan.search.space import build_space
+    from autoplan.targets import get_target
+    from autoplan.workload import Workload
+
+    seen = {}
+    monkeypatch.setattr(OM, "measure_rows", lambda rows, threads=None, **kw: seen.update(
+        rows=rows, **kw) or {"rows": [], "includes_dispatch": True})
+    timed = {}
+
+    def fake_non_gemm(path, context, threads=None, **kw):
+        timed.update(path=path, context=context, **kw)
+        return 0.0042
+
+    monkeypatch.setattr(OM, "non_gemm_decode_seconds", fake_non_gemm)
+    space = build_space(loaded.spec, get_target("xeon-8480"), "onnxruntime",
+                        candidates=[Choice.parse("int8a8_g128")])
+    table = search_kernel_table(loaded, space, Workload(batch=1, input_len=16, output_len=8),
+                                spinning=False)
+    assert table["non_gemm_decode_s"] == 0.0042
+    assert timed["context"] == 16 + 8 // 2 and timed["spinning"] is False
+    assert timed["path"].name == "model.onnx"  # a real fp32 export was written
+    assert seen["spinning"] is False and seen["rows"]
+
+
+def test_bench_no_spin_reaches_every_ort_session(loaded, tmp_path, monkeypatch):
+    from autoplan.bench import runner
+
+    spins = []
+    real = runner.OrtGenerator
+
+    def spy(path, threads=None, spinning=True):
+        spins.append(spinning)
+        return real(path, threads=threads, spinning=spinning)
+
+    monkeypatch.setattr(runner, "OrtGenerator", spy)
+    base = export_baseline(loaded, tmp_path / "base")
+    ort_side("baseline", base, threads=1, spinning=False)
+    ort_side("again", base, threads=1)
+    assert spins == [False, True]
