@@ -115,6 +115,14 @@ def family_efficiency(target: Target) -> FamilyEfficiency:
     family = _FAMILY_ALIASES.get(target.family, target.family)
     if family in _FAMILIES:
         return _FAMILIES[family]
+    if target.kind == "cpu" and target.measured:
+        # The `local` target's bandwidth is an achieved read rate (torch sum on the runtime's
+        # thread count), not a datasheet peak: discounting it again by the catalog's eta_bw
+        # would count the same losses twice.
+        cpu = _FAMILIES["cpu"]
+        return FamilyEfficiency(target.family, 1.0, cpu.eta_c, cpu.kernel_s, cpu.step_s,
+                                cpu.power_frac, "measured bandwidth (eta_bw 1); the rest as "
+                                "the cpu row: " + cpu.evidence)
     if target.kind == "cpu":
         return _FAMILIES["cpu"]
     base = _FAMILIES["hopper"]

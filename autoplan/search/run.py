@@ -81,7 +81,7 @@ class SearchRequest:
     cost_table: str | None = None  # measured GEMM times replacing the analytic ones
     # Time this machine's ONNX Runtime kernels for every candidate and plan with them. None:
     # yes exactly when planning for this machine (--target local --runtime onnxruntime),
-    # where the analytic model is 3-5x off (docs/benchmarks.md, CPU section).
+    # where the analytic model is 1.1-1.9x pessimistic (docs/benchmarks.md, CPU section).
     measure_kernels: bool | None = None
     choices: tuple[str, ...] | None = None  # candidate formats (default: the space file's)
 

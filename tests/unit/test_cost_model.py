@@ -194,3 +194,13 @@ def test_block_quantized_activation_formats_run_as_one_kernel():
     assert kernels_per_call(Choice.parse("int4a8_g32")) == 1
     assert kernels_per_call(Choice.parse("int8a8_g128")) == 1
     assert kernels_per_call(Choice.parse("int4_g32")) == 1
+
+
+def test_measured_cpu_target_does_not_discount_its_bandwidth_twice():
+    from autoplan.cost.efficiency import family_efficiency
+
+    spr = get_target("xeon-8480")
+    assert family_efficiency(spr).eta_bw == 0.60  # a datasheet peak is discounted
+    local = spr.model_copy(update={"name": "local", "family": "local-amx", "measured": True})
+    assert family_efficiency(local).eta_bw == 1.0  # an achieved read rate is not
+    assert family_efficiency(local).kernel_s == family_efficiency(spr).kernel_s

@@ -165,3 +165,17 @@ def test_cli_targets_json_and_bad_vendor():
     assert result.exit_code == 2
     table = runner.invoke(cli, ["targets"])
     assert table.exit_code == 0 and "autoplan targets" in table.output
+
+
+def test_probe_under_load_says_so(monkeypatch):
+    """Other jobs on the cores lower every measured figure: the target's description says
+    when it was measured under load and how to re-measure."""
+    from autoplan.backends.cpu.probe import cpu_info
+
+    info = cpu_info()
+    monkeypatch.setattr(lt, "measure_bandwidth", lambda: (10.0, "stub"))
+    monkeypatch.setattr(lt, "_peaks", lambda _info: {"fp32": lt._measured(0.1, "stub")})
+    monkeypatch.setattr(lt.os, "getloadavg", lambda: (4.0 * info.cores, 0.0, 0.0))
+    assert "probe --refresh" in lt.measure_local_target(info).description
+    monkeypatch.setattr(lt.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert "probe --refresh" not in lt.measure_local_target(info).description
