@@ -8,11 +8,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from autoplan.backends.cpu.ort_runtime import GenerationResult
 from click.testing import CliRunner
 
-from autoplan.backends.cpu.ort_runtime import GenerationResult
-from autoplan.bench import (apply_plan_cpu, check_cpu_plan, export_baseline, ort_side, read_plan,
-                            run_bench, torch_side)
+from autoplan.bench import (
+    apply_plan_cpu,
+    check_cpu_plan,
+    export_baseline,
+    ort_side,
+    read_plan,
+    run_bench,
+    torch_side,
+)
 from autoplan.bench.report import summarize
 from autoplan.cli import cli
 from autoplan.errors import PlanError, UnsupportedFormatError, UserInputError
@@ -138,8 +145,8 @@ def test_full_gptq_plan_exports_the_plans_own_codes(tmp_path):
     """A full plan goes through autoplan.export's prepare (audit-checked); the ONNX weights
     are the plan's GPTQ weights exactly, not a second round-to-nearest."""
     import onnx
-
     from autoplan.backends.cpu.ort_quant import dequantized_weights, records_from_manifest
+
     from autoplan.compress import CompressionSettings, collect_stats, compressed_copy
     from autoplan.plan import save_plan
     from tests.unit.test_export_common import calibration, layer_names, make_plan, tiny_loaded
@@ -204,6 +211,7 @@ def test_search_kernel_table_times_the_non_gemm_step_at_batch_1(loaded, monkeypa
     """Batch 1: the fp32 export of the model is made and its decode step without linear layers
     timed (the rows themselves are stubbed: timing them is test_ort_microbench's job)."""
     from autoplan.backends.cpu import ort_microbench as OM
+
     from autoplan.bench.predict import search_kernel_table
     from autoplan.search.space import build_space
     from autoplan.targets import get_target
