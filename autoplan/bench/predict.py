@@ -164,7 +164,7 @@ def search_kernel_table(loaded: Any, space: Any, workload: Any, threads: int | N
     import tempfile
     from pathlib import Path
 
-    from autoplan.backends.cpu.ort_microbench import measure_rows, non_gemm_decode_seconds
+    from autoplan.backends.cpu.ort_microbench import measure_rows
 
     wl = {"concurrency": workload.batch, "input_len": workload.input_len,
           "output_len": workload.output_len}
@@ -182,13 +182,9 @@ def search_kernel_table(loaded: Any, space: Any, workload: Any, threads: int | N
     if workload.batch == 1:
         from autoplan.bench.artifacts import export_baseline
 
-        if progress:
-            progress("timing the decode step without its linear layers (fp32 export)")
         with tempfile.TemporaryDirectory(prefix="autoplan-nongemm-") as tmp:
             art = export_baseline(loaded, Path(tmp) / "baseline")
-            context = workload.input_len + workload.output_len // 2
-            non_gemm = non_gemm_decode_seconds(art.model_path, context, threads,
-                                               spinning=spinning)
+            non_gemm = _time_non_gemm(art.model_path, wl, threads, progress, spinning)
     return {**table, "non_gemm_decode_s": non_gemm}
 
 
@@ -197,19 +193,24 @@ def _non_gemm(artifacts: Mapping[str, Any], side_decisions: Mapping[str, Any],
               spinning: bool = True) -> float | None:
     """Measured non-GEMM decode seconds on an all-fp32 side's export (None without one, or
     for batched decode, which this measurement does not cover)."""
-    from autoplan.backends.cpu.ort_microbench import non_gemm_decode_seconds
-
     if int(workload["concurrency"]) != 1:
         return None
     fp32 = [n for n, d in side_decisions.items()
             if n in artifacts and all(c == FP32 for c in d.values())]
     if not fp32:
         return None
+    return _time_non_gemm(artifacts[fp32[0]].model_path, workload, threads, progress, spinning)
+
+
+def _time_non_gemm(model_path: Any, workload: Mapping[str, int], threads: int | None,
+                   progress: Any, spinning: bool) -> float:
+    """The non-GEMM decode step of an fp32 export, at the workload's mean decode context."""
+    from autoplan.backends.cpu.ort_microbench import non_gemm_decode_seconds
+
     if progress:
-        progress("timing the decode step without its linear layers (baseline export)")
+        progress("timing the decode step without its linear layers (fp32 export)")
     context = int(workload["input_len"]) + int(workload["output_len"]) // 2
-    return non_gemm_decode_seconds(artifacts[fp32[0]].model_path, context, threads,
-                                   spinning=spinning)
+    return non_gemm_decode_seconds(model_path, context, threads, spinning=spinning)
 
 
 __all__ = ["FP32", "artifact_decisions", "kernel_rows", "predict_side", "prediction_block",

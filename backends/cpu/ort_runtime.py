@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,24 +147,19 @@ class OrtGenerator:
         io.bind_cpu_input("position_ids", np.tile(np.arange(prompt_len, dtype=np.int64),
                                                   (batch, 1)))
         io.bind_cpu_input("attention_mask", ones[: batch * prompt_len].reshape(batch, prompt_len))
-        tokens = np.empty((batch, max_new_tokens), dtype=np.int64)
-        steps: list[float] = []
-        start = time.perf_counter()
-        for n in range(max_new_tokens):
-            t0 = time.perf_counter()
+
+        def step() -> np.ndarray:
             self.session.run_with_iobinding(io)
-            tokens[:, n] = logits[:, -1].argmax(-1)
-            t1 = time.perf_counter()
-            if n:
-                steps.append(t1 - t0)
-            else:
-                ttft = t1 - start
-            total = prompt_len + n + 1
-            io.bind_cpu_input("input_ids", tokens[:, n : n + 1].copy())
+            return logits[:, -1].argmax(-1)
+
+        def advance(total: int, new: np.ndarray) -> None:
+            io.bind_cpu_input("input_ids", new[:, None].copy())
             io.bind_cpu_input("position_ids", np.full((batch, 1), total - 1, dtype=np.int64))
             io.bind_cpu_input("attention_mask", ones[: batch * total].reshape(batch, total))
+
+        result = timed_greedy(batch, prompt_len, max_new_tokens, step, advance)
         del keep, logits_value
-        return GenerationResult(tokens, prompt_len, ttft, steps)
+        return result
 
     def _empty_cache(self, batch: int) -> dict[str, np.ndarray]:
         shape = (batch, self._kv_heads, 0, self._head_dim)
@@ -174,25 +170,43 @@ class OrtGenerator:
         feeds = {"input_ids": ids, "attention_mask": np.ones((batch, prompt_len), np.int64),
                  "position_ids": np.tile(np.arange(prompt_len, dtype=np.int64), (batch, 1)),
                  "logits_to_keep": np.ones(1, np.int64), **self._empty_cache(batch)}
-        tokens = np.empty((batch, max_new_tokens), dtype=np.int64)
-        steps: list[float] = []
-        start = time.perf_counter()
-        for n in range(max_new_tokens):
-            t0 = time.perf_counter()
-            out = dict(zip(self._outputs, self.session.run(self._outputs, feeds)))
-            tokens[:, n] = out["logits"][:, -1].argmax(-1)
-            t1 = time.perf_counter()
-            if n:
-                steps.append(t1 - t0)
-            else:
-                ttft = t1 - start
-            total = prompt_len + n + 1
-            feeds["input_ids"] = tokens[:, n : n + 1].copy()
+        out: dict[str, np.ndarray] = {}
+
+        def step() -> np.ndarray:
+            out.update(zip(self._outputs, self.session.run(self._outputs, feeds)))
+            return out["logits"][:, -1].argmax(-1)
+
+        def advance(total: int, new: np.ndarray) -> None:
+            feeds["input_ids"] = new[:, None].copy()
             feeds["position_ids"] = np.full((batch, 1), total - 1, dtype=np.int64)
             feeds["attention_mask"] = np.ones((batch, total), np.int64)
             for inp in self._past:  # present.i.kind becomes past_key_values.i.kind
                 feeds[inp.name] = out[inp.name.replace("past_key_values", "present")]
-        return GenerationResult(tokens, prompt_len, ttft, steps)
+
+        return timed_greedy(batch, prompt_len, max_new_tokens, step, advance)
+
+
+def timed_greedy(batch: int, prompt_len: int, max_new_tokens: int,
+                 step: Callable[[], np.ndarray], advance: Callable[[int, np.ndarray], None]
+                 ) -> GenerationResult:
+    """The timed loop every generator shares: `step()` runs the model once and returns the
+    argmax tokens [B] (timed: what a client waits for); `advance(total, tokens)` feeds them
+    back for a sequence of `total` tokens (not timed). The first step, from the start of the
+    loop, is the TTFT; each later one a decode step."""
+    tokens = np.empty((batch, max_new_tokens), dtype=np.int64)
+    steps: list[float] = []
+    ttft = 0.0
+    start = time.perf_counter()
+    for n in range(max_new_tokens):
+        t0 = time.perf_counter()
+        tokens[:, n] = step()
+        t1 = time.perf_counter()
+        if n:
+            steps.append(t1 - t0)
+        else:
+            ttft = t1 - start
+        advance(prompt_len + n + 1, tokens[:, n])
+    return GenerationResult(tokens, prompt_len, ttft, steps)
 
 
 def _has_op(path: Path, op_type: str) -> bool:
@@ -222,25 +236,19 @@ class TorchGenerator:
 
         ids = torch.as_tensor(np.asarray(input_ids, dtype=np.int64))
         batch, prompt_len = ids.shape
-        tokens = np.empty((batch, max_new_tokens), dtype=np.int64)
-        steps: list[float] = []
-        past = None
-        start = time.perf_counter()
+        state = {"ids": ids, "past": None}
+
+        def step() -> np.ndarray:
+            out = self.model(input_ids=state["ids"], use_cache=True, logits_to_keep=1,
+                             **{self._cache_arg: state["past"]})
+            state["past"] = out.get("cache", None) or out.get("past_key_values")
+            return out.logits[:, -1].argmax(-1).numpy()
+
+        def advance(_total: int, new: np.ndarray) -> None:
+            state["ids"] = torch.from_numpy(new[:, None].copy())
+
         with torch.inference_mode():
-            for n in range(max_new_tokens):
-                t0 = time.perf_counter()
-                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                                 **{self._cache_arg: past})
-                nxt = out.logits[:, -1].argmax(-1)
-                t1 = time.perf_counter()
-                if n:
-                    steps.append(t1 - t0)
-                else:
-                    ttft = t1 - start
-                tokens[:, n] = nxt.numpy()
-                past = out.get("cache", None) or out.get("past_key_values")
-                ids = nxt[:, None]
-        return GenerationResult(tokens, prompt_len, ttft, steps)
+            return timed_greedy(batch, prompt_len, max_new_tokens, step, advance)
 
 
 __all__ = ["GenerationResult", "OrtGenerator", "TorchGenerator", "physical_cores"]
