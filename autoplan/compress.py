@@ -21,33 +21,24 @@ from torch import Tensor, nn
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.models.graph import get_linear, set_module
-from autoplan.prune import compute_mask
-from autoplan.quant import HessianAccumulator, SimulatedLinear
-
-PRUNE_SCORES = ("magnitude", "wanda", "sparsegpt")
-QUANT_METHODS = ("rtn", "gptq")
+from autoplan.prune import PruneScore, compute_mask
+from autoplan.quant import HessianAccumulator, QuantMethod, SimulatedLinear
 
 
 @dataclass(frozen=True)
 class CompressionSettings:
     """How masks and quantized weights are computed (the choice says what, this says how)."""
 
-    prune_score: str = "wanda"
-    quant_method: str = "rtn"
+    prune_score: PruneScore = PruneScore.WANDA
+    quant_method: QuantMethod = QuantMethod.RTN
 
-    def __post_init__(self) -> None:
-        if self.prune_score not in PRUNE_SCORES:
-            raise UserInputError(
-                f"unknown pruning score '{self.prune_score}': use {', '.join(PRUNE_SCORES)}"
-            )
-        if self.quant_method not in QUANT_METHODS:
-            raise UserInputError(
-                f"unknown quantization method '{self.quant_method}': use {', '.join(QUANT_METHODS)}"
-            )
+    def __post_init__(self) -> None:  # text in, members stored (UserInputError if unknown)
+        object.__setattr__(self, "prune_score", PruneScore.parse(self.prune_score))
+        object.__setattr__(self, "quant_method", QuantMethod.parse(self.quant_method))
 
     @property
     def needs_hessian(self) -> bool:
-        return self.prune_score == "sparsegpt" or self.quant_method == "gptq"
+        return self.prune_score is PruneScore.SPARSEGPT or self.quant_method is QuantMethod.GPTQ
 
 
 @torch.no_grad()
@@ -89,7 +80,7 @@ def compress_linear(
     mask = None
     if choice.sparsity.kind != "dense":
         score = settings.prune_score
-        if stats is None and score != "magnitude":
+        if stats is None and score is not PruneScore.MAGNITUDE:
             raise UserInputError(f"pruning score '{score}' needs calibration statistics")
         pruned = compute_mask(
             linear.weight.detach(), choice.sparsity, score=score,

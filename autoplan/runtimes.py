@@ -10,7 +10,7 @@ dense choice of the same precision because it only shrinks the matrix.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
@@ -260,6 +260,27 @@ def backend_supports(
     return supports(target, runtime, choice)
 
 
+def refusals(target: Target, runtime: str, choices: Mapping[str, Choice]) -> dict[str, list[str]]:
+    """The layers `runtime` does not accelerate on `target`, grouped by refusal.
+
+    Returns:
+        ``"{choice} ({reason})"`` -> sorted layer names, in the order first met; empty when
+        every layer is served.
+    """
+    out: dict[str, list[str]] = {}
+    for name, choice in sorted(choices.items()):
+        answer = supports(target, runtime, choice)
+        if not answer.ok:
+            out.setdefault(f"{choice} ({answer.reason})", []).append(name)
+    return out
+
+
+def listing(names: list[str], shown: int = 4) -> str:
+    """Names for a one-line message: the first `shown`, then "and N more"."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def accelerated_choices(target: Target, runtime: str, candidates: Iterable[Choice]) -> list[Choice]:
     """The candidates `runtime` accelerates on `target`, in their given order."""
     return [c for c in candidates if supports(target, runtime, c).ok]
@@ -274,7 +295,9 @@ __all__ = [
     "backend_supports",
     "default_runtime",
     "get_runtime",
+    "listing",
     "load_matrix",
+    "refusals",
     "runtime_names",
     "supports",
 ]

@@ -1,8 +1,8 @@
 """Layer-shape microbenchmarks and the measured cost table they produce.
 
 For a linear layer y[M, N] = x[M, K] @ W[N, K]^T and a Choice (autoplan.formats), build the
-real kernel (dense F.linear, FP8 `_scaled_mm`, 2:4 bf16/fp8, Triton block-sparse, NVFP4) and
-time it: CUDA events on a GPU, `time.perf_counter` on CPU, median of `repeats` calls after
+real kernel its FormatSpec names (dense F.linear, FP8 `_scaled_mm`, 2:4 bf16/fp8, Triton
+block-sparse, NVFP4) on the weight autoplan.prune and autoplan.quant make of it, and time it: CUDA events on a GPU, `time.perf_counter` on CPU, median of `repeats` calls after
 `warmup` calls. On CPU only dense and the block-sparse *reference* run, which keeps the
 harness testable; their rows say so in `kernel`.
 
@@ -42,7 +42,9 @@ from typing import Any
 import torch
 
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
-from autoplan.formats import Choice, Precision
+from autoplan.formats import Choice, Precision, Sparsity, format_spec, registered_formats
+from autoplan.prune import PruneScore, compute_mask
+from autoplan.quant import QuantizedWeight, quantize_weight
 
 SCHEMA_VERSION = 1
 _ROTATE_BYTES = 256 * 2**20  # > 2x the L2 of current GPUs (H200: 50 MB, MI300X: 256 MB infinity cache)
@@ -102,62 +104,140 @@ def make_layer_op(
     return (lambda: next(cycle)(x)), kernel
 
 
-def prepare_linear(
-    choice: Choice, dev: torch.device
-) -> tuple[Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]], str]:
-    """For a choice, (build, kernel name): build(float weight [N, K]) -> prepared x -> y.
+# ---- kernels: each packs and launches what autoplan.prune and autoplan.quant made --------
+Layer = Callable[[torch.Tensor], torch.Tensor]
+Mask = torch.Tensor | None
 
-    Used by the sweep here and to swap real layers in end-to-end checks.
+
+@dataclass(frozen=True)
+class Kernel:
+    """A timed linear kernel, named by FormatSpec.kernels.
+
+    ``pack(choice, q, mask, dev)`` turns the layer's QuantizedWeight (masked, quantized) and
+    its keep-mask (None when dense) into a callable ``x -> y``. ``cpu_name``: the name of its CPU reference path, or None when the
+    kernel needs CUDA.
     """
-    sp, prec = choice.sparsity, choice.precision
-    cuda = dev.type == "cuda"
-    dense_dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16, Precision.FP32: torch.float32}
-    if sp.kind == "dense" and prec in dense_dtype:
-        def build(w):
-            wd = w.to(dense_dtype[prec])
-            return lambda x: torch.nn.functional.linear(x.to(wd.dtype), wd)
-        return build, "torch.linear"
-    if sp.kind == "block" and prec in (*dense_dtype, Precision.FP8_E4M3, Precision.INT8):
-        from autoplan.backends.amd import triton_bsr as B
 
-        vdtype = {Precision.FP8_E4M3: torch.float8_e4m3fn, Precision.INT8: torch.int8}.get(prec)
+    name: str
+    pack: Callable[[Choice, QuantizedWeight, Mask, torch.device], Layer]
+    cpu_name: str | None = None
 
-        def build(w):
-            wv = w if vdtype is not None else w.to(dense_dtype[prec])
-            bsr = B.BsrWeight.from_dense(wv, sp.block, block_mask=B.block_mask_by_magnitude(w, sp.block, sp.ratio), dtype=vdtype)
-            fn = B.bsr_linear if cuda else B.bsr_linear_reference
-            return lambda x: fn(x if vdtype is not None else x.to(bsr.values.dtype), bsr)
-        return build, "triton_bsr" if cuda else "bsr_reference"
-    if not cuda:
-        raise UnsupportedFormatError(
-            f"'{choice}' has no CPU microbenchmark path: on CPU use dense+bf16/fp32 or blockB@P choices"
-        )
+
+_KERNELS: dict[str, Kernel] = {}
+_FLOAT_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16,
+                 Precision.FP32: torch.float32}
+
+
+def _kernel(name: str, cpu_name: str | None = None):  # noqa: ANN202 - a decorator
+    def register(pack: Callable[..., Layer]):  # noqa: ANN202
+        if name in _KERNELS:
+            raise AutoplanError(f"microbenchmark kernel {name} is registered twice")
+        _KERNELS[name] = Kernel(name, pack, cpu_name)
+        return pack
+    return register
+
+
+@_kernel("torch.linear", cpu_name="torch.linear")
+def _dense_float(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.device) -> Layer:
+    wd = q.dequant.to(_FLOAT_DTYPES[choice.precision])
+    return lambda x: torch.nn.functional.linear(x.to(wd.dtype), wd)
+
+
+@_kernel("triton_bsr", cpu_name="bsr_reference")
+def _block_sparse(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.device) -> Layer:
+    from autoplan.backends.amd import triton_bsr as B
+
+    block = choice.sparsity.block
+    tiles = B.block_mask_of(mask.float(), block)  # the tiles autoplan.prune kept
+    if q.codes is None:  # 16/32-bit values
+        bsr = B.BsrWeight.from_dense(q.dequant.to(_FLOAT_DTYPES[choice.precision]), block,
+                                     block_mask=tiles)
+    else:
+        bsr = B.BsrWeight.from_quantized(q, block, block_mask=tiles)
+    fn = B.bsr_linear if dev.type == "cuda" else B.bsr_linear_reference
+    return lambda x: fn(x if q.codes is not None else x.to(bsr.values.dtype), bsr)
+
+
+@_kernel("torch._scaled_mm")
+def _fp8_dense(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.device) -> Layer:
     from autoplan.backends.nvidia import kernels as N
 
-    if sp.kind == "dense" and prec == Precision.FP8_E4M3:
-        def build(w):
-            codes, scale = N.quantize_fp8_rowwise(w)
-            return lambda x: N.fp8_linear(x, codes, scale)
-        return build, "torch._scaled_mm"
-    if sp.kind == "nm" and (sp.n, sp.m) == (2, 4) and prec in (Precision.BF16, Precision.FP16):
-        def build(w):
-            ws = N.to_semi_structured(N.prune_2_4(w.to(dense_dtype[prec])))
-            return lambda x: torch.nn.functional.linear(x.to(dense_dtype[prec]), ws)
-        return build, "semi_structured"
-    if sp.kind == "nm" and (sp.n, sp.m) == (2, 4) and prec == Precision.FP8_E4M3:
-        def build(w):
-            ws = N.compress_2_4_fp8(N.prune_2_4(w))
-            return lambda x: N.fp8_sparse_linear(x, ws)
-        return build, "cusparselt"
-    if sp.kind == "dense" and prec == Precision.NVFP4:
-        def build(w):
-            q = N.quantize_nvfp4(w)
-            return lambda x: N.nvfp4_linear(x, q)
-        return build, "torch._scaled_mm_fp4"
-    raise UnsupportedFormatError(
-        f"no microbenchmark for '{choice}': supported are dense+bf16/fp16/fp32, dense+fp8_e4m3, "
-        "dense+nvfp4, 2:4+bf16/fp16, 2:4+fp8_e4m3 and blockB@P+bf16/fp16/fp32/fp8_e4m3/int8"
-    )
+    return lambda x: N.fp8_linear(x, q)
+
+
+@_kernel("semi_structured")
+def _sparse_2_4_float(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.device) -> Layer:
+    from autoplan.backends.nvidia import kernels as N
+
+    dtype = _FLOAT_DTYPES[choice.precision]
+    ws = N.to_semi_structured(q.dequant.to(dtype))
+    return lambda x: torch.nn.functional.linear(x.to(dtype), ws)
+
+
+@_kernel("cusparselt")
+def _sparse_2_4_fp8(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.device) -> Layer:
+    from autoplan.backends.nvidia import kernels as N
+
+    ws = N.compress_2_4_fp8(q)
+    return lambda x: N.fp8_sparse_linear(x, ws)
+
+
+@_kernel("torch._scaled_mm_fp4")
+def _nvfp4_dense(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.device) -> Layer:
+    from autoplan.backends.nvidia import kernels as N
+
+    packed = N.pack_nvfp4(q)
+    return lambda x: N.nvfp4_linear(x, packed)
+
+
+def kernel_token(sparsity: Sparsity) -> str:
+    """The FormatSpec.kernels key of a sparsity pattern: dense, 2:4, n:m, block, ..."""
+    if sparsity.kind == "nm":
+        return "2:4" if (sparsity.n, sparsity.m) == (2, 4) else "n:m"
+    return sparsity.kind
+
+
+def compress_for(choice: Choice, w: torch.Tensor) -> tuple[QuantizedWeight, torch.Tensor | None]:
+    """The weight a kernel for `choice` runs, and its keep-mask (None when dense):
+    autoplan.prune's magnitude mask of the choice's pattern, then autoplan.quant's
+    round-to-nearest of the kept weights."""
+    mask = None
+    if choice.sparsity.kind != "dense":
+        mask = compute_mask(w, choice.sparsity, score=PruneScore.MAGNITUDE).mask
+    return quantize_weight(w.float(), choice.precision, mask=mask), mask
+
+
+def prepare_linear(
+    choice: Choice, dev: torch.device
+) -> tuple[Callable[[torch.Tensor], Layer], str]:
+    """For a choice, (build, kernel name): build(float weight [N, K]) -> prepared x -> y.
+
+    The kernel is the one the choice's FormatSpec names for its sparsity pattern; build
+    prunes and quantizes the weight with autoplan.prune / autoplan.quant (``compress_for``)
+    and the kernel only packs the result. Used by the sweep here and to swap real layers in
+    end-to-end checks.
+
+    Raises:
+        UnsupportedFormatError: no kernel for the choice, or it needs CUDA and `dev` is CPU.
+    """
+    name = format_spec(choice.precision).kernels.get(kernel_token(choice.sparsity))
+    if name is None:
+        raise UnsupportedFormatError(f"no microbenchmark for '{choice}': kernels exist for "
+                                     f"{', '.join(sorted(_timed_choices()))}")
+    kernel = _KERNELS[name]
+    if dev.type != "cuda" and kernel.cpu_name is None:
+        cpu = sorted(c for c, k in _timed_choices().items() if _KERNELS[k].cpu_name)
+        raise UnsupportedFormatError(
+            f"'{choice}' has no CPU microbenchmark path ({name} needs CUDA): on CPU use "
+            f"{', '.join(cpu)}")
+    shown = name if dev.type == "cuda" else kernel.cpu_name
+    return (lambda w: kernel.pack(choice, *compress_for(choice, w.to(dev)), dev)), shown
+
+
+def _timed_choices() -> dict[str, str]:
+    """'{sparsity token}+{precision}' -> kernel name, for every registered format."""
+    return {f"{token}+{spec.name}": name for spec in registered_formats()
+            for token, name in spec.kernels.items()}
 
 
 def _copies(n: int, k: int, choice: Choice, dev: torch.device) -> int:
@@ -253,6 +333,9 @@ __all__ = [
     "Timing",
     "cost_table",
     "device_name",
+    "Kernel",
+    "compress_for",
+    "kernel_token",
     "make_layer_op",
     "prepare_linear",
     "read_cost_table",

@@ -19,26 +19,30 @@ from autoplan.backends.cpu.ort_quant import check_cpu_choices
 from autoplan.bench.planfile import PlanInput
 from autoplan.errors import PlanError, UnknownNameError, UnsupportedFormatError
 from autoplan.formats import DENSE, Choice, Precision
+from autoplan.targets import get_target
 
 BASELINE = Choice(DENSE, Precision.FP32)
 RUNTIMES = ("onnxruntime",)
 
 
 def check_cpu_plan(plan: PlanInput) -> None:
-    """Refuse (UserInputError, exit 2) a plan made for a GPU or holding formats ORT can't run."""
-    if plan.target is not None and plan.target != "local":
-        from autoplan.targets import get_target
+    """Refuse (UserInputError, exit 2) a plan made for a GPU or holding formats ORT can't run.
 
-        try:
-            kind = get_target(plan.target).kind
-        except UnknownNameError:
-            kind = "unknown"
-        if kind != "cpu":
-            raise UnsupportedFormatError(
-                f"plan targets '{plan.target}' ({kind}); CPU apply writes ONNX Runtime artifacts "
-                "only: re-plan with --target local or a CPU target"
-            )
-    check_cpu_choices(plan.decisions)
+    The formats are judged by the runtime matrix (autoplan.runtimes.supports) on the plan's
+    CPU target, or on this machine (`local`) when the plan names none -- the same answer
+    `autoplan search --runtime onnxruntime` gets, so apply accepts what search can plan.
+    """
+    try:
+        target = get_target(plan.target or "local")
+    except UnknownNameError:
+        target = None
+    if target is None or target.kind != "cpu":
+        kind = "unknown" if target is None else target.kind
+        raise UnsupportedFormatError(
+            f"plan targets '{plan.target}' ({kind}); CPU apply writes ONNX Runtime artifacts "
+            "only: re-plan with --target local or a CPU target"
+        )
+    check_cpu_choices(plan.decisions, target)
 
 
 def apply_plan_cpu(loaded: Any, plan: PlanInput, out_dir: str | Path, *,

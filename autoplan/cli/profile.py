@@ -11,6 +11,8 @@ from autoplan.cli._output import console, emit_json
 from autoplan.cli._progress import RichReporter
 from autoplan.compress import CompressionSettings
 from autoplan.formats import Choice
+from autoplan.prune import PruneScore
+from autoplan.quant import QuantMethod
 
 
 @click.command("profile")
@@ -18,8 +20,8 @@ from autoplan.formats import Choice
 @click.option("--target", default="h100-sxm", show_default=True)
 @click.option("--runtime", default=None, help="Profile one runtime's space (default: all runtimes' on the target).")
 @click.option("--choices", default=None, help="Comma-separated choices instead of the target's space, e.g. fp8,int4_g64,2:4+bf16.")
-@click.option("--prune-score", type=click.Choice(["magnitude", "wanda", "sparsegpt"]), default="wanda", show_default=True)
-@click.option("--quant-method", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True)
+@click.option("--prune-score", type=click.Choice(PruneScore.values()), default=PruneScore.WANDA.value, show_default=True)
+@click.option("--quant-method", type=click.Choice(QuantMethod.values()), default=QuantMethod.RTN.value, show_default=True)
 @click.option("--text", default=None, help="Calibration text (.txt or .jsonl); default pydoc topics.")
 @click.option("--calib-blocks", type=int, default=4, show_default=True, help="Calibration blocks of --seq-len tokens.")
 @click.option("--seq-len", type=int, default=256, show_default=True)

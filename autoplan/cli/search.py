@@ -10,6 +10,8 @@ from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._plan_view import render
 from autoplan.cli._progress import RichReporter
 from autoplan.cost.report import Objective
+from autoplan.prune import PruneScore
+from autoplan.quant import QuantMethod
 from autoplan.search.run import SearchRequest, run_search
 from autoplan.workload import Workload
 
@@ -33,9 +35,9 @@ from autoplan.workload import Workload
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("plan.json"),
               show_default=True)
 @click.option("--multi-objective", is_flag=True, help="Also report the Pareto front of objective vs predicted KL.")
-@click.option("--prune-score", type=click.Choice(["magnitude", "wanda", "sparsegpt"]), default="wanda",
+@click.option("--prune-score", type=click.Choice(PruneScore.values()), default=PruneScore.WANDA.value,
               show_default=True)
-@click.option("--quant-method", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True)
+@click.option("--quant-method", type=click.Choice(QuantMethod.values()), default=QuantMethod.RTN.value, show_default=True)
 @click.option("--text", default=None, help="Calibration/evaluation text (.txt or .jsonl); default pydoc topics.")
 @click.option("--protect-first/--no-protect-first", default=None, help="Keep block 0 uncompressed.")
 @click.option("--protect-last/--no-protect-last", default=None, help="Keep the last block uncompressed.")

@@ -22,14 +22,15 @@ from torch import Tensor
 from autoplan.compress import (CompressionSettings, audit_digests, collect_stats, compress_linear,
                                observe_inputs)
 from autoplan.errors import UnsupportedFormatError, UserInputError
-from autoplan.formats import Choice, Precision
+from autoplan.formats import Choice, Precision, registered_formats
 from autoplan.models.graph import get_linear
 from autoplan.plan.schema import Plan
+from autoplan.prune import PruneScore
 from autoplan.quant import HessianAccumulator, SimulatedLinear, nvfp4_global_scale
-from autoplan.runtimes import supports
+from autoplan.runtimes import listing, refusals
 from autoplan.targets import Target, get_target
 
-UNQUANTIZED = frozenset({Precision.FP32, Precision.BF16, Precision.FP16})
+UNQUANTIZED = frozenset(s.precision for s in registered_formats() if not s.quantized)
 _SHOWN = 4  # offending layers named in a refusal before "and N more"
 
 
@@ -61,8 +62,7 @@ class Prepared:
 
 
 def _listing(names: Sequence[str]) -> str:
-    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
-    return ", ".join(names[:_SHOWN]) + more
+    return listing(list(names), _SHOWN)
 
 
 def parse_decisions(plan: Plan) -> dict[str, Choice]:
@@ -86,11 +86,7 @@ def pick_runtime(plan: Plan, runtimes: Sequence[str]) -> str:
 
 def check_runtime(fmt: str, target: Target, runtime: str, choices: Mapping[str, Choice]) -> None:
     """Refuse layers whose choice ``runtime`` cannot serve on ``target``, naming them."""
-    refused: dict[str, list[str]] = {}
-    for name, choice in sorted(choices.items()):
-        answer = supports(target, runtime, choice)
-        if not answer.ok:
-            refused.setdefault(f"{choice} ({answer.reason})", []).append(name)
+    refused = refusals(target, runtime, choices)
     if refused:
         why, names = next(iter(refused.items()))
         raise UnsupportedFormatError(
@@ -147,7 +143,7 @@ def _settings(plan: Plan) -> CompressionSettings:
 def _needs_stats(plan: Plan, choices: Mapping[str, Choice]) -> bool:
     settings = _settings(plan)
     sparse = any(c.sparsity.kind != "dense" for c in choices.values())
-    return settings.needs_hessian or (sparse and settings.prune_score != "magnitude")
+    return settings.needs_hessian or (sparse and settings.prune_score is not PruneScore.MAGNITUDE)
 
 
 def needs_calibration(plan: Plan) -> bool:

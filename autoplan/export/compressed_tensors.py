@@ -13,13 +13,18 @@ The compressors re-derive codes as ``round(w / scale)``; since ``w`` is autoplan
 ``codes * scale`` this returns autoplan's codes, and ``_verify`` proves it for every layer
 (codes and scales compared bit for bit) before the folder is moved into place.
 
-Schemes (autoplan precision -> compressed-tensors):
+Schemes come from each format's FormatSpec (``compressed_tensors``: a preset or
+QuantizationArgs, or the reason the format cannot be written):
     fp8_e4m3  FP8_DYNAMIC preset: FP8 weights per channel, dynamic per-token FP8 inputs
     int8      W8A8 preset: INT8 weights per channel, dynamic per-token INT8 inputs
     int8_wo   INT8 weights per channel, 16-bit inputs (pack-quantized, vLLM WNA16)
     int4_gN   symmetric INT4 weights, group N, 16-bit inputs (pack-quantized)
+    uint4_gN  asymmetric INT4 weights, group N, with ``weight_zero_point`` (pack-quantized;
+              vLLM reads it as uint4 with zero points)
     nvfp4     NVFP4 preset: E2M1 weights, E4M3 scale per 16, FP32 global scale; inputs
               with a static ``input_global_scale`` from the calibration set
+The library keeps asymmetric codes and zero points signed (-8..7); autoplan's are unsigned
+(0..15, as the packed checkpoint and the kernels hold them), so they differ by 2**(bits-1).
 """
 
 from __future__ import annotations
@@ -33,12 +38,16 @@ from torch import nn
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import Prepared
 from autoplan.export._write import atomic_dir, write_sidecars
-from autoplan.formats import Precision
+from autoplan.formats import CompressedTensorsName, Precision, format_spec
 from autoplan.models.graph import get_linear, is_tied
 from autoplan.quant import SimulatedLinear, decode_e2m1
 
-_PRESETS = {Precision.FP8_E4M3: "FP8_DYNAMIC", Precision.INT8: "W8A8", Precision.NVFP4: "NVFP4"}
-_INT4 = (Precision.INT4_G32, Precision.INT4_G64, Precision.INT4_G128)
+FORMAT = "compressed-tensors"
+
+
+def _named(precision: Precision) -> CompressedTensorsName:
+    """The format's compressed-tensors name (UnsupportedFormatError with its reason if none)."""
+    return format_spec(precision).exported_as(FORMAT)
 
 
 def _scheme(precision: Precision, targets: list[str]):  # noqa: ANN202 - library type
@@ -49,24 +58,21 @@ def _scheme(precision: Precision, targets: list[str]):  # noqa: ANN202 - library
         preset_name_to_scheme,
     )
 
-    if precision in _PRESETS:
-        return preset_name_to_scheme(_PRESETS[precision], targets)
-    if precision is Precision.INT8_WO:
-        # The library's W8A16 preset is group-128; autoplan's int8_wo is per channel.
-        weights = QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True,
-                                   dynamic=False)
-    elif precision in _INT4:
-        weights = QuantizationArgs(num_bits=4, type="int", strategy="group", symmetric=True,
-                                   dynamic=False, group_size=precision.info.group)
-    else:
-        raise UnsupportedFormatError(
-            f"the compressed-tensors exporter does not write {precision.value} layers; "
-            "re-plan without them or use another --format")
-    return QuantizationScheme(targets=targets, weights=weights)
+    named = _named(precision)
+    if named.preset is not None:
+        return preset_name_to_scheme(named.preset, targets)
+    if named.weights is None:
+        raise AutoplanError(f"{precision.value} is stored unquantized, not as a "
+                            "compressed-tensors scheme (please report)")
+    inputs = None if named.input_activations is None else \
+        QuantizationArgs(**named.input_activations)
+    return QuantizationScheme(targets=targets, weights=QuantizationArgs(**named.weights),
+                              input_activations=inputs)
 
 
 def _check_shapes(prep: Prepared) -> None:
     for name, sim in prep.quantized().items():
+        _named(sim.choice.precision)  # a format the exporter cannot hold is refused first
         group = sim.choice.precision.info.group
         if group and sim.in_features % group:
             raise UnsupportedFormatError(
@@ -87,8 +93,20 @@ def _load_params(module: nn.Module, sim: SimulatedLinear, act_global: torch.Tens
         if "global_scale" in scales:
             module.weight_global_scale.data = scales["global_scale"].float().clone()
             module.input_global_scale.data = act_global.float().reshape(1).clone()
-        if hasattr(module, "weight_zero_point"):  # symmetric: dropped by the compressor
+        if "weight_zero_point" in scales:  # autoplan's unsigned zero points, library's signed
+            zp = scales["weight_zero_point"].to(torch.int16) - _offset(sim)
+            module.weight_zero_point.data = zp.to(module.weight_zero_point.dtype)
+        elif hasattr(module, "weight_zero_point"):  # symmetric: dropped by the compressor
             module.weight_zero_point.data.zero_()
+
+
+def _offset(sim: SimulatedLinear) -> int:
+    """2**(bits-1): the distance between autoplan's unsigned codes and the library's signed."""
+    return 1 << (sim.choice.precision.info.value_bits - 1)
+
+
+def _bits(sim: SimulatedLinear) -> int:
+    return sim.choice.precision.info.value_bits
 
 
 def _stored_codes(module: nn.Module, sim: SimulatedLinear) -> torch.Tensor:
@@ -102,9 +120,18 @@ def _stored_codes(module: nn.Module, sim: SimulatedLinear) -> torch.Tensor:
         return unpack_fp4_from_uint8(packed, packed.shape[0], packed.shape[1] * 2,
                                      dtype=torch.float32)
     if hasattr(module, "weight_packed"):
-        bits = 4 if p in _INT4 else 8
-        return unpack_from_int32(module.weight_packed, bits, module.weight_shape).float()
+        codes = unpack_from_int32(module.weight_packed, _bits(sim), module.weight_shape).float()
+        return codes + _offset(sim) if "weight_zero_point" in sim.quantized.scales else codes
     return module.weight.float()
+
+
+def _stored_zero_points(module: nn.Module, sim: SimulatedLinear) -> torch.Tensor:
+    """The packed zero points as the library stored them, unsigned as autoplan keeps them."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    want = sim.quantized.scales["weight_zero_point"]
+    signed = unpack_from_int32(module.weight_zero_point, _bits(sim), want.shape, packed_dim=0)
+    return signed.to(torch.int16) + _offset(sim)
 
 
 def _verify(model: nn.Module, prep: Prepared) -> None:
@@ -120,6 +147,9 @@ def _verify(model: nn.Module, prep: Prepared) -> None:
         if "global_scale" in sim.quantized.scales:
             ok = ok and torch.equal(module.weight_global_scale.float(),
                                     sim.quantized.scales["global_scale"].float())
+        if "weight_zero_point" in sim.quantized.scales:
+            ok = ok and torch.equal(_stored_zero_points(module, sim),
+                                    sim.quantized.scales["weight_zero_point"].to(torch.int16))
         if not ok:
             raise AutoplanError(f"compressed-tensors stored other codes or scales than autoplan "
                                 f"simulated for {name}; nothing was written (please report)")
@@ -167,7 +197,7 @@ def _build(prep: Prepared) -> tuple[nn.Module, object]:
 class CompressedTensorsExporter:
     """Writes compressed-tensors checkpoints for vLLM (and SGLang, which reuses its kernels)."""
 
-    name = "compressed-tensors"
+    name = FORMAT
     runtimes = ("vllm", "sglang")
 
     def write(self, prep: Prepared, out_dir: str | Path) -> Path:

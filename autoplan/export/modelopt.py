@@ -12,7 +12,8 @@ vLLM dropped its 2:4 kernels; TensorRT-LLM still builds 2:4 engines (``trtllm-bu
 
 plus ``quant_cfg.json`` (the per-layer map TensorRT-LLM reads for MIXED_PRECISION).
 
-Layers (autoplan precision -> ModelOpt quant_algo, tensors):
+Layers (autoplan precision -> ModelOpt quant_algo, tensors; the names come from each
+format's FormatSpec, which also says why the others are refused):
     fp8_e4m3   FP8_PER_CHANNEL_PER_TOKEN: ``weight`` float8_e4m3fn [out, in] and
                ``weight_scale`` FP32 [out]; activations are scaled per token at run time,
                so there is no ``input_scale``. This is autoplan's fp8_e4m3 exactly
@@ -43,12 +44,12 @@ from autoplan import __version__
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import UNQUANTIZED, Prepared
 from autoplan.export._write import atomic_dir, write_sidecars
-from autoplan.formats import Precision
+from autoplan.formats import format_spec
 from autoplan.models.graph import get_linear, is_tied
 
+FORMAT = "modelopt"
 HF_QUANT_CONFIG = "hf_quant_config.json"
 QUANT_CFG = "quant_cfg.json"
-_ALGO = {Precision.FP8_E4M3: "FP8_PER_CHANNEL_PER_TOKEN", Precision.INT8_WO: "W8A16"}
 
 
 def check_nm_pattern(name: str, weight: Tensor, n: int, m: int) -> None:
@@ -76,13 +77,13 @@ def _layer_tensors(name: str, prep: Prepared) -> tuple[dict[str, Tensor], dict |
     if p in UNQUANTIZED:
         out[f"{name}.weight"] = sim.weight.to(dtype).contiguous()
         return out, None
-    if p not in _ALGO:
-        raise UnsupportedFormatError(
-            f"the modelopt exporter writes fp8_e4m3, int8_wo and 16-bit layers, not "
-            f"{p.value} ({name}); export this plan with --format compressed-tensors")
+    try:
+        algo = format_spec(p).exported_as(FORMAT).quant_algo  # the spec's name, or its refusal
+    except UnsupportedFormatError as err:
+        raise UnsupportedFormatError(f"{err} ({name})") from None
     out[f"{name}.weight"] = sim.quantized.codes.contiguous()
     out[f"{name}.weight_scale"] = sim.quantized.scales["weight_scale"].reshape(-1).contiguous()
-    return out, {"quant_algo": _ALGO[p]}
+    return out, {"quant_algo": algo}
 
 
 def _quant_section(quantized: dict[str, dict], excluded: list[str]) -> tuple[dict, bool]:
@@ -99,7 +100,7 @@ def _quant_section(quantized: dict[str, dict], excluded: list[str]) -> tuple[dic
 class ModelOptExporter:
     """Writes ModelOpt unified checkpoints for TensorRT-LLM."""
 
-    name = "modelopt"
+    name = FORMAT
     runtimes = ("tensorrt-llm",)
 
     def write(self, prep: Prepared, out_dir: str | Path) -> Path:

@@ -5,14 +5,14 @@ Public API: ``compute_mask`` -> ``PruneResult``; ``prune_mlp_channels`` ->
 """
 
 from autoplan.prune.channels import ChannelPruneResult, prune_mlp_channels
-from autoplan.prune.masks import SCORES, PruneResult, compute_mask, wanda_score
+from autoplan.prune.masks import PruneResult, PruneScore, compute_mask, wanda_score
 from autoplan.prune.patterns import check_block, check_nm, select_keep, validate_shape
 from autoplan.prune.sparsegpt import sparsegpt_prune
 
 __all__ = [
-    "SCORES",
     "ChannelPruneResult",
     "PruneResult",
+    "PruneScore",
     "check_block",
     "check_nm",
     "compute_mask",

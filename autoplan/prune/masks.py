@@ -11,8 +11,18 @@ from autoplan.errors import UserInputError
 from autoplan.formats import Sparsity
 from autoplan.prune.patterns import select_keep, validate_shape
 from autoplan.prune.sparsegpt import sparsegpt_prune
+from autoplan.textenum import TextEnum
 
-SCORES = ("magnitude", "wanda", "sparsegpt")
+
+class PruneScore(TextEnum):
+    """How a weight's importance is scored before a sparsity pattern is applied."""
+
+    __noun__ = "pruning score"
+
+    MAGNITUDE = "magnitude"  # |W|
+    WANDA = "wanda"  # |W| * ||X_j||_2 (needs activation norms)
+    SPARSEGPT = "sparsegpt"  # OBS saliency with weight reconstruction (needs the Hessian)
+
 
 
 @dataclass(frozen=True)
@@ -48,7 +58,7 @@ def compute_mask(
     w: Tensor,
     sparsity: Sparsity,
     *,
-    score: str = "magnitude",
+    score: PruneScore | str = PruneScore.MAGNITUDE,
     act_norm: Tensor | None = None,
     hessian: Tensor | None = None,
     blocksize: int = 128,
@@ -76,17 +86,16 @@ def compute_mask(
     Raises:
         UserInputError: unknown score, missing statistics, or a shape the pattern cannot tile.
     """
-    if score not in SCORES:
-        raise UserInputError(f"unknown pruning score '{score}': use one of {', '.join(SCORES)}")
+    score = PruneScore.parse(score)
     validate_shape(tuple(w.shape), sparsity)
-    if score == "sparsegpt":
+    if score is PruneScore.SPARSEGPT:
         if hessian is None:
             raise UserInputError(
                 "score='sparsegpt' needs the layer Hessian: pass hessian=2*X.T@X/n"
             )
         keep, rebuilt = sparsegpt_prune(w, hessian, sparsity, blocksize=blocksize, damp=damp)
         return PruneResult(mask=keep, weight=rebuilt.to(w.dtype))
-    if score == "wanda":
+    if score is PruneScore.WANDA:
         if act_norm is None:
             raise UserInputError("score='wanda' needs act_norm: the L2 norm of each input channel")
         importance = wanda_score(w, act_norm)
@@ -96,4 +105,4 @@ def compute_mask(
     return PruneResult(mask=keep, weight=torch.where(keep, w.detach(), torch.zeros_like(w)))
 
 
-__all__ = ["SCORES", "PruneResult", "compute_mask", "wanda_score"]
+__all__ = ["PruneResult", "PruneScore", "compute_mask", "wanda_score"]

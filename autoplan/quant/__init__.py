@@ -1,12 +1,20 @@
 """Bit-exact simulation of inference number formats (FP8, INT8, INT4, NVFP4, MXFP4) on CPU.
 
+The formats themselves (element casts, schemes, one FormatSpec per precision) live in
+``autoplan.formats``; this package applies them: RTN and GPTQ, activation fake-quantization
+and ``SimulatedLinear``.
+
 Public API: ``quantize_weight`` -> ``QuantizedWeight`` (RTN or GPTQ), ``quantize_activation``,
 ``SimulatedLinear``, Hessian helpers for GPTQ/SparseGPT, and the element-level casts and
 encoders (``cast_fp8_e4m3``, ``cast_e2m1``, ``encode_e8m0``, ...).
 """
 
-from autoplan.quant.activations import quantize_activation
-from autoplan.quant.elements import (
+from autoplan.quant.activations import (
+    activation_scheme,
+    quantize_activation,
+    quantize_activation_codes,
+)
+from autoplan.formats.elements import (
     E2M1_MAX,
     E2M1_VALUES,
     E4M3_MAX,
@@ -24,17 +32,18 @@ from autoplan.quant.elements import (
 )
 from autoplan.quant.gptq import gptq_quantize
 from autoplan.quant.hessian import HessianAccumulator, hessian_from_inputs, inverse_hessian_cholesky
-from autoplan.quant.schemes import activation_scheme, nvfp4_global_scale, weight_scheme
+from autoplan.formats.schemes import nvfp4_global_scale
 from autoplan.quant.simulated_linear import SimulatedLinear
-from autoplan.quant.weights import METHODS, QuantizedWeight, quantize_weight
+from autoplan.quant.methods import QuantMethod
+from autoplan.quant.weights import QuantizedWeight, quantize_weight, weight_scheme
 
 __all__ = [
     "E2M1_MAX",
     "E2M1_VALUES",
     "E4M3_MAX",
     "E5M2_MAX",
-    "METHODS",
     "HessianAccumulator",
+    "QuantMethod",
     "QuantizedWeight",
     "SimulatedLinear",
     "activation_scheme",
@@ -51,6 +60,7 @@ __all__ = [
     "mx_shared_exponent",
     "nvfp4_global_scale",
     "quantize_activation",
+    "quantize_activation_codes",
     "quantize_weight",
     "round_to_bf16",
     "round_to_fp16",

@@ -1,8 +1,9 @@
 """GPTQ (Frantar et al., 2023): quantize column by column, pushing each column's rounding
 error onto the columns not yet quantized through the inverse Hessian.
 
-Any scheme from ``autoplan.quant.schemes`` plugs in, because GPTQ only needs "the scale of
-this group" and "quantize this column with it". Group scales are computed lazily when the
+Any scheme from ``autoplan.formats.schemes`` plugs in, because GPTQ only needs "the
+parameters of this group" (scale, and zero point for asymmetric formats, computed together
+by the scheme) and "quantize this column with them". Group parameters are computed lazily when the
 first column of a group is reached, from the weights as updated so far (the GPTQ reference
 behaviour); the lazy-batch block of 128 columns is aligned to the group size so a group never
 straddles two blocks. A keep-mask is honoured inside the loop: pruned weights are forced to
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from autoplan.quant.hessian import inverse_hessian_cholesky, prepare_hessian
-from autoplan.quant.schemes import Scheme
+from autoplan.formats.schemes import QParams, Scheme
 
 
 def gptq_quantize(
@@ -27,7 +28,7 @@ def gptq_quantize(
     mask: Tensor | None = None,
     blocksize: int = 128,
     damp: float = 0.01,
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+) -> tuple[Tensor, Tensor, QParams | None, Tensor | None]:
     """Run GPTQ on ``w`` [out, in] with ``hessian`` [in, in] (``2 X^T X / n``).
 
     Args:
@@ -39,8 +40,8 @@ def gptq_quantize(
         damp: dampening as a fraction of the mean Hessian diagonal.
 
     Returns:
-        ``(dequant, code values, stored scale, tensor ctx)``: float32 [out, in] twice, the
-        scales as ``quantize_rows`` shapes them, and the scheme's tensor-level parameters.
+        ``(dequant, code values, stored QParams, tensor ctx)``: float32 [out, in] twice, the
+        parameters as ``quantize_rows`` shapes them, and the scheme's tensor-level ones.
     """
     h, dead = prepare_hessian(hessian, w)
     n = w.shape[1]
@@ -66,10 +67,8 @@ def gptq_quantize(
     n_pad = n + pad
     deq = torch.zeros_like(W)
     codes = torch.zeros_like(W)
-    row_scale = (
-        None if g else scheme.scale(kept_w, ctx)
-    )  # per-channel: fixed up front, as GPTQ does
-    group_scales: list[Tensor] = []
+    row_params = None if g else scheme.qparams(kept_w, ctx)  # per channel: fixed up front
+    group_params: list[QParams] = []
     bs = max(g, blocksize - blocksize % g) if g else blocksize
     for i1 in range(0, n_pad, bs):
         i2 = min(i1 + bs, n_pad)
@@ -77,17 +76,17 @@ def gptq_quantize(
         err1 = torch.zeros_like(W1)
         hinv1 = hinv[i1:i2, i1:i2]
         keep1 = None if keep is None else keep[:, i1:i2]
-        scale = row_scale
+        params = row_params
         for i in range(i2 - i1):
             if g and i % g == 0:
                 slab = W1[:, i : i + g]
                 if keep1 is not None:
                     slab = slab * keep1[:, i : i + g]
-                scale = scheme.scale(slab, ctx)
-                group_scales.append(scale)
+                params = scheme.qparams(slab, ctx)
+                group_params.append(params)  # type: ignore[arg-type]
             col = W1[:, i : i + 1]
             target = col if keep1 is None else col * keep1[:, i : i + 1]
-            q, c = scheme.fake(target, scale, ctx)
+            q, c = scheme.fake(target, params, ctx)
             deq[:, i1 + i : i1 + i + 1] = q
             codes[:, i1 + i : i1 + i + 1] = c
             err = (col - q) / hinv1[i, i]
@@ -95,7 +94,7 @@ def gptq_quantize(
             err1[:, i : i + 1] = err
         W[:, i2:] -= err1 @ hinv[i1:i2, i2:]
 
-    stored = torch.cat(group_scales, dim=1) if g else row_scale
+    stored = QParams.cat(group_params, dim=1) if g else row_params
     return deq[:, :n], codes[:, :n], stored, ctx
 
 

@@ -8,12 +8,10 @@ import torch
 from torch import Tensor
 
 from autoplan.errors import UserInputError
-from autoplan.formats import Precision
-from autoplan.quant.elements import encode_e2m1
+from autoplan.formats import Precision, format_spec
+from autoplan.formats.schemes import Scheme, quantize_rows
 from autoplan.quant.gptq import gptq_quantize
-from autoplan.quant.schemes import Scheme, quantize_rows, weight_scheme
-
-METHODS = ("rtn", "gptq")
+from autoplan.quant.methods import QuantMethod
 
 
 @dataclass(frozen=True)
@@ -25,11 +23,12 @@ class QuantizedWeight:
         scales: named scale tensors in their storage dtypes, named as compressed-tensors
             checkpoints name them: ``weight_scale`` ([out, 1] per channel, [1] per tensor,
             [out, n_groups] for grouped formats: bf16/fp16/fp32 for INT, float8_e4m3fn for
-            NVFP4, uint8 E8M0 codes for MXFP4) and ``global_scale`` (NVFP4, FP32 [1]).
+            NVFP4, uint8 E8M0 codes for MXFP4), ``weight_zero_point`` (asymmetric UINT4:
+            uint8 [out, n_groups] in 0..15) and ``global_scale`` (NVFP4, FP32 [1]).
             Empty for fp32/bf16/fp16.
-        codes: the stored values: int8 for INT8/INT4 (INT4 in [-8, 7], unpacked),
-            float8 for FP8, uint8 4-bit E2M1 codes for NVFP4/MXFP4 (sign in bit 3), None for
-            16/32-bit floats.
+        codes: the stored values: int8 for INT8/INT4 (INT4 in [-8, 7], unpacked), uint8
+            0..15 for UINT4 (dequant = (code - zero point) * scale), float8 for FP8, uint8
+            4-bit E2M1 codes for NVFP4/MXFP4 (sign in bit 3), None for 16/32-bit floats.
         precision: the format.
     """
 
@@ -39,19 +38,16 @@ class QuantizedWeight:
     precision: Precision = Precision.FP32
 
 
-def _pack_codes(codes: Tensor, scheme: Scheme) -> Tensor | None:
-    if scheme.code_dtype is None:
-        return None
-    if scheme.code_dtype is torch.uint8:  # E2M1
-        return encode_e2m1(codes)
-    return codes.to(scheme.code_dtype)
+def weight_scheme(precision: Precision, dtype: torch.dtype, *, per_channel: bool = True) -> Scheme:
+    """The scheme that stores weights of ``dtype`` in ``precision`` (its FormatSpec's)."""
+    return format_spec(precision).weight_scheme(dtype, per_channel=per_channel)
 
 
 def quantize_weight(
     w: Tensor,
     precision: Precision,
     *,
-    method: str = "rtn",
+    method: QuantMethod | str = QuantMethod.RTN,
     hessian: Tensor | None = None,
     per_channel: bool = True,
     mask: Tensor | None = None,
@@ -80,10 +76,7 @@ def quantize_weight(
     Raises:
         UserInputError: unknown method, wrong shapes, or GPTQ without a Hessian.
     """
-    if method not in METHODS:
-        raise UserInputError(
-            f"unknown quantization method '{method}': use one of {', '.join(METHODS)}"
-        )
+    method = QuantMethod.parse(method)
     if w.ndim != 2:
         raise UserInputError(
             f"quantize_weight needs a 2-D [out, in] weight, got shape {tuple(w.shape)}"
@@ -93,10 +86,10 @@ def quantize_weight(
             f"mask shape {tuple(mask.shape)} does not match weight {tuple(w.shape)}"
         )
     scheme = weight_scheme(precision, w.dtype, per_channel=per_channel)
-    if method == "gptq":
+    if method is QuantMethod.GPTQ:
         if hessian is None:
             raise UserInputError("method='gptq' needs the layer Hessian: pass hessian=2*X.T@X/n")
-        deq, codes, scale, ctx = gptq_quantize(
+        deq, codes, params, ctx = gptq_quantize(
             w, hessian, scheme, mask=mask, blocksize=blocksize, damp=damp
         )
     else:
@@ -104,17 +97,17 @@ def quantize_weight(
         if mask is not None:
             wf = wf * mask
         ctx = scheme.prepare(wf)
-        deq, codes, scale = quantize_rows(wf, scheme, ctx)
+        deq, codes, params = quantize_rows(wf, scheme, ctx)
     if mask is not None:  # the -0.0 of a masked negative weight becomes a clean +0 code
         keep = mask.to(torch.bool)
         deq = torch.where(keep, deq, torch.zeros_like(deq))
         codes = torch.where(keep, codes, torch.zeros_like(codes))
     return QuantizedWeight(
         dequant=deq.to(w.dtype),
-        scales=scheme.scale_dict(scale, ctx),
-        codes=_pack_codes(codes, scheme),
+        scales=scheme.scale_dict(params, ctx),
+        codes=scheme.store_codes(codes),
         precision=precision,
     )
 
 
-__all__ = ["METHODS", "QuantizedWeight", "quantize_weight"]
+__all__ = ["QuantizedWeight", "quantize_weight", "weight_scheme"]

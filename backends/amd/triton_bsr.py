@@ -19,6 +19,13 @@ Precision paths:
 - int8 values with per-channel scales: x is quantized per token to int8; int32
   accumulation, then the same two scales.
 
+Quantized values and masks are never made here: `BsrWeight.from_quantized` packs the
+QuantizedWeight autoplan.quant made (after autoplan.prune's block mask), and inputs are
+rounded by autoplan.quant.quantize_activation_codes, so the kernel runs the numerics the
+simulation measured. MI300's e4m3fnuz is reached exactly from autoplan's e4m3fn codes the
+way vLLM does it: the same bits mean half the value in fnuz, so the scale doubles (and the
+fn bit pattern of -0, NaN in fnuz, becomes +0).
+
 `bsr_linear_reference` does the same quantized math with dense torch ops, so the kernel can
 be checked exactly (int8) or to fp32 summation-order rounding (others).
 
@@ -37,6 +44,8 @@ from dataclasses import dataclass
 import torch
 
 from autoplan.errors import AutoplanError, UserInputError
+from autoplan.formats import Precision
+from autoplan.quant import QuantizedWeight, quantize_activation_codes
 
 try:  # optional dependency; only bsr_linear needs it
     import triton
@@ -51,24 +60,25 @@ QUANT_DTYPES = (*FP8_DTYPES, torch.int8)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def quantize_rows(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row quantization: per token for activations, per channel for weights.
+_PRECISION_OF = {torch.int8: Precision.INT8, torch.float8_e4m3fn: Precision.FP8_E4M3,
+                 torch.float8_e4m3fnuz: Precision.FP8_E4M3}
 
-    Args:
-        t: 2-D tensor [rows, cols].
-        dtype: torch.int8 or an fp8 e4m3 type.
 
-    Returns:
-        (codes [rows, cols] in `dtype`, scale [rows] float32) with t ~= codes * scale[:, None].
-    """
+def to_e4m3fnuz(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact e4m3fn -> e4m3fnuz: same bits at half the value, so the scale doubles."""
+    bits = codes.view(torch.int8)
+    bits = torch.where(bits == -128, torch.zeros_like(bits), bits)  # fn's -0 is fnuz's NaN
+    return bits.view(torch.float8_e4m3fnuz), scale * 2.0
+
+
+def quantize_inputs(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token W8A8 inputs as autoplan.quant rounds them: (codes [M, K] in `dtype`, scale [M])."""
     if dtype not in QUANT_DTYPES:
         raise UserInputError(f"cannot quantize to {dtype}: use torch.int8 or an fp8 e4m3 dtype")
-    qmax = 127.0 if dtype == torch.int8 else float(torch.finfo(dtype).max)
-    t32 = t.float()
-    # clamp keeps all-zero rows finite: their codes are 0 whatever the scale
-    scale = t32.abs().amax(dim=1).clamp(min=1e-12) / qmax
-    scaled = (t32 / scale[:, None]).clamp(-qmax, qmax)
-    codes = scaled.round().to(dtype) if dtype == torch.int8 else scaled.to(dtype)
+    codes, params, _ = quantize_activation_codes(x, _PRECISION_OF[dtype])
+    scale = params.scale.reshape(-1).float()
+    if dtype == torch.float8_e4m3fnuz:
+        return to_e4m3fnuz(codes, scale)
     return codes, scale
 
 
@@ -78,27 +88,6 @@ def block_mask_of(w: torch.Tensor, block: int) -> torch.Tensor:
     rows, cols = w.shape
     tiles = w.reshape(rows // block, block, cols // block, block)
     return tiles.ne(0).any(dim=3).any(dim=1)
-
-
-def block_mask_by_magnitude(w: torch.Tensor, block: int, ratio: float) -> torch.Tensor:
-    """Bool [out/B, in/B] keeping the largest-norm tiles, the same number in every row-block.
-
-    Balanced rows keep the kernel's programs equally loaded (hw-facts §3.5: sparse speedups
-    are shape-sensitive already; load imbalance would hide them further).
-
-    Args:
-        w: 2-D weight [out, in].
-        block: tile size (16, 32 or 64).
-        ratio: fraction of tiles removed, in [0, 1).
-    """
-    _check_shape(w, block)
-    if not 0.0 <= ratio < 1.0:
-        raise UserInputError(f"block sparsity ratio must be in [0, 1), got {ratio}")
-    rows, cols = w.shape
-    norms = w.float().reshape(rows // block, block, cols // block, block).square().sum((1, 3))
-    keep = max(1, round((1.0 - ratio) * norms.shape[1]))
-    top = norms.topk(keep, dim=1).indices
-    return torch.zeros_like(norms, dtype=torch.bool).scatter_(1, top, True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,40 +110,63 @@ class BsrWeight:
         block_mask: torch.Tensor | None = None,
         dtype: torch.dtype | None = None,
     ) -> BsrWeight:
-        """Build from a dense weight.
+        """Build from a float weight (values kept as they are, in `dtype` if given).
 
         Args:
             w: 2-D weight [out, in]; both sides divisible by `block`.
             block: tile size (16, 32 or 64).
             block_mask: bool [out/B, in/B] of tiles to keep; default keeps every tile with a
                 nonzero (the zero pattern of `w`). Tiles outside the mask are dropped.
-            dtype: None keeps w's dtype; torch.int8 or an fp8 e4m3 type quantizes per
-                output channel (scales from the kept tiles only).
+            dtype: None keeps w's dtype, else float32/bfloat16/float16. Quantized values
+                come from autoplan.quant: use `from_quantized`.
         """
-        mask = block_mask_of(w, block) if block_mask is None else block_mask
-        rows, cols = w.shape
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise UserInputError(
+                f"unsupported BSR value dtype {dtype}: use float32, bfloat16 or float16, or "
+                "BsrWeight.from_quantized for int8/fp8 weights made by autoplan.quant"
+            )
+        return cls._build(w if dtype is None else w.to(dtype), block, block_mask, None)
+
+    @classmethod
+    def from_quantized(
+        cls,
+        q: QuantizedWeight,
+        block: int,
+        *,
+        block_mask: torch.Tensor | None = None,
+        fnuz: bool = False,
+    ) -> BsrWeight:
+        """Pack an int8 or fp8_e4m3 QuantizedWeight (per-channel scales) of a block-pruned
+        weight; `fnuz` converts fp8 to MI300's e4m3fnuz (exactly, see the module doc)."""
+        if q.precision not in (Precision.INT8, Precision.FP8_E4M3) or q.codes is None:
+            raise UserInputError(f"BSR packs int8 or fp8_e4m3 QuantizedWeights, got "
+                                 f"{q.precision.value}")
+        scale = q.scales["weight_scale"].float().reshape(-1)
+        if scale.numel() != q.codes.shape[0]:
+            raise UserInputError("BSR needs per-channel weight scales (quantize_weight(..., "
+                                 "per_channel=True))")
+        codes = q.codes
+        if fnuz:
+            if q.precision is not Precision.FP8_E4M3:
+                raise UserInputError("fnuz applies to fp8_e4m3 weights only")
+            codes, scale = to_e4m3fnuz(codes, scale)
+        return cls._build(codes, block, block_mask, scale)
+
+    @classmethod
+    def _build(cls, values: torch.Tensor, block: int, block_mask: torch.Tensor | None,
+               scale: torch.Tensor | None) -> BsrWeight:
+        mask = block_mask_of(values.float(), block) if block_mask is None else block_mask
+        rows, cols = values.shape
         grid = (rows // block, cols // block)
         if mask.dtype != torch.bool or tuple(mask.shape) != grid:
             raise UserInputError(
-                f"block_mask must be a bool tensor of shape {grid} for weight {tuple(w.shape)} "
+                f"block_mask must be a bool tensor of shape {grid} for weight {tuple(values.shape)} "
                 f"and block {block}, got {mask.dtype} {tuple(mask.shape)}"
             )
-        mask = mask.to(w.device)
-        tiles = w.reshape(grid[0], block, grid[1], block).permute(0, 2, 1, 3)
-        scale = None
-        if dtype is not None and dtype in QUANT_DTYPES:
-            kept = (tiles * mask[:, :, None, None].to(w.dtype)).permute(0, 2, 1, 3)
-            codes, scale = quantize_rows(kept.reshape(rows, cols), dtype)
-            tiles = codes.reshape(grid[0], block, grid[1], block).permute(0, 2, 1, 3)
-        elif dtype is not None and dtype not in FLOAT_DTYPES:
-            raise UserInputError(
-                f"unsupported BSR value dtype {dtype}: use float32, bfloat16, float16, int8 "
-                "or float8_e4m3fn"
-            )
-        elif dtype is not None:
-            tiles = tiles.to(dtype)
+        mask = mask.to(values.device)
+        tiles = values.reshape(grid[0], block, grid[1], block).permute(0, 2, 1, 3)
         counts = mask.sum(dim=1)
-        row_ptr = torch.zeros(grid[0] + 1, dtype=torch.int32, device=w.device)
+        row_ptr = torch.zeros(grid[0] + 1, dtype=torch.int32, device=values.device)
         row_ptr[1:] = counts.cumsum(0)
         return cls(
             values=tiles[mask].contiguous(),  # row-major over (r, c): BSR order
@@ -222,7 +234,7 @@ def bsr_linear_reference(
     if w.scale is None:
         acc = x.float() @ codes.float().T
     else:
-        xq, xs = quantize_rows(x, w.values.dtype)
+        xq, xs = quantize_inputs(x, w.values.dtype)
         # float64 sums int8 products exactly, like the kernel's int32 accumulator
         acc_dtype = torch.float64 if w.values.dtype == torch.int8 else torch.float32
         acc = (xq.to(acc_dtype) @ codes.to(acc_dtype).T).float()
@@ -252,7 +264,7 @@ def bsr_linear(x: torch.Tensor, w: BsrWeight, bias: torch.Tensor | None = None) 
     vdtype = w.values.dtype
     quantized = w.scale is not None
     if quantized:
-        xq, xs = quantize_rows(x, vdtype)
+        xq, xs = quantize_inputs(x, vdtype)
     else:
         if x.dtype != vdtype:
             raise UserInputError(f"x is {x.dtype} but the BSR values are {vdtype}: cast one of them")
@@ -363,9 +375,9 @@ def _check_inputs(x: torch.Tensor, w: BsrWeight, bias: torch.Tensor | None) -> N
 __all__ = [
     "BLOCK_SIZES",
     "BsrWeight",
-    "block_mask_by_magnitude",
     "block_mask_of",
     "bsr_linear",
     "bsr_linear_reference",
-    "quantize_rows",
+    "quantize_inputs",
+    "to_e4m3fnuz",
 ]

@@ -23,8 +23,7 @@ import onnx
 import torch
 
 from autoplan.backends.cpu.onnx_graph import OPSET, build_decoder
-from autoplan.backends.cpu.ort_quant import (QuantizedNode, check_cpu_choices, nbits_layout,
-                                             quantize_graph, tensor_sha256)
+from autoplan.backends.cpu.ort_quant import QuantizedNode, ort_node, quantize_graph, tensor_sha256
 from autoplan.errors import AutoplanError, UserInputError
 from autoplan.formats import Choice
 
@@ -89,8 +88,11 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
 
     Returns:
         The CpuArtifact at `out_dir`.
+
+    This writer packs any format that has an ONNX name; whether ONNX Runtime *accelerates*
+    it is the runtime matrix's question, asked by `autoplan apply` and `autoplan export`
+    (ort_quant.check_cpu_choices) before they call here.
     """
-    check_cpu_choices(decisions)
     _check_sparsity(model, decisions, {**(weights or {}), **(masks or {})})
     proto = build_decoder(model, masks=masks, weights=weights,
                           fuse_qkv=lambda i: _same_choice(decisions, i, "self_attn", "qkv"),
@@ -143,8 +145,8 @@ def _manifest(model: torch.nn.Module, proto: onnx.ModelProto,
         hashes = tensor_sha256(proto, list(rec.tensors.values()))
         layers[rec.layer] = {
             "choice": rec.choice, "op_type": rec.op_type, "node": rec.node,
-            # MatMulNBits compute type, implied by the format (ort_quant.nbits_layout)
-            "accuracy_level": (nbits_layout(Choice.parse(rec.choice).precision)[2]
+            # MatMulNBits compute type, implied by the format (its FormatSpec's ONNX name)
+            "accuracy_level": (ort_node(Choice.parse(rec.choice).precision).accuracy_level
                                if rec.op_type == "MatMulNBits" else None),
             "columns": list(rec.columns) if rec.columns else None,
             "tensors": {role: {"name": n, "sha256": hashes[n]} for role, n in rec.tensors.items()},

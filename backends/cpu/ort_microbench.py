@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from autoplan.errors import AutoplanError, UserInputError
-from autoplan.formats import Choice, Precision
+from autoplan.formats import Choice
 
 SCHEMA_VERSION = 1
 # How rows are timed; a cached table timed another way is re-measured.
@@ -75,7 +75,7 @@ def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, s
     """ONNX model with `copies` independent [m, k] x [k, n] linear nodes in the given format."""
     import onnx
     from autoplan.backends.cpu.onnx_graph import OPSET
-    from autoplan.backends.cpu.ort_quant import quantize_graph
+    from autoplan.backends.cpu.ort_quant import ort_node, quantize_graph
     from onnx import TensorProto, helper, numpy_helper
 
     c = Choice.parse(choice) if isinstance(choice, str) else choice
@@ -93,10 +93,11 @@ def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, s
     graph = helper.make_graph(nodes, "linear_microbench", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = min(model.ir_version, 9)
-    decisions = {f"linear{i}": c for i in range(copies)} if c.precision is not Precision.FP32 else {}
+    node = ort_node(c.precision)
+    decisions = {f"linear{i}": c for i in range(copies)} if node.op != "MatMul" else {}
     records = quantize_graph(model, decisions)
     kernel = records[0].op_type if records else "MatMul"
-    if c.precision is Precision.INT8:
+    if node.op == "MatMulInteger":
         kernel = "DynamicQuantizeMatMul"  # what ORT fuses the int8 pattern into
     del onnx
     return model, kernel
@@ -142,9 +143,9 @@ def time_row(m: int, n: int, k: int, choice: Choice | str, threads: int | None =
         samples.append((time.perf_counter() - t0) * 1e6 / copies)
     samples.sort()
     pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]
-    from autoplan.backends.cpu.ort_quant import nbits_layout
+    from autoplan.backends.cpu.ort_quant import ort_node
 
-    level = nbits_layout(c.precision)[2] if kernel == "MatMulNBits" else None
+    level = ort_node(c.precision).accuracy_level if kernel == "MatMulNBits" else None
     m_, n_, k_, choice_s = row_key(m, n, k, c)
     return {"m": m_, "n": n_, "k": k_, "choice": choice_s, "accuracy_level": level,
             "kernel": kernel, "copies": copies, "repeats": repeats,

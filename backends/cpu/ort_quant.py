@@ -1,7 +1,11 @@
 """Per-layer weight quantization of an exported ONNX decoder, in the formats ONNX Runtime runs.
 
 Each planned linear layer is one `MatMul` node named after the layer (see onnx_export.py).
-This module rewrites that node in place, so the layer -> node mapping stays exact:
+This module rewrites that node in place, so the layer -> node mapping stays exact. Which
+node a format becomes is its FormatSpec's ``onnx`` name (autoplan.formats); which formats
+ONNX Runtime *accelerates* is the runtime matrix's answer (autoplan.runtimes.supports,
+``check_cpu_choices``), asked by apply and export -- this writer itself packs any format
+that has an ONNX name, so benchmarks can also time the ones the matrix refuses.
 
 - `int8` (W8A8): the pattern ORT's own `quantize_dynamic` emits,
   `DynamicQuantizeLinear(x) -> MatMulInteger(x_q, W_q) -> Cast -> Mul(x_scale * w_scale)`,
@@ -17,6 +21,9 @@ This module rewrites that node in place, so the layer -> node mapping stays exac
 - `int4a8_g32/g64/g128` and `int8a8_g128`: the same MatMulNBits weights at accuracy_level 4,
   where MLAS quantizes each activation row to int8 per block (its fast VNNI/AVX2 path);
   autoplan.quant simulates that rounding exactly (BlockInt8ActScheme).
+- `uint4_gN` (level 0) and `uint4a8_gN` (level 4): asymmetric 4-bit codes 0..15 with a
+  packed uint4 zero point per block (the op's optional `zero_points` input), dequantized as
+  (code - zero point) * scale.
 
 Codes and scales come from autoplan.quant.quantize_weight (or the plan's own GPTQ-rounded
 QuantizedWeight), never from a second rounding rule, so the ONNX model holds exactly the
@@ -40,30 +47,27 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autoplan.backends.cpu.onnx_graph import FUSED_KEY
 from autoplan.errors import AutoplanError, UnsupportedFormatError
-from autoplan.formats import DENSE, Choice, Precision
+from autoplan.formats import DENSE, Choice, OrtNode, Precision, format_spec
 from autoplan.quant import QuantizedWeight, quantize_weight
+from autoplan.runtimes import listing, refusals
+from autoplan.targets import Target
 
 MS_DOMAIN = "com.microsoft"
+RUNTIME = "onnxruntime"
 _FP32 = Choice(DENSE, Precision.FP32)
-INT4 = {Precision.INT4_G32: 32, Precision.INT4_G64: 64, Precision.INT4_G128: 128,
-        Precision.INT4A8_G32: 32, Precision.INT4A8_G64: 64, Precision.INT4A8_G128: 128}
-INT8_NBITS = frozenset({Precision.INT8_WO, Precision.INT8A8_G128})
-CPU_PRECISIONS = frozenset({Precision.FP32, Precision.INT8, *INT8_NBITS, *INT4})
-# Sparsity has no CPU kernel: masked weights run dense. N:M exists only to feed sparse tensor
-# cores, so a plan that asks for it on a CPU target was made for other hardware.
-CPU_SPARSITY_KINDS = frozenset({"dense", "unstructured", "block", "channel"})
-INT8_WO_BLOCK = 128  # MatMulNBits block for 8-bit layers; every block carries the channel's scale
 
 
-def nbits_layout(precision: Precision) -> tuple[int, int, int]:
-    """(bits, block_size, accuracy_level) of the MatMulNBits node running `precision`.
+def ort_node(precision: Precision) -> OrtNode:
+    """The ORT node computing `precision` (its FormatSpec's ``onnx`` name).
 
-    The level follows the format, never a switch: level 4 rounds activations to int8, which
-    only the *a8 formats simulate, so any other level would run numerics nobody measured.
+    The MatMulNBits accuracy level follows the format, never a switch: level 4 rounds
+    activations to int8, which only the *a8 formats simulate, so any other level would run
+    numerics nobody measured.
+
+    Raises:
+        UnsupportedFormatError: the ONNX export cannot hold the format (the spec says why).
     """
-    bits = 8 if precision in INT8_NBITS else 4
-    block = INT8_WO_BLOCK if bits == 8 else INT4[precision]
-    return bits, block, 4 if precision.info.act_group else 0
+    return format_spec(precision).exported_as("onnx")
 
 
 @dataclass(frozen=True)
@@ -74,36 +78,46 @@ class QuantizedNode:
     choice: str
     op_type: str  # MatMul | MatMulInteger | MatMulNBits
     node: str
-    tensors: dict[str, str]  # role (weight, scale, ...) -> initializer name
+    tensors: dict[str, str]  # role (weight, scale, zero_point) -> initializer name
     columns: tuple[int, int] | None = None  # this layer's output columns in a packed node
 
 
-def cpu_unsupported(decisions: Mapping[str, Choice]) -> dict[str, str]:
-    """Layers whose choice ONNX Runtime on CPU cannot run, with the offending choice."""
-    return {
-        name: str(choice)
-        for name, choice in decisions.items()
-        if choice.precision not in CPU_PRECISIONS or choice.sparsity.kind not in CPU_SPARSITY_KINDS
-    }
+def check_cpu_choices(decisions: Mapping[str, Choice], target: Target) -> None:
+    """Raise UnsupportedFormatError unless ONNX Runtime runs every layer fast on `target`.
 
-
-def check_cpu_choices(decisions: Mapping[str, Choice]) -> None:
-    """Raise UnsupportedFormatError naming every layer ORT on CPU cannot run."""
-    bad = cpu_unsupported(decisions)
-    if bad:
-        shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items())[:6])
-        more = f" and {len(bad) - 6} more" if len(bad) > 6 else ""
+    The answer is autoplan.runtimes.supports (runtimes.toml) alone, the one search uses, so
+    apply accepts exactly the plans search can make; the message names the first refused
+    choice, the matrix's reason and its layers.
+    """
+    refused = refusals(target, RUNTIME, decisions)
+    if refused:
+        why, names = next(iter(refused.items()))
+        total = sum(len(v) for v in refused.values())
         raise UnsupportedFormatError(
-            f"ONNX Runtime on CPU cannot run {len(bad)} planned layer(s): {shown}{more}; "
-            f"CPU formats are {', '.join(sorted(p.value for p in CPU_PRECISIONS))} with dense, "
-            "unstructured, block or channel sparsity: re-plan for a CPU target"
+            f"ONNX Runtime on {target.name} does not accelerate {total} planned layer(s); "
+            f"{len(names)} are {why}: {listing(names)}; re-plan with --runtime onnxruntime "
+            "for a CPU target"
         )
 
 
 # ---- packing (numpy; ONNX MatMul's B is [K, N] = the torch weight transposed) ---------------
+@dataclass(frozen=True)
+class LayerCodes:
+    """One layer's integer weights as autoplan.quant made them.
+
+    codes: [N, K] integers (int8 -8..7 / -127..127 when symmetric, 0..15 with zero points).
+    scales: [N, groups] float32 (groups = 1 for per-channel formats).
+    zero_points: [N, groups] uint8 for asymmetric formats, else None.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None = None
+
+
 def quantize_layer(weight: torch.Tensor, precision: Precision,
-                   given: QuantizedWeight | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes [N, K] and scales [N, groups] of one layer, from autoplan.quant.
+                   given: QuantizedWeight | None = None) -> LayerCodes:
+    """Integer codes, scales (and zero points) of one layer, from autoplan.quant.
 
     `given` (the QuantizedWeight of the plan's SimulatedLinear, e.g. GPTQ-rounded) is packed
     as it is, so the ONNX model holds exactly the weights whose quality was measured;
@@ -112,42 +126,73 @@ def quantize_layer(weight: torch.Tensor, precision: Precision,
     q = given if given is not None else quantize_weight(weight.detach().float(), precision)
     if q.precision is not precision or q.codes is None:
         raise AutoplanError(f"quantized weight is {q.precision.value}, plan says {precision.value}")
-    scales = q.scales["weight_scale"].float().reshape(q.codes.shape[0], -1)
-    return q.codes.cpu().numpy().astype(np.int8), scales.cpu().numpy()
+    rows = q.codes.shape[0]
+    scales = q.scales["weight_scale"].float().reshape(rows, -1).cpu().numpy()
+    zp = q.scales.get("weight_zero_point")
+    return LayerCodes(q.codes.cpu().numpy().astype(np.int32), scales,
+                      None if zp is None else zp.reshape(rows, -1).cpu().numpy().astype(np.uint8))
 
 
-def pack_nbits(codes: np.ndarray, scales: np.ndarray, bits: int, block: int
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """MatMulNBits' B and scales from codes [N, K] and scales [N, groups or 1].
+def _pack_low_first(values: np.ndarray, bits: int) -> np.ndarray:
+    """Pack unsigned `bits`-bit values along the last axis, element 2j in the low nibble."""
+    values = values.astype(np.uint8)
+    if bits == 8:
+        return values
+    if values.shape[-1] % 2:
+        values = np.concatenate([values, np.zeros_like(values[..., :1])], axis=-1)
+    return values[..., 0::2] | (values[..., 1::2] << 4)
 
-    B is uint8 [N, n_blocks, block*bits/8] holding code + 2**(bits-1) (the op's default zero
-    point; K zero-padded to whole blocks); for 4 bits element 2j sits in the low nibble and
-    2j+1 in the high nibble of byte j. One scale per (N, block): a per-channel scale is
-    repeated for every block.
+
+def pack_nbits(layer: LayerCodes, bits: int, block: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """MatMulNBits' B, scales and (packed) zero points from one layer's codes.
+
+    B is uint8 [N, n_blocks, block*bits/8] of unsigned codes, element 2j in the low nibble
+    and 2j+1 in the high nibble of byte j (4 bits). Symmetric codes are stored + 2**(bits-1),
+    the op's default zero point, and no zero-point input is written; asymmetric codes are
+    stored as they are, with zero points packed the same way per row: uint8
+    [N, ceil(n_blocks * bits / 8)]. K is padded to whole blocks with the block's zero point
+    (which dequantizes to 0). One scale per (N, block), flat; a per-channel scale is repeated
+    for every block.
     """
+    codes, scales = layer.codes, layer.scales
     n, k = codes.shape
     n_blocks = -(-k // block)
     if scales.shape[1] not in (1, n_blocks):
         raise AutoplanError(f"{scales.shape[1]} scale groups do not match {n_blocks} blocks of "
                             f"{block} over K={k}")
-    padded = np.zeros((n, n_blocks * block), dtype=np.int32)
-    padded[:, :k] = codes
-    unsigned = (padded + (1 << (bits - 1))).astype(np.uint8).reshape(n, n_blocks, block)
-    if bits == 4:
-        unsigned = unsigned[..., 0::2] | (unsigned[..., 1::2] << 4)
-    full = np.broadcast_to(scales, (n, n_blocks)).astype(np.float32)
-    return np.ascontiguousarray(unsigned), np.ascontiguousarray(full.reshape(-1))
-
-
-def unpack_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int) -> np.ndarray:
-    """Dequantize MatMulNBits initializers back to a float32 [K, N] weight (for audits/tests)."""
-    n, n_blocks, _ = packed.shape
-    if bits == 8:
-        unsigned = packed.astype(np.int32)
+    if layer.zero_points is None:
+        unsigned = codes + (1 << (bits - 1))
+        zp = np.full((n, n_blocks), 1 << (bits - 1), dtype=np.int32)
     else:
-        unsigned = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, n_blocks, -1)
-        unsigned = unsigned.astype(np.int32)
-    values = (unsigned - (1 << (bits - 1))) * scales.reshape(n, n_blocks, 1)
+        unsigned = codes
+        zp = np.broadcast_to(layer.zero_points, (n, n_blocks)).astype(np.int32)
+    padded = np.repeat(zp, block, axis=1)  # padding holds the block's zero point
+    padded[:, :k] = unsigned
+    packed = _pack_low_first(padded.reshape(n, n_blocks, block), bits)
+    full = np.broadcast_to(scales, (n, n_blocks)).astype(np.float32)
+    zp_packed = None if layer.zero_points is None else np.ascontiguousarray(
+        _pack_low_first(zp, bits))
+    return np.ascontiguousarray(packed), np.ascontiguousarray(full.reshape(-1)), zp_packed
+
+
+def unpack_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int,
+                 zero_points: np.ndarray | None = None) -> np.ndarray:
+    """Dequantize MatMulNBits initializers, (code - zero point) * scale, to a float32 [K, N]
+    weight (for audits and tests)."""
+    n, n_blocks, _ = packed.shape
+
+    def unpack(v: np.ndarray) -> np.ndarray:
+        if bits == 8:
+            return v.astype(np.int32)
+        return np.stack([v & 0x0F, v >> 4], axis=-1).reshape(*v.shape[:-1], -1).astype(np.int32)
+
+    unsigned = unpack(packed).reshape(n, n_blocks, -1)
+    if zero_points is None:
+        zp = np.full((n, n_blocks), 1 << (bits - 1), dtype=np.int32)
+    else:
+        zp = unpack(zero_points.reshape(n, -1))[:, :n_blocks]
+    values = (unsigned - zp[..., None]) * scales.reshape(n, n_blocks, 1)
     return values.reshape(n, -1)[:, :k].T.astype(np.float32)
 
 
@@ -166,7 +211,8 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
     Returns:
         One QuantizedNode per linear layer of the graph, in graph order.
     """
-    check_cpu_choices(decisions)
+    for choice in set(decisions.values()):
+        ort_node(choice.precision)  # every planned format has an ONNX name (or says why not)
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     packed = json.loads({p.key: p.value for p in model.metadata_props}.get(FUSED_KEY, "{}"))
@@ -191,7 +237,8 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
             raise AutoplanError(f"node {node.name} computes {', '.join(l for l, _ in group)} "
                                 "as one GEMM but the plan gives them different formats")
         choice = choices.pop()
-        if choice.precision is Precision.FP32:
+        spec = ort_node(choice.precision)
+        if spec.op == "MatMul":
             new_nodes.append(node)
             out += [QuantizedNode(layer, str(choice), "MatMul", node.name,
                                   {"weight": node.input[1]}, cols) for layer, cols in group]
@@ -201,22 +248,24 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
         parts = [quantize_layer(torch.from_numpy(np.ascontiguousarray(
                      (w_t if cols is None else w_t[:, cols[0]:cols[1]]).T)),
                  choice.precision, (quantized or {}).get(layer)) for layer, cols in group]
-        codes = np.concatenate([c for c, _ in parts], axis=0)
-        scales = np.concatenate([sc for _, sc in parts], axis=0)
-        if choice.precision is Precision.INT8:
-            built, tensors = _int8_nodes(node, codes, scales, act_quantized)
+        zps = [p.zero_points for p in parts]
+        layer_codes = LayerCodes(np.concatenate([p.codes for p in parts], axis=0),
+                                 np.concatenate([p.scales for p in parts], axis=0),
+                                 None if zps[0] is None else np.concatenate(zps, axis=0))
+        if spec.op == "MatMulInteger":
+            built, tensors = _int8_nodes(node, layer_codes, act_quantized)
         else:
-            built, tensors = _nbits_nodes(node, codes, scales, choice.precision)
-        graph.initializer.extend(tensors)
+            built, tensors = _nbits_nodes(node, layer_codes, spec)
+        graph.initializer.extend(tensors.values())
         new_nodes += built
         main = next(b for b in built if b.name == node.name)
-        out += [QuantizedNode(layer, str(choice), main.op_type, main.name,
-                              {"weight": tensors[0].name, "scale": tensors[1].name}, cols)
+        roles = {role: t.name for role, t in tensors.items()}
+        out += [QuantizedNode(layer, str(choice), main.op_type, main.name, roles, cols)
                 for layer, cols in group]
     del graph.node[:]
     graph.node.extend(new_nodes)
     converted = {q.layer for q in out if q.op_type != "MatMul"}
-    wanted = {k for k, c in decisions.items() if c.precision is not Precision.FP32}
+    wanted = {k for k, c in decisions.items() if ort_node(c.precision).op != "MatMul"}
     if converted != wanted:
         raise AutoplanError(f"layers planned but not converted: {sorted(wanted - converted)[:5]}")
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
@@ -224,9 +273,10 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
     return out
 
 
-def _int8_nodes(node: onnx.NodeProto, codes: np.ndarray, scales: np.ndarray,
-                act_quantized: set[str]) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
+def _int8_nodes(node: onnx.NodeProto, layer: LayerCodes, act_quantized: set[str]
+                ) -> tuple[list[onnx.NodeProto], dict[str, TensorProto]]:
     name, x, y = node.name, node.input[0], node.output[0]
+    codes, scales = layer.codes.astype(np.int8), layer.scales
     if scales.shape[1] != 1:
         raise AutoplanError(f"{name}: int8 needs one scale per output channel")
     w_q = numpy_helper.from_array(np.ascontiguousarray(codes.T), f"{name}.weight_int8")
@@ -246,22 +296,27 @@ def _int8_nodes(node: onnx.NodeProto, codes: np.ndarray, scales: np.ndarray,
         helper.make_node("Mul", [xs, w_s.name], [f"{name}/scale"], name=f"{name}.scale"),
         helper.make_node("Mul", [f"{name}/int32_f", f"{name}/scale"], [y], name=f"{name}.dequant"),
     ]
-    return built, [w_q, w_s]
+    return built, {"weight": w_q, "scale": w_s}
 
 
-def _nbits_nodes(node: onnx.NodeProto, codes: np.ndarray, scales: np.ndarray,
-                 precision: Precision) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
+def _nbits_nodes(node: onnx.NodeProto, layer: LayerCodes, spec: OrtNode
+                 ) -> tuple[list[onnx.NodeProto], dict[str, TensorProto]]:
     name = node.name
-    n, k = codes.shape
-    bits, block, accuracy_level = nbits_layout(precision)
-    packed, flat_scales = pack_nbits(codes, scales, bits, block)
-    b = numpy_helper.from_array(packed, f"{name}.weight_q{bits}")
-    s = numpy_helper.from_array(flat_scales, f"{name}.weight_scale")
+    n, k = layer.codes.shape
+    if spec.zero_points != (layer.zero_points is not None):
+        raise AutoplanError(f"{name}: the format {'needs' if spec.zero_points else 'has no'} "
+                            "zero points but the quantized weight disagrees (please report)")
+    packed, flat_scales, zp = pack_nbits(layer, spec.bits, spec.block)
+    tensors = {"weight": numpy_helper.from_array(packed, f"{name}.weight_q{spec.bits}"),
+               "scale": numpy_helper.from_array(flat_scales, f"{name}.weight_scale")}
+    if zp is not None:
+        tensors["zero_point"] = numpy_helper.from_array(zp, f"{name}.weight_zero_point")
     built = [helper.make_node(
-        "MatMulNBits", [node.input[0], b.name, s.name], list(node.output), name=name,
-        domain=MS_DOMAIN, K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy_level,
+        "MatMulNBits", [node.input[0], *(t.name for t in tensors.values())], list(node.output),
+        name=name, domain=MS_DOMAIN, K=k, N=n, bits=spec.bits, block_size=spec.block,
+        accuracy_level=spec.accuracy_level,
     )]
-    return built, [b, s]
+    return built, tensors
 
 
 def dequantized_weights(model: onnx.ModelProto, records: list[QuantizedNode]
@@ -280,7 +335,9 @@ def dequantized_weights(model: onnx.ModelProto, records: list[QuantizedNode]
         else:
             attrs = {a.name: helper.get_attribute_value(a) for a in nodes[rec.node].attribute}
             scale = numpy_helper.to_array(inits[rec.tensors["scale"]])
-            full = unpack_nbits(weight, scale, attrs["bits"], attrs["K"])
+            zp_name = rec.tensors.get("zero_point")
+            zp = None if zp_name is None else numpy_helper.to_array(inits[zp_name])
+            full = unpack_nbits(weight, scale, attrs["bits"], attrs["K"], zp)
         out[rec.layer] = full if rec.columns is None else full[:, rec.columns[0]:rec.columns[1]]
     return out
 
@@ -301,7 +358,7 @@ def tensor_sha256(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
 
 
 __all__ = [
-    "CPU_PRECISIONS", "CPU_SPARSITY_KINDS", "QuantizedNode", "check_cpu_choices",
-    "cpu_unsupported", "dequantized_weights", "nbits_layout", "pack_nbits", "quantize_graph", "quantize_layer",
+    "RUNTIME", "LayerCodes", "QuantizedNode", "check_cpu_choices",
+    "dequantized_weights", "ort_node", "pack_nbits", "quantize_graph", "quantize_layer",
     "records_from_manifest", "tensor_sha256", "unpack_nbits",
 ]

@@ -1,6 +1,9 @@
 """NVIDIA linear-layer kernels for the choices autoplan plans: 2:4, FP8 (W8A8), 2:4 FP8, NVFP4.
 
-All run through PyTorch's own bindings (torch 2.13), nothing compiled here:
+Kernels only pack and launch: weights are the ``QuantizedWeight`` that autoplan.quant made
+(after the keep-mask autoplan.prune chose) and inputs are rounded by
+``autoplan.quant.quantize_activation_codes``, so a microbenchmark times exactly the numerics
+whose quality the simulation measured. All run through PyTorch's own bindings (torch 2.13):
 
 - 2:4 bf16/fp16: `torch.sparse.to_sparse_semi_structured` (cuSPARSELt, else CUTLASS); the
   result drops into `F.linear`.
@@ -10,11 +13,13 @@ All run through PyTorch's own bindings (torch 2.13), nothing compiled here:
   scales, so the per-channel weight scale goes in as its `alpha` vector and the per-token
   activation scale is applied to the output (torch's own fp8 2:4 path supports only
   per-tensor scales; this keeps the W8A8 recipe of `fp8_linear`).
-- NVFP4 (E2M1 values, E4M3 scale per 16, fp32 global scale): `torch._scaled_mm` on
-  `float4_e2m1fn_x2` with block scales in cuBLAS's swizzled layout; SM100+ only.
+- NVFP4 (E2M1 values, E4M3 scale per 16, FP32 global scale g): `torch._scaled_mm` on
+  `float4_e2m1fn_x2` with block scales in cuBLAS's swizzled layout; SM100+ only. autoplan
+  stores g = 448 * 6 / amax and dequantizes (q * s) / g, so the product is divided by
+  g_x * g_w once in the epilogue.
 
-Math helpers (2:4 pruning, scale computation, FP4 packing, the scale swizzle) are plain torch
-and run anywhere. Every kernel entry point raises a one-line AutoplanError without CUDA.
+Packing helpers (FP4 nibbles, the scale swizzle) are plain torch and run anywhere. Every
+kernel entry point raises a one-line AutoplanError without CUDA.
 """
 
 from __future__ import annotations
@@ -24,13 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from autoplan.errors import AutoplanError, UserInputError
+from autoplan.formats import Precision
+from autoplan.prune import check_nm
+from autoplan.quant import QuantizedWeight, decode_e2m1, quantize_activation_codes
 
 FP8 = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8).max)  # 448
-E2M1_MAX = 6.0
 NVFP4_BLOCK = 16
-# magnitudes of the eight non-negative E2M1 codes 0..7 (sign is bit 3)
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 # ---------------------------------------------------------------- device checks
@@ -57,29 +61,24 @@ def nvfp4_unavailable_reason() -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- 2:4 helpers
+def _check_format(q: QuantizedWeight, precision: Precision, what: str) -> None:
+    if q.precision is not precision or q.codes is None:
+        raise UserInputError(f"{what} takes a {precision.value} QuantizedWeight from "
+                             f"autoplan.quant.quantize_weight, got {q.precision.value}")
 
 
-def prune_2_4(w: torch.Tensor) -> torch.Tensor:
-    """Keep the 2 largest-magnitude weights of every 4 consecutive inputs (dim 1)."""
-    if w.dim() != 2 or w.shape[1] % 4:
-        raise UserInputError(f"2:4 pruning needs a 2-D weight with in % 4 == 0, got {tuple(w.shape)}")
-    groups = w.reshape(w.shape[0], -1, 4)
-    keep = groups.abs().float().topk(2, dim=2).indices
-    mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(2, keep, True)
-    return (groups * mask).reshape(w.shape)
+# ---------------------------------------------------------------- 2:4
 
 
 def is_2_4_sparse(w: torch.Tensor) -> bool:
     """True when every group of 4 consecutive inputs holds at most 2 nonzeros."""
-    if w.dim() != 2 or w.shape[1] % 4:
-        return False
-    return bool((w.reshape(w.shape[0], -1, 4).ne(0).sum(dim=2) <= 2).all())
+    return w.dim() == 2 and check_nm(w != 0, 2, 4)
 
 
 def _check_2_4(w: torch.Tensor, what: str) -> None:
     if not is_2_4_sparse(w):
-        raise UserInputError(f"{what}: the weight is not 2:4 sparse along its input dim; prune it with prune_2_4 first")
+        raise UserInputError(f"{what}: the weight is not 2:4 sparse along its input dim; prune "
+                             "it with autoplan.prune.compute_mask(w, Sparsity.parse('2:4')) first")
 
 
 def to_semi_structured(w: torch.Tensor) -> torch.Tensor:
@@ -96,13 +95,19 @@ def to_semi_structured(w: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- FP8 W8A8
 
 
-def quantize_fp8_rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row e4m3 quantization: (codes [R, C] fp8, scale [R] fp32), t ~= codes * scale."""
-    if t.dim() != 2:
-        raise UserInputError(f"row-wise quantization takes a 2-D tensor, got {tuple(t.shape)}")
-    t32 = t.float()
-    scale = t32.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX  # clamp: all-zero rows stay finite
-    return (t32 / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+def fp8_inputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token FP8 inputs as autoplan.quant rounds them: (e4m3 codes [M, K], scale [M])."""
+    codes, params, _ = quantize_activation_codes(x, Precision.FP8_E4M3)
+    return codes.reshape(x.shape), params.scale.reshape(-1).float()
+
+
+def _fp8_weight(q: QuantizedWeight, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_format(q, Precision.FP8_E4M3, what)
+    scale = q.scales["weight_scale"].float()
+    if scale.numel() != q.codes.shape[0]:
+        raise UserInputError(f"{what} needs per-channel scales (quantize_weight(..., "
+                             "per_channel=True)), got one per tensor")
+    return q.codes, scale.reshape(-1)
 
 
 def _fp8_rowwise_mm(
@@ -119,7 +124,7 @@ def _fp8_rowwise_mm(
         raise UserInputError(f"FP8 GEMMs need in and out divisible by 16, got weight {n}x{k}")
     if tuple(w_scale.shape) != (n,):
         raise UserInputError(f"w_scale must be per output channel, shape ({n},), got {tuple(w_scale.shape)}")
-    xq, xs = quantize_fp8_rowwise(x)
+    xq, xs = fp8_inputs(x)
     return torch._scaled_mm(
         xq, w_fp8.t(),  # mat2 must be column-major: the [N, K] weight transposed is
         scale_a=xs[:, None].contiguous(), scale_b=w_scale.float()[None, :].contiguous(),
@@ -129,8 +134,7 @@ def _fp8_rowwise_mm(
 
 def fp8_linear(
     x: torch.Tensor,
-    w_fp8: torch.Tensor,
-    w_scale_rowwise: torch.Tensor,
+    w: QuantizedWeight,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
@@ -138,13 +142,13 @@ def fp8_linear(
 
     Args:
         x: [M, K] activations (bf16/fp16/fp32), quantized here per token.
-        w_fp8: [N, K] e4m3 weight codes (from `quantize_fp8_rowwise`).
-        w_scale_rowwise: [N] fp32 weight scales.
+        w: the fp8_e4m3 QuantizedWeight [N, K] (codes and per-channel scales).
         bias: optional [N], added in `out_dtype`.
         out_dtype: output dtype.
     """
-    require_cuda("fp8_linear", x, w_fp8)
-    y = _fp8_rowwise_mm(x, w_fp8, w_scale_rowwise, out_dtype)
+    codes, scale = _fp8_weight(w, "fp8_linear")
+    require_cuda("fp8_linear", x, codes)
+    y = _fp8_rowwise_mm(x, codes, scale, out_dtype)
     return y if bias is None else y + bias.to(out_dtype)
 
 
@@ -157,14 +161,14 @@ class Fp8Sparse24Weight:
     shape: tuple[int, int]
 
 
-def compress_2_4_fp8(w: torch.Tensor) -> Fp8Sparse24Weight:
-    """Quantize a 2:4-sparse weight [out, in] per channel to e4m3 and compress it."""
-    require_cuda("compress_2_4_fp8", w)
-    _check_2_4(w, "compress_2_4_fp8")
-    n, k = w.shape
+def compress_2_4_fp8(w: QuantizedWeight) -> Fp8Sparse24Weight:
+    """Compress a 2:4-sparse fp8_e4m3 QuantizedWeight [out, in] for cuSPARSELt."""
+    codes, scale = _fp8_weight(w, "compress_2_4_fp8")
+    require_cuda("compress_2_4_fp8", codes)
+    _check_2_4(codes.float(), "compress_2_4_fp8")
+    n, k = codes.shape
     if n % 32 or k % 32:
         raise UserInputError(f"cuSPARSELt fp8 needs both weight sides divisible by 32, got {n}x{k}")
-    codes, scale = quantize_fp8_rowwise(w)
     return Fp8Sparse24Weight(torch._cslt_compress(codes), scale, (n, k))
 
 
@@ -176,7 +180,7 @@ def fp8_sparse_linear(
     if x.dim() != 2 or x.shape[1] != w.shape[1]:
         raise UserInputError(f"x must be [M, {w.shape[1]}], got {tuple(x.shape)}")
     m = x.shape[0]
-    xq, xs = quantize_fp8_rowwise(_pad_rows(x, 16))  # cuSPARSELt fp8 needs dense dims % 16
+    xq, xs = fp8_inputs(_pad_rows(x, 16))  # cuSPARSELt fp8 needs dense dims % 16
     y = torch._cslt_sparse_mm(
         w.packed, xq.t(), alpha=w.scale, out_dtype=torch.bfloat16, transpose_result=True
     )
@@ -193,11 +197,11 @@ def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True, eq=False)
-class Nvfp4Tensor:
-    """NVFP4 data of a 2-D tensor [R, C]: t ~= e2m1(codes) * block_scale * global_scale.
+class Nvfp4Packed:
+    """NVFP4 data of a 2-D tensor [R, C] as cuBLAS takes it: t = e2m1(codes) * scale / g.
 
     codes: uint8 [R, C/2], two E2M1 codes per byte, even column in the low nibble.
-    block_scale: e4m3 [R, C/16]. global_scale: fp32 scalar tensor.
+    block_scale: e4m3 [R, C/16]. global_scale: fp32 [1], autoplan's g = 448 * 6 / amax.
     """
 
     codes: torch.Tensor
@@ -205,41 +209,37 @@ class Nvfp4Tensor:
     global_scale: torch.Tensor
 
 
-def _e2m1_encode(a: torch.Tensor) -> torch.Tensor:
-    # round to nearest, ties to the even code (mantissa bit 0), as the hardware converts
-    mag = a.abs()
-    bounds = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=a.device)
-    ties_up = torch.tensor([False, True, False, True, False, True, False], device=a.device)
-    code = (mag[..., None] > bounds).sum(-1) + ((mag[..., None] == bounds) & ties_up).sum(-1)
-    return (code | ((a < 0).long() << 3)).to(torch.uint8)
+def _pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
 
 
-def _e2m1_decode(code: torch.Tensor) -> torch.Tensor:
-    mag = torch.tensor(E2M1_VALUES, device=code.device)[(code & 7).long()]
-    return torch.where((code & 8).bool(), -mag, mag)
+def _packed(codes: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor,
+            what: str) -> Nvfp4Packed:
+    rows, cols = codes.shape
+    if cols % NVFP4_BLOCK:
+        raise UserInputError(f"{what}: NVFP4 needs columns % 16 == 0, got {tuple(codes.shape)}")
+    return Nvfp4Packed(_pack_fp4(codes), block_scale.reshape(rows, -1).contiguous(),
+                       global_scale.float().reshape(1))
 
 
-def quantize_nvfp4(t: torch.Tensor) -> Nvfp4Tensor:
-    """Quantize a 2-D tensor (columns divisible by 16) to NVFP4."""
-    if t.dim() != 2 or t.shape[1] % NVFP4_BLOCK:
-        raise UserInputError(f"NVFP4 needs a 2-D tensor with columns % 16 == 0, got {tuple(t.shape)}")
-    rows, cols = t.shape
-    blocks = t.float().reshape(rows, cols // NVFP4_BLOCK, NVFP4_BLOCK)
-    # the global scale maps the largest block scale onto e4m3's top value
-    global_scale = (t.float().abs().amax().clamp(min=1e-12) / (FP8_MAX * E2M1_MAX)).reshape(())
-    block_scale = (blocks.abs().amax(dim=2) / E2M1_MAX / global_scale).clamp(max=FP8_MAX).to(FP8)
-    denom = (block_scale.float() * global_scale).clamp(min=1e-30)[..., None]
-    codes = _e2m1_encode((blocks / denom).clamp(-E2M1_MAX, E2M1_MAX)).reshape(rows, cols)
-    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return Nvfp4Tensor(packed.contiguous(), block_scale.contiguous(), global_scale)
+def pack_nvfp4(w: QuantizedWeight) -> Nvfp4Packed:
+    """Pack an nvfp4 QuantizedWeight (unpacked E2M1 codes, E4M3 scales, global scale)."""
+    _check_format(w, Precision.NVFP4, "pack_nvfp4")
+    return _packed(w.codes, w.scales["weight_scale"], w.scales["global_scale"], "pack_nvfp4")
 
 
-def dequantize_nvfp4(q: Nvfp4Tensor) -> torch.Tensor:
-    """The float32 tensor an NVFP4 GEMM sees."""
-    rows = q.codes.shape[0]
-    codes = torch.stack([q.codes & 0xF, q.codes >> 4], dim=2).reshape(rows, -1)
-    vals = _e2m1_decode(codes).reshape(rows, -1, NVFP4_BLOCK)
-    return (vals * q.block_scale.float()[..., None] * q.global_scale).reshape(rows, -1)
+def nvfp4_inputs(x: torch.Tensor) -> Nvfp4Packed:
+    """Activations [M, K] rounded to NVFP4 by autoplan.quant (global scale from their amax)."""
+    codes, params, ctx = quantize_activation_codes(x, Precision.NVFP4)
+    return _packed(codes, params.scale, ctx, "nvfp4_inputs")
+
+
+def dequantize_nvfp4(p: Nvfp4Packed) -> torch.Tensor:
+    """The float32 tensor an NVFP4 GEMM sees, (q * s) / g (for checks)."""
+    rows = p.codes.shape[0]
+    codes = torch.stack([p.codes & 0xF, p.codes >> 4], dim=2).reshape(rows, -1)
+    vals = decode_e2m1(codes).reshape(rows, -1, NVFP4_BLOCK)
+    return ((vals * p.block_scale.float()[..., None]).reshape(rows, -1)) / p.global_scale
 
 
 def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
@@ -256,36 +256,36 @@ def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
     return tiles.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1).contiguous()
 
 
-def nvfp4_linear(x: torch.Tensor, w: Nvfp4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def nvfp4_linear(x: torch.Tensor, w: Nvfp4Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
     """NVFP4 W4A4 linear (activations quantized here); SM100+ only; bf16 output [M, N]."""
     require_cuda("nvfp4_linear", x, w.codes)
     reason = nvfp4_unavailable_reason()
     if reason:
         raise AutoplanError(reason)
-    xq = quantize_nvfp4(x)
+    xq = nvfp4_inputs(x)
     fp4 = torch.float4_e2m1fn_x2
     y = torch._scaled_mm(
         xq.codes.view(fp4), w.codes.view(fp4).t(),
         scale_a=to_blocked_scales(xq.block_scale), scale_b=to_blocked_scales(w.block_scale),
         out_dtype=torch.bfloat16,
     )
-    y = (y.float() * (xq.global_scale * w.global_scale)).to(torch.bfloat16)
+    y = (y.float() / (xq.global_scale * w.global_scale)).to(torch.bfloat16)
     return y if bias is None else y + bias.to(torch.bfloat16)
 
 
 __all__ = [
     "Fp8Sparse24Weight",
-    "Nvfp4Tensor",
+    "Nvfp4Packed",
     "compress_2_4_fp8",
     "dequantize_nvfp4",
+    "fp8_inputs",
     "fp8_linear",
     "fp8_sparse_linear",
     "is_2_4_sparse",
+    "nvfp4_inputs",
     "nvfp4_linear",
     "nvfp4_unavailable_reason",
-    "prune_2_4",
-    "quantize_fp8_rowwise",
-    "quantize_nvfp4",
+    "pack_nvfp4",
     "require_cuda",
     "to_blocked_scales",
     "to_semi_structured",

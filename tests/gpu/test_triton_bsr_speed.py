@@ -7,12 +7,20 @@ import torch
 
 from autoplan.backends.amd.triton_bsr import (
     BsrWeight,
-    block_mask_by_magnitude,
+    block_mask_of,
     bsr_linear,
     bsr_linear_reference,
 )
+from autoplan.formats import Precision, Sparsity
+from autoplan.prune import compute_mask
+from autoplan.quant import quantize_weight
 
 pytestmark = pytest.mark.gpu
+
+
+def _kept(w: torch.Tensor, block: int) -> torch.Tensor:
+    """autoplan.prune's 50% block mask (elementwise)."""
+    return compute_mask(w, Sparsity.parse(f"block{block}@50")).mask
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.int8])
@@ -20,8 +28,13 @@ pytestmark = pytest.mark.gpu
 def test_compiled_kernel_matches_reference(block, dtype):
     pytest.importorskip("triton")
     w = torch.randn(512, 1024, device="cuda")
-    mask = block_mask_by_magnitude(w, block, 0.5)
-    bsr = BsrWeight.from_dense(w.bfloat16(), block, block_mask=mask, dtype=None if dtype == torch.bfloat16 else dtype)
+    keep = _kept(w, block)
+    mask = block_mask_of(keep.float(), block)
+    if dtype == torch.bfloat16:
+        bsr = BsrWeight.from_dense((w * keep).bfloat16(), block, block_mask=mask)
+    else:
+        prec = Precision.INT8 if dtype == torch.int8 else Precision.FP8_E4M3
+        bsr = BsrWeight.from_quantized(quantize_weight(w, prec, mask=keep), block, block_mask=mask)
     x = torch.randn(100, 1024, device="cuda", dtype=torch.bfloat16)
     y, ref = bsr_linear(x, bsr), bsr_linear_reference(x, bsr)
     assert float((y.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
@@ -34,7 +47,7 @@ def test_half_density_is_faster_than_full_density_at_large_m():
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     full = BsrWeight.from_dense(w, 64)
-    half = BsrWeight.from_dense(w, 64, block_mask=block_mask_by_magnitude(w, 64, 0.5))
+    half = BsrWeight.from_dense(w, 64, block_mask=block_mask_of(_kept(w, 64).float(), 64))
     t_full = time_callable(lambda: bsr_linear(x, full), "cuda", repeats=20, warmup=5).median_us
     t_half = time_callable(lambda: bsr_linear(x, half), "cuda", repeats=20, warmup=5).median_us
     # the kernel skips dropped tiles: half the tiles must cost clearly less than all of them

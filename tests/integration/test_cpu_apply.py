@@ -66,11 +66,12 @@ def test_int4_plan_matches_torch_with_the_onnx_weights(loaded, tmp_path):
 def test_int8a8_int4a8_plan_matches_autoplans_simulation(loaded, tmp_path):
     """The formats plans use on ONNX Runtime (MatMulNBits accuracy_level 4): the artifact's
     logits equal autoplan's own simulation -- int8 activations per block included -- that
-    measured the plan's quality. Mixed on purpose: packed and unpacked nodes, fp32 layers."""
+    measured the plan's quality. Mixed on purpose: packed and unpacked nodes, fp32 layers,
+    symmetric and zero-point (uint4a8) int4."""
     from autoplan.compress import CompressionSettings, compressed_copy
     from autoplan.formats import Choice
 
-    pick = {"q": "int4a8_g32", "k": "int4a8_g32", "v": "int4a8_g32", "o": "int8a8_g128",
+    pick = {"q": "uint4a8_g32", "k": "uint4a8_g32", "v": "uint4a8_g32", "o": "int8a8_g128",
             "gate": "int4a8_g64", "up": "int4a8_g64", "down": "int8a8_g128",
             "lm_head": "int8a8_g128"}
     decisions = {layer.name: pick[layer.role] for layer in loaded.spec.layers

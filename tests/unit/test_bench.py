@@ -63,9 +63,27 @@ def test_check_cpu_plan_refuses_gpu_targets_and_formats(tmp_path):
         check_cpu_plan(gpu)
     bad = read_plan(_write(tmp_path, {"decisions": {"lm_head": "nvfp4",
                                                     "model.layers.0.mlp.up_proj": "2:4+int8"}}))
-    with pytest.raises(UnsupportedFormatError, match="lm_head=dense\\+nvfp4") as err:
+    with pytest.raises(UnsupportedFormatError, match="2 planned layer.*dense\\+nvfp4.*lm_head"):
         check_cpu_plan(bad)
-    assert "model.layers.0.mlp.up_proj=2:4+int8" in str(err.value)
+
+
+@pytest.mark.parametrize("choice", ["int8", "int8_wo", "unstructured@50+int8a8_g128"])
+def test_apply_refuses_what_search_refuses(tmp_path, choice):
+    """The named bug: ORT can hold dense int8 and int8_wo, but runtimes.toml (what search
+    plans with) refuses them on onnxruntime, so apply refuses them too, with the matrix's
+    reason; channel pruning and the a8 / uint4 formats pass."""
+    from autoplan.runtimes import supports
+    from autoplan.targets import get_target
+
+    why = supports(get_target("local"), "onnxruntime", Choice.parse(choice))
+    assert not why.ok
+    plan = read_plan(_write(tmp_path, {"decisions": {"lm_head": choice}}))
+    with pytest.raises(UnsupportedFormatError) as err:
+        check_cpu_plan(plan)
+    assert why.reason in str(err.value) and "\n" not in str(err.value)
+    check_cpu_plan(read_plan(_write(tmp_path, {"decisions": {
+        "lm_head": "int8a8_g128", "model.layers.0.mlp.up_proj": "uint4a8_g32",
+        "model.layers.0.mlp.down_proj": "channel@25+int4a8_g64"}}, "ok.json")))
 
 
 def test_apply_cli_refuses_with_exit_2_and_one_line(tmp_path):
@@ -73,28 +91,30 @@ def test_apply_cli_refuses_with_exit_2_and_one_line(tmp_path):
     result = CliRunner().invoke(cli, ["apply", str(plan), "--model", "x", "--out",
                                       str(tmp_path / "o")])
     assert result.exit_code == 2
-    assert result.output.strip().count("\n") == 0 and "lm_head=dense+fp8_e4m3" in result.output
+    assert result.output.strip().count("\n") == 0
+    assert "dense+fp8_e4m3" in result.output and "lm_head" in result.output
 
 
 def test_apply_plan_cpu_writes_plan_and_audit(loaded, tmp_path):
     names = [layer.name for layer in loaded.spec.layers]
-    doc = {"decisions": {n: ("int8" if "mlp" in n else "int4_g32") for n in names}}
+    doc = {"decisions": {n: ("int8a8_g128" if "mlp" in n else "uint4a8_g32") for n in names}}
     plan = read_plan(_write(tmp_path, doc))
     art = apply_plan_cpu(loaded, plan, tmp_path / "art")
     assert json.loads((tmp_path / "art" / "plan.json").read_text()) == doc
-    ops = {layer["op_type"] for layer in art.manifest["layers"].values()}
-    assert ops == {"MatMulInteger", "MatMulNBits"}
+    layers = art.manifest["layers"].values()
+    assert {(layer["op_type"], layer["accuracy_level"]) for layer in layers} == {("MatMulNBits", 4)}
+    assert {"weight", "scale", "zero_point"} == set(art.manifest["layers"]["lm_head"]["tensors"])
     assert art.manifest["streamed_weight_bytes"] < art.manifest["weight_bytes"]
     with pytest.raises(PlanError, match="lacks"):
-        apply_plan_cpu(loaded, read_plan(_write(tmp_path, {"decisions": {"nope": "int8"}},
+        apply_plan_cpu(loaded, read_plan(_write(tmp_path, {"decisions": {"nope": "int8a8_g128"}},
                                                 "x.json")), tmp_path / "x")
 
 
-def test_sparse_plan_with_magnitude_masks_is_baked_in(loaded, tmp_path):
+def test_channel_pruned_plan_with_magnitude_masks_is_baked_in(loaded, tmp_path):
     name = "model.layers.1.mlp.down_proj"
-    plan = read_plan(_write(tmp_path, {"decisions": {name: "unstructured@50+int8"}}))
+    plan = read_plan(_write(tmp_path, {"decisions": {name: "channel@50+int8a8_g128"}}))
     art = apply_plan_cpu(loaded, plan, tmp_path / "sparse")
-    assert art.manifest["layers"][name]["choice"] == "unstructured@50+int8"
+    assert art.manifest["layers"][name]["choice"] == "channel@50+int8a8_g128"
 
 
 def test_run_bench_interleaves_and_reports(loaded, tmp_path):

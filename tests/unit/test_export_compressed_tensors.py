@@ -9,8 +9,9 @@ weights must equal autoplan's simulated weights:
 The library reader (``_library_read_back``) decompresses layer by layer with the scheme
 compressed-tensors matches to each module; it is the one used for the mixed plan.
 
-* FP8, INT8, W8A16, W4A16, 16-bit: bit-exact (the library computes ``codes * scale`` in
-  FP32, the same product autoplan's dequantization is).
+* FP8, INT8, W8A16, W4A16 (symmetric and with zero points), 16-bit: bit-exact (the library
+  computes ``(codes - zero point) * scale`` in FP32, the same product autoplan's
+  dequantization is).
 * NVFP4: the library unpacks E2M1 codes to bfloat16 and dequantizes in bfloat16, so its
   weights are autoplan's rounded once to bf16: relative error <= 2**-8. The stored codes and
   scales themselves are checked bit-exactly by recomputing ``(codes * scale) / global`` in
@@ -102,6 +103,7 @@ def _check_weights(back, sims, *, nvfp4_rtol: float = 0.0) -> None:  # noqa: ANN
     ("dense+int8", "int-quantized", ("int", "channel")),
     ("dense+int8_wo", "pack-quantized", ("int", "channel")),
     ("dense+int4_g32", "pack-quantized", ("int", "group")),
+    ("dense+uint4_g32", "pack-quantized", ("int", "group")),
 ])
 def test_uniform_exports_read_back_bit_exact(loaded, tmp_path, choice, fmt, scheme_key):
     plan = make_plan(loaded, uniform(loaded, choice))
@@ -111,9 +113,9 @@ def test_uniform_exports_read_back_bit_exact(loaded, tmp_path, choice, fmt, sche
     assert qcfg["ignore"] == ["lm_head"]
     (group,) = qcfg["config_groups"].values()
     assert (group["weights"]["type"], group["weights"]["strategy"]) == scheme_key
-    assert group["weights"]["symmetric"] is True
+    assert group["weights"]["symmetric"] is (choice != "dense+uint4_g32")
     assert sorted(group["targets"]) == sorted(n for n in layer_names(loaded) if n != "lm_head")
-    if choice == "dense+int4_g32":
+    if choice in ("dense+int4_g32", "dense+uint4_g32"):
         assert group["weights"]["group_size"] == 32 and group["input_activations"] is None
     if choice in ("dense+fp8_e4m3", "dense+int8"):
         acts = group["input_activations"]

@@ -9,6 +9,8 @@ import torch
 
 from autoplan.backends import microbench as MB
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
+from autoplan.formats import Choice, Precision
+from autoplan.quant import quantize_activation
 
 
 def test_time_callable_counts_calls_and_orders_percentiles():
@@ -20,12 +22,31 @@ def test_time_callable_counts_calls_and_orders_percentiles():
         MB.time_callable(lambda: None, "cpu", repeats=0)
 
 
-@pytest.mark.parametrize("choice", ["dense+bf16", "dense+fp32", "block16@50+bf16", "block32@50+int8"])
-def test_layer_ops_compute_the_layer(choice):
-    call, kernel = MB.make_layer_op(choice, 3, 64, 96, "cpu")
-    y = call()
-    assert y.shape == (3, 64) and torch.isfinite(y.float()).all()
+# bf16 outputs (every kernel fed bf16 x returns bf16): one bf16 rounding plus summation order
+TOL = {"bf16": dict(rtol=2**-7, atol=1e-3), "fp32": dict(rtol=1e-5, atol=1e-5)}
+
+
+@pytest.mark.parametrize("choice", ["dense+bf16", "dense+fp32", "block16@50+bf16",
+                                    "block32@50+fp32", "block32@50+int8", "block32@50+fp8_e4m3"])
+def test_layer_ops_compute_x_at_the_masked_simulated_weight(choice):
+    """The timed kernel computes x_sim @ W_masked.T, where W_masked is the weight
+    autoplan.prune + autoplan.quant make (what the quality of the plan was measured on)."""
+    c = Choice.parse(choice)
+    build, kernel = MB.prepare_linear(c, torch.device("cpu"))
     assert kernel in {"torch.linear", "bsr_reference"}
+    gen = torch.Generator().manual_seed(0)
+    w, x = torch.randn(64, 96, generator=gen) * 0.02, torch.randn(3, 96, generator=gen)
+    q, mask = MB.compress_for(c, w)
+    if mask is not None:
+        assert 0 < float(mask.float().mean()) < 1 and not q.dequant[~mask].any()
+    want = quantize_activation(x, c.precision) @ q.dequant.float().T
+    act = torch.float32 if c.precision is Precision.FP32 else torch.bfloat16
+    got = build(w)(x.to(act)).float()
+    if c.precision.info.math in ("int8", "fp8"):  # inputs rounded from bf16 x, as timed
+        want = quantize_activation(x.to(act).float(), c.precision) @ q.dequant.float().T
+    torch.testing.assert_close(got, want, **TOL["bf16" if act == torch.bfloat16 else "fp32"])
+    call, _ = MB.make_layer_op(choice, 3, 64, 96, "cpu")
+    assert call().shape == (3, 64)
 
 
 def test_gpu_only_choices_are_refused_on_cpu_with_the_alternatives():

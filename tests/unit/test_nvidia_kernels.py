@@ -1,4 +1,4 @@
-"""CPU-checkable parts of the NVIDIA kernels: pruning, scales, FP4 packing, layouts, errors."""
+"""CPU-checkable parts of the NVIDIA kernels: packing autoplan.quant's weights, layouts, errors."""
 
 from __future__ import annotations
 
@@ -7,37 +7,51 @@ import torch
 
 from autoplan.backends.nvidia import kernels as K
 from autoplan.errors import AutoplanError, UserInputError
+from autoplan.formats import Choice, Precision, Sparsity
+from autoplan.prune import compute_mask
+from autoplan.quant import quantize_activation, quantize_weight
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
 
 
-def test_prune_2_4_keeps_the_two_largest_of_every_four():
-    w = torch.tensor([[1.0, -5.0, 3.0, 0.5, 0.0, 0.0, 2.0, -1.0]])
-    assert K.prune_2_4(w).tolist() == [[0.0, -5.0, 3.0, 0.0, 0.0, 0.0, 2.0, -1.0]]
-    assert K.is_2_4_sparse(K.prune_2_4(torch.randn(16, 32)))
+def _q(w: torch.Tensor, text: str, mask: torch.Tensor | None = None):  # noqa: ANN202
+    return quantize_weight(w, Choice.parse(text).precision, mask=mask)
+
+
+def test_2_4_check_reads_autoplan_prune_masks():
+    w = torch.randn(16, 32)
+    mask = compute_mask(w, Sparsity.parse("2:4")).mask
+    assert K.is_2_4_sparse(w * mask)
     assert not K.is_2_4_sparse(torch.ones(4, 8))
-    with pytest.raises(UserInputError):
-        K.prune_2_4(torch.randn(4, 6))
+    assert not K.is_2_4_sparse(torch.ones(4, 6))
 
 
-def test_rowwise_fp8_scales_map_row_max_to_448():
-    t = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0]])
-    codes, scale = K.quantize_fp8_rowwise(t)
+def test_fp8_inputs_are_autoplan_quant_per_token_rounding():
+    x = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0]])
+    codes, scale = K.fp8_inputs(x)
     assert codes.dtype == torch.float8_e4m3fn
     assert scale[0] == pytest.approx(2.0 / 448)
     assert codes[0, 1].float() == -448.0
     assert codes[1].float().abs().sum() == 0  # an all-zero row stays zero, not NaN
-    torch.testing.assert_close(codes.float() * scale[:, None], t, rtol=0.07, atol=0)
+    want = quantize_activation(x, Precision.FP8_E4M3)
+    assert torch.equal(codes.float() * scale[:, None], want)
 
 
-def test_rowwise_scaled_mm_core_matches_the_dequantized_product():
-    # torch 2.13 runs row-wise _scaled_mm on CPU too: this checks our layouts and scale shapes
+def test_rowwise_scaled_mm_core_equals_the_simulated_layer():
+    # torch 2.13 runs row-wise _scaled_mm on CPU too: the kernel core, fed autoplan.quant's
+    # weight and inputs, computes what SimulatedLinear computes (to fp32 summation order)
     x = torch.randn(5, 64)
-    w_codes, w_scale = K.quantize_fp8_rowwise(torch.randn(32, 64))
-    y = K._fp8_rowwise_mm(x, w_codes, w_scale, torch.float32)
-    xq, xs = K.quantize_fp8_rowwise(x)
-    ref = (xq.float() @ w_codes.float().T) * xs[:, None] * w_scale[None, :]
-    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+    q = _q(torch.randn(32, 64), "fp8_e4m3")
+    y = K._fp8_rowwise_mm(x, q.codes, q.scales["weight_scale"].reshape(-1), torch.float32)
+    ref = quantize_activation(x, Precision.FP8_E4M3) @ q.dequant.T
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_refuse_weights_of_another_format():
+    with pytest.raises(UserInputError, match="fp8_e4m3 QuantizedWeight"):
+        K.fp8_linear(torch.randn(2, 32), _q(torch.randn(32, 32), "int8"))
+    with pytest.raises(UserInputError, match="nvfp4 QuantizedWeight"):
+        K.pack_nvfp4(_q(torch.randn(32, 32), "mxfp4"))
 
 
 @pytest.mark.parametrize(
@@ -59,10 +73,10 @@ def test_fp8_argument_validation(args):
     "call",
     [
         lambda: K.to_semi_structured(torch.randn(32, 32)),
-        lambda: K.fp8_linear(torch.randn(2, 32), torch.zeros(32, 32, dtype=torch.float8_e4m3fn), torch.ones(32)),
-        lambda: K.compress_2_4_fp8(torch.randn(32, 32)),
+        lambda: K.fp8_linear(torch.randn(2, 32), _q(torch.randn(32, 32), "fp8_e4m3")),
+        lambda: K.compress_2_4_fp8(_q(torch.randn(32, 32), "2:4+fp8_e4m3")),
         lambda: K.fp8_sparse_linear(torch.randn(2, 32), K.Fp8Sparse24Weight(torch.zeros(1), torch.ones(32), (32, 32))),
-        lambda: K.nvfp4_linear(torch.randn(2, 32), K.quantize_nvfp4(torch.randn(32, 32))),
+        lambda: K.nvfp4_linear(torch.randn(2, 32), K.pack_nvfp4(_q(torch.randn(32, 32), "nvfp4"))),
     ],
 )
 def test_every_kernel_says_in_one_line_that_cuda_is_missing(call):
@@ -76,24 +90,22 @@ def test_nvfp4_reason_without_gpu():
     assert "GPU" in K.nvfp4_unavailable_reason()
 
 
-def test_e2m1_round_trip_and_ties_to_even():
-    vals = torch.tensor(K.E2M1_VALUES + tuple(-v for v in K.E2M1_VALUES[1:]))
-    assert torch.equal(K._e2m1_decode(K._e2m1_encode(vals)), vals)
-    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.0])
-    expect = torch.tensor([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -4.0])
-    assert torch.equal(K._e2m1_decode(K._e2m1_encode(ties)), expect)
-
-
-def test_nvfp4_quantize_packs_even_columns_low_and_round_trips():
+def test_nvfp4_packing_holds_autoplan_quant_weights_and_the_global_scale_convention():
+    """pack_nvfp4 packs quantize_weight's codes, even column in the low nibble, and keeps
+    autoplan's g = 448 * 6 / amax, dequantized as (q * s) / g -- the convention the GEMM
+    epilogue divides by (there is no second NVFP4 quantizer with the inverse g)."""
     t = torch.zeros(1, 16)
-    t[0, 0], t[0, 1] = 6.0, -0.5  # codes 7 and 0b1001 = 9
-    q = K.quantize_nvfp4(t)
-    assert q.codes.shape == (1, 8) and q.block_scale.shape == (1, 1)
-    assert int(q.codes[0, 0]) == 7 | (9 << 4)
-    torch.testing.assert_close(K.dequantize_nvfp4(q), t)
-    x = torch.randn(8, 64)
-    err = (K.dequantize_nvfp4(K.quantize_nvfp4(x)) - x).norm() / x.norm()
-    assert err < 0.15  # 4-bit quantization noise; a packing error would be ~1
+    t[0, 0], t[0, 1] = 6.0, -0.5
+    q = _q(t, "nvfp4")
+    p = K.pack_nvfp4(q)
+    assert p.codes.shape == (1, 8) and p.block_scale.shape == (1, 1)
+    assert int(p.codes[0, 0]) == int(q.codes[0, 0]) | (int(q.codes[0, 1]) << 4)
+    assert float(p.global_scale) == pytest.approx(448 * 6 / 6.0)
+    w = torch.randn(8, 64)
+    q = _q(w, "nvfp4")
+    assert torch.equal(K.dequantize_nvfp4(K.pack_nvfp4(q)), q.dequant)
+    x = torch.randn(3, 64)
+    assert torch.equal(K.dequantize_nvfp4(K.nvfp4_inputs(x)), quantize_activation(x, Precision.NVFP4))
 
 
 def test_blocked_scale_layout_matches_the_cublas_tile_formula():

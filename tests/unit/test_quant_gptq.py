@@ -10,7 +10,7 @@ from autoplan.formats import Precision
 from autoplan.quant import HessianAccumulator, hessian_from_inputs, quantize_weight
 
 P = Precision
-QUANTIZED = [P.INT8, P.INT4_G32, P.INT4_G128, P.FP8_E4M3, P.NVFP4, P.MXFP4]
+QUANTIZED = [P.INT8, P.INT4_G32, P.INT4_G128, P.UINT4_G32, P.UINT4A8_G128, P.FP8_E4M3, P.NVFP4, P.MXFP4]
 
 
 def _correlated(n_tokens: int = 512, n_in: int = 128, n_out: int = 32, seed: int = 0):

@@ -123,7 +123,8 @@ def test_cpu_target_onnxruntime(model_dir: Path, tmp_path: Path) -> None:
     _check_audit(plan)
     # What ONNX Runtime accelerates on CPU; never its per-tensor int8 or its slow int8_wo.
     allowed = {"dense+fp32", "dense+int4_g32", "dense+int4_g64", "dense+int4_g128",
-               "dense+int4a8_g32", "dense+int4a8_g64", "dense+int4a8_g128", "dense+int8a8_g128"}
+               "dense+int4a8_g32", "dense+int4a8_g64", "dense+int4a8_g128", "dense+int8a8_g128",
+               "dense+uint4a8_g32", "dense+uint4a8_g64", "dense+uint4a8_g128"}
     assert set(plan.decisions.values()) <= allowed
     spec = ModelSpec.from_path(model_dir)
     for la in spec.layers:  # int4_g128 only where 128 divides in_features

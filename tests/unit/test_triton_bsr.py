@@ -11,13 +11,16 @@ import torch
 
 from autoplan.backends.amd.triton_bsr import (
     BsrWeight,
-    block_mask_by_magnitude,
     block_mask_of,
     bsr_linear,
     bsr_linear_reference,
-    quantize_rows,
+    quantize_inputs,
+    to_e4m3fnuz,
 )
 from autoplan.errors import UserInputError
+from autoplan.formats import Precision, Sparsity
+from autoplan.prune import compute_mask
+from autoplan.quant import SimulatedLinear, quantize_weight
 
 pytest.importorskip("triton")
 
@@ -29,10 +32,28 @@ TOL = {
 }
 
 
+def _tiles(w: torch.Tensor, block: int, ratio: float) -> torch.Tensor:
+    """autoplan.prune's magnitude block mask of `w`, as BSR tiles."""
+    if ratio == 0:
+        return torch.ones(w.shape[0] // block, w.shape[1] // block, dtype=torch.bool)
+    keep = compute_mask(w, Sparsity.parse(f"block{block}@{ratio * 100:g}")).mask
+    return block_mask_of(keep.float(), block)
+
+
 def _weight(out: int, inp: int, block: int, ratio: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(out, inp, generator=gen)
-    return w, block_mask_by_magnitude(w, block, ratio)
+    return w, _tiles(w, block, ratio)
+
+
+_PREC = {torch.int8: Precision.INT8, torch.float8_e4m3fn: Precision.FP8_E4M3}
+
+
+def _quantized(w: torch.Tensor, mask: torch.Tensor, block: int, dtype: torch.dtype) -> BsrWeight:
+    """The BSR weight of autoplan.quant's weights of the block-masked `w`."""
+    keep = mask.repeat_interleave(block, 0).repeat_interleave(block, 1)
+    q = quantize_weight(w, _PREC[dtype], mask=keep)
+    return BsrWeight.from_quantized(q, block, block_mask=mask)
 
 
 @pytest.mark.parametrize("block", [16, 32, 64])
@@ -58,12 +79,38 @@ def test_default_mask_is_the_zero_pattern_of_the_weight():
     assert torch.equal(block_mask_of(w, 16), bsr.block_mask())
 
 
-def test_magnitude_mask_is_balanced_per_row_and_keeps_the_largest_tiles():
+def test_prune_block_masks_are_balanced_per_row_and_keep_the_largest_tiles():
     w = torch.ones(32, 64)
     w[:16, 16:32] = 10.0
-    mask = block_mask_by_magnitude(w, 16, 0.75)
+    mask = _tiles(w, 16, 0.75)
     assert mask.sum(dim=1).tolist() == [1, 1]
     assert mask[0, 1]
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8_e4m3"])
+def test_reference_computes_the_simulated_layer(precision):
+    """The kernel's math, on the weight autoplan.prune + autoplan.quant make, equals what
+    SimulatedLinear computes for block32@50 (to summation order)."""
+    w, mask = _weight(64, 128, 32, 0.5, seed=5)
+    prec = Precision.parse(precision)
+    dtype = {Precision.INT8: torch.int8, Precision.FP8_E4M3: torch.float8_e4m3fn}[prec]
+    bsr = _quantized(w, mask, 32, dtype)
+    keep = mask.repeat_interleave(32, 0).repeat_interleave(32, 1)
+    lin = torch.nn.Linear(128, 64, bias=False)
+    lin.weight.data = w
+    from autoplan.formats import Choice
+
+    sim = SimulatedLinear.from_linear(lin, Choice.parse(f"block32@50+{precision}"), mask=keep)
+    x = torch.randn(9, 128)
+    torch.testing.assert_close(bsr_linear_reference(x, bsr), sim(x), rtol=1e-5, atol=1e-5)
+
+
+def test_fnuz_conversion_is_exact():
+    w, mask = _weight(32, 64, 32, 0.0, seed=6)
+    q = quantize_weight(w, Precision.FP8_E4M3)
+    codes, scale = to_e4m3fnuz(q.codes, q.scales["weight_scale"].reshape(-1))
+    assert codes.dtype == torch.float8_e4m3fnuz
+    assert torch.equal(codes.float() * scale[:, None], q.dequant)
 
 
 @pytest.mark.parametrize("block", [16, 32, 64])
@@ -84,7 +131,7 @@ def test_float_kernel_matches_reference(block, dtype):
 @pytest.mark.parametrize("block", [16, 32, 64])
 def test_int8_kernel_is_bit_exact_against_reference(block):
     w, mask = _weight(64, 128, block, 0.5, seed=1)
-    bsr = BsrWeight.from_dense(w, block, block_mask=mask, dtype=torch.int8)
+    bsr = _quantized(w, mask, block, torch.int8)
     assert bsr.values.dtype == torch.int8 and bsr.scale.shape == (64,)
     x = torch.randn(8, 128)
     bias = torch.randn(64)
@@ -95,7 +142,7 @@ def test_int8_kernel_is_bit_exact_against_reference(block):
 @pytest.mark.parametrize("block", [16, 32, 64])
 def test_fp8_kernel_matches_reference(block):
     w, mask = _weight(64, 128, block, 0.5, seed=2)
-    bsr = BsrWeight.from_dense(w, block, block_mask=mask, dtype=torch.float8_e4m3fn)
+    bsr = _quantized(w, mask, block, torch.float8_e4m3fn)
     x = torch.randn(17, 128)  # M not a multiple of the tile: exercises the row clamp
     y = bsr_linear(x, bsr)
     torch.testing.assert_close(y, bsr_linear_reference(x, bsr), rtol=1e-5, atol=1e-5)
@@ -104,7 +151,7 @@ def test_fp8_kernel_matches_reference(block):
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
 def test_quantized_reference_is_close_to_the_float_product(dtype):
     w, mask = _weight(64, 64, 32, 0.5, seed=3)
-    bsr = BsrWeight.from_dense(w, 32, block_mask=mask, dtype=dtype)
+    bsr = _quantized(w, mask, 32, dtype)
     x = torch.randn(16, 64)
     exact = x @ (w * mask.repeat_interleave(32, 0).repeat_interleave(32, 1)).T
     err = (bsr_linear_reference(x, bsr) - exact).norm() / exact.norm()
@@ -113,7 +160,7 @@ def test_quantized_reference_is_close_to_the_float_product(dtype):
 
 def test_bf16_activations_with_fp8_weights_give_bf16_output():
     w, mask = _weight(64, 64, 16, 0.5, seed=4)
-    bsr = BsrWeight.from_dense(w, 16, block_mask=mask, dtype=torch.float8_e4m3fn)
+    bsr = _quantized(w, mask, 16, torch.float8_e4m3fn)
     x = torch.randn(16, 64).to(torch.bfloat16)
     y = bsr_linear(x, bsr)
     assert y.dtype == torch.bfloat16
@@ -136,7 +183,8 @@ def test_empty_row_blocks_give_zero_or_bias():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
 def test_full_density_equals_dense_matmul(dtype):
     w = torch.randn(64, 96)
-    bsr = BsrWeight.from_dense(w, 32, dtype=None if dtype == torch.float32 else dtype)
+    full = torch.ones(2, 3, dtype=torch.bool)
+    bsr = BsrWeight.from_dense(w, 32) if dtype == torch.float32 else _quantized(w, full, 32, dtype)
     assert bsr.density == 1.0
     x = torch.randn(9, 96)
     y = bsr_linear(x, bsr)
@@ -145,12 +193,12 @@ def test_full_density_equals_dense_matmul(dtype):
         torch.testing.assert_close(y, x @ w.T, rtol=1e-5, atol=1e-4)
 
 
-def test_quantize_rows_handles_zero_rows_and_bounds():
+def test_inputs_are_autoplan_quant_per_token_rounding():
     t = torch.tensor([[0.0, 0.0], [1.0, -2.0]])
-    codes, scale = quantize_rows(t, torch.int8)
+    codes, scale = quantize_inputs(t, torch.int8)
     assert codes.tolist() == [[0, 0], [64, -127]]
     assert scale[1] == pytest.approx(2.0 / 127)
-    codes8, _ = quantize_rows(t, torch.float8_e4m3fn)
+    codes8, _ = quantize_inputs(t, torch.float8_e4m3fn)
     assert codes8.float().abs().max() == 448.0
 
 
@@ -160,10 +208,10 @@ def test_quantize_rows_handles_zero_rows_and_bounds():
         lambda: BsrWeight.from_dense(torch.randn(64, 64), 8),
         lambda: BsrWeight.from_dense(torch.randn(64, 60), 16),
         lambda: BsrWeight.from_dense(torch.randn(64, 64), 16, block_mask=torch.ones(2, 2, dtype=torch.bool)),
-        lambda: BsrWeight.from_dense(torch.randn(64, 64), 16, dtype=torch.int32),
+        lambda: BsrWeight.from_dense(torch.randn(64, 64), 16, dtype=torch.int8),
+        lambda: BsrWeight.from_quantized(quantize_weight(torch.randn(64, 64), Precision.INT4_G32), 16),
         lambda: bsr_linear(torch.randn(4, 32), BsrWeight.from_dense(torch.randn(64, 64), 16)),
         lambda: bsr_linear(torch.randn(4, 64).bfloat16(), BsrWeight.from_dense(torch.randn(64, 64), 16)),
-        lambda: block_mask_by_magnitude(torch.randn(64, 64), 16, 1.0),
     ],
 )
 def test_bad_input_raises_user_input_error(make):

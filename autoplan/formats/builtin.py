@@ -1,0 +1,198 @@
+"""The built-in FormatSpecs: every format autoplan simulates, with its engines' names for it.
+
+Each spec says, in one place, how the format is stored (PrecisionInfo, for the cost model),
+how weights and inputs round (scheme factories from autoplan.formats.schemes), and what
+compressed-tensors, ModelOpt, ONNX Runtime and the microbenchmark kernels call it -- or a
+one-line reason why they cannot hold it. Group-wise families (int4_gN, uint4_gN, ...) are
+built by one function per family so their three group sizes cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from autoplan.formats.elements import round_to_bf16, round_to_fp16
+from autoplan.formats.registry import (
+    CompressedTensorsName,
+    FormatSpec,
+    ModelOptName,
+    OrtNode,
+    Precision,
+    PrecisionInfo,
+    Refused,
+    register_format,
+)
+from autoplan.formats.schemes import (
+    FP8_ACT_MIN_SCALE,
+    AsymIntScheme,
+    BlockInt8ActScheme,
+    Fp8Scheme,
+    IntScheme,
+    MxFp4Scheme,
+    NvFp4Scheme,
+    RoundScheme,
+    scale_dtype_for,
+)
+
+GROUPS = (32, 64, 128)
+INT8_NBITS_BLOCK = 128  # MatMulNBits block of 8-bit layers; each block repeats the channel scale
+
+# ---- shared pieces -----------------------------------------------------------------------
+_KEEP_CT = CompressedTensorsName()  # stays in the checkpoint's 16-bit dtype (`ignore`)
+_KEEP_MO = ModelOptName(None)  # excluded: weight in the model dtype
+_MO_ONLY = "the modelopt exporter writes fp8_e4m3, int8_wo and 16-bit layers; export with " \
+           "--format compressed-tensors or re-plan"
+_ORT_ONLY = "the ONNX (CPU) export holds fp32, int8 and MatMulNBits int4/int8 layers; " \
+            "re-plan for a CPU target"
+_A8_CT = "its int8 activations per K-block are ONNX Runtime MatMulNBits rounding, which no " \
+         "compressed-tensors scheme describes; plan int4_gN/uint4_gN for vLLM"
+
+
+def _passthrough(static_scale: Tensor | None = None) -> RoundScheme:
+    return RoundScheme(None)  # fp32 and weight-only formats leave inputs alone
+
+
+def _int8_weights(dtype: torch.dtype, per_channel: bool) -> IntScheme:
+    return IntScheme(-127, 127, 127.0, per_tensor=not per_channel, scale_dtype=scale_dtype_for(dtype))
+
+
+def _int4_weights(group: int):  # noqa: ANN202 - a scheme factory
+    return lambda dtype, per_channel: IntScheme(-8, 7, 7.5, group=group,
+                                                scale_dtype=scale_dtype_for(dtype))
+
+
+def _uint4_weights(group: int):  # noqa: ANN202 - a scheme factory
+    return lambda dtype, per_channel: AsymIntScheme(4, group, scale_dtype=scale_dtype_for(dtype))
+
+
+def _block_int8_inputs(group: int):  # noqa: ANN202 - a scheme factory
+    return lambda static_scale=None: BlockInt8ActScheme(group)
+
+
+# ---- floats ------------------------------------------------------------------------------
+register_format(FormatSpec(
+    Precision.FP32, PrecisionInfo(32, 0.0, "fp32", 4, 0, False),
+    weight=lambda dtype, per_channel: RoundScheme(None), activation=_passthrough,
+    compressed_tensors=_KEEP_CT, modelopt=_KEEP_MO, onnx=OrtNode("MatMul"),
+    kernels={"dense": "torch.linear", "block": "triton_bsr"},
+    summary="IEEE fp32, unquantized",
+))
+for _p, _round in ((Precision.BF16, round_to_bf16), (Precision.FP16, round_to_fp16)):
+    register_format(FormatSpec(
+        _p, PrecisionInfo(16, 0.0, "bf16", 2, 0, False),
+        weight=lambda dtype, per_channel, r=_round: RoundScheme(r),
+        activation=lambda static_scale=None, r=_round: RoundScheme(r),
+        compressed_tensors=_KEEP_CT, modelopt=_KEEP_MO,
+        onnx=Refused(f"the CPU export runs fp32 activations; ONNX Runtime has no {_p.value} "
+                     "CPU GEMM here; use fp32 or a quantized CPU format"),
+        kernels={"dense": "torch.linear", "2:4": "semi_structured", "block": "triton_bsr"},
+        summary=f"{_p.value} weights and activations, unquantized",
+    ))
+
+# ---- FP8 (W8A8) --------------------------------------------------------------------------
+register_format(FormatSpec(
+    Precision.FP8_E4M3, PrecisionInfo(8, 0.0, "fp8", 1, 0, False),
+    weight=lambda dtype, per_channel: Fp8Scheme(e4m3=True, per_tensor=not per_channel),
+    activation=lambda static_scale=None: Fp8Scheme(e4m3=True, min_scale=FP8_ACT_MIN_SCALE),
+    compressed_tensors=CompressedTensorsName(preset="FP8_DYNAMIC"),
+    modelopt=ModelOptName("FP8_PER_CHANNEL_PER_TOKEN"), onnx=Refused(_ORT_ONLY),
+    kernels={"dense": "torch._scaled_mm", "2:4": "cusparselt", "block": "triton_bsr"},
+    summary="FP8 E4M3 weights per channel, dynamic per-token FP8 inputs",
+))
+register_format(FormatSpec(
+    Precision.FP8_E5M2, PrecisionInfo(8, 0.0, "fp8", 1, 0, False),
+    weight=lambda dtype, per_channel: Fp8Scheme(e4m3=False, per_tensor=not per_channel),
+    activation=lambda static_scale=None: Fp8Scheme(e4m3=False, min_scale=FP8_ACT_MIN_SCALE),
+    compressed_tensors=Refused("compressed-tensors' FP8 presets store E4M3 weights, not E5M2; "
+                               "plan fp8_e4m3"),
+    modelopt=Refused(_MO_ONLY), onnx=Refused(_ORT_ONLY),
+    summary="FP8 E5M2 weights per channel, dynamic per-token FP8 inputs",
+))
+
+# ---- INT8 ----------------------------------------------------------------------------------
+register_format(FormatSpec(
+    Precision.INT8, PrecisionInfo(8, 0.0, "int8", 1, 0, False),
+    weight=_int8_weights,
+    # vLLM clamps activation codes to the full int8 range; dynamic scales never reach -128.
+    activation=lambda static_scale=None: IntScheme(-128, 127, 127.0),
+    compressed_tensors=CompressedTensorsName(preset="W8A8"), modelopt=Refused(_MO_ONLY),
+    onnx=OrtNode("MatMulInteger"), kernels={"block": "triton_bsr"},
+    summary="INT8 weights per channel (symmetric), dynamic per-token INT8 inputs",
+))
+register_format(FormatSpec(
+    Precision.INT8_WO, PrecisionInfo(8, 0.0, "bf16", 2, 0, True),
+    weight=_int8_weights, activation=_passthrough,
+    # The library's W8A16 preset is group-128; autoplan's int8_wo is per channel.
+    compressed_tensors=CompressedTensorsName(weights=dict(
+        num_bits=8, type="int", strategy="channel", symmetric=True, dynamic=False)),
+    modelopt=ModelOptName("W8A16"), onnx=OrtNode("MatMulNBits", 8, INT8_NBITS_BLOCK, 0),
+    summary="INT8 weights per channel, 16-bit inputs (W8A16)",
+))
+register_format(FormatSpec(
+    Precision.INT8A8_G128, PrecisionInfo(8, 32 / 128, "int8", 1, 0, False, act_group=128),
+    weight=_int8_weights, activation=_block_int8_inputs(128),
+    compressed_tensors=Refused(_A8_CT), modelopt=Refused(_MO_ONLY),
+    onnx=OrtNode("MatMulNBits", 8, INT8_NBITS_BLOCK, 4),
+    summary="INT8 weights per channel x int8 inputs per block of 128 (MatMulNBits level 4)",
+))
+
+
+# ---- group-wise INT4 families --------------------------------------------------------------
+def _register_int4_family(group: int) -> None:
+    """int4_gN / uint4_gN (W4A16, ONNX level 0) and int4a8_gN / uint4a8_gN (level 4).
+
+    Scale bits per weight: an FP16 scale per group for W4A16 (hw-facts §3.6: int4 g128 =
+    4.125), an FP32 scale per block in the fp32 ONNX model for the a8 formats; asymmetric
+    formats add one 4-bit zero point per group.
+    """
+    by_name = Precision.parse
+    for signed in (True, False):
+        prefix, zp_bits = ("int4", 0) if signed else ("uint4", 4)
+        weights = _int4_weights(group) if signed else _uint4_weights(group)
+        kind = "symmetric, codes -8..7" if signed else "asymmetric, codes 0..15 + zero point"
+        register_format(FormatSpec(
+            by_name(f"{prefix}_g{group}"),
+            PrecisionInfo(4, (16 + zp_bits) / group, "bf16", 2, group, True),
+            weight=weights, activation=_passthrough,
+            compressed_tensors=CompressedTensorsName(weights=dict(
+                num_bits=4, type="int", strategy="group", symmetric=signed, dynamic=False,
+                group_size=group)),
+            modelopt=Refused(_MO_ONLY),
+            onnx=OrtNode("MatMulNBits", 4, group, 0, zero_points=not signed),
+            summary=f"INT4 weights per group of {group} ({kind}), 16-bit inputs (W4A16)",
+        ))
+        register_format(FormatSpec(
+            by_name(f"{prefix}a8_g{group}"),
+            PrecisionInfo(4, (32 + zp_bits) / group, "int8", 1, group, False, act_group=group),
+            weight=weights, activation=_block_int8_inputs(group),
+            compressed_tensors=Refused(_A8_CT), modelopt=Refused(_MO_ONLY),
+            onnx=OrtNode("MatMulNBits", 4, group, 4, zero_points=not signed),
+            summary=f"INT4 weights per group of {group} ({kind}) x int8 inputs per block of "
+                    f"{group} (MatMulNBits level 4)",
+        ))
+
+
+for _group in GROUPS:
+    _register_int4_family(_group)
+
+# ---- FP4 (W4A4) ----------------------------------------------------------------------------
+register_format(FormatSpec(
+    Precision.NVFP4, PrecisionInfo(4, 8 / 16, "fp4", 0.5625, 16, False),
+    weight=lambda dtype, per_channel: NvFp4Scheme(),
+    activation=lambda static_scale=None: NvFp4Scheme(static_scale),
+    compressed_tensors=CompressedTensorsName(preset="NVFP4"), modelopt=Refused(_MO_ONLY),
+    onnx=Refused(_ORT_ONLY), kernels={"dense": "torch._scaled_mm_fp4"},
+    summary="E2M1 values, E4M3 scale per 16, FP32 tensor scale; inputs likewise",
+))
+register_format(FormatSpec(
+    Precision.MXFP4, PrecisionInfo(4, 8 / 32, "fp4", 0.53125, 32, False),
+    weight=lambda dtype, per_channel: MxFp4Scheme(),
+    activation=lambda static_scale=None: MxFp4Scheme(),
+    compressed_tensors=Refused("autoplan's compressed-tensors exporter does not write MXFP4 "
+                               "layers yet; plan nvfp4 or int4_gN"),
+    modelopt=Refused(_MO_ONLY), onnx=Refused(_ORT_ONLY),
+    summary="E2M1 values, E8M0 scale per 32 (OCP MX); inputs likewise",
+))
+
+__all__ = ["GROUPS", "INT8_NBITS_BLOCK"]

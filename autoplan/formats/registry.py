@@ -1,0 +1,282 @@
+"""The format registry: one FormatSpec per Precision, and the names the engines give it.
+
+A ``FormatSpec`` is everything autoplan knows about one number format, in one place: how it
+is stored and computed (``PrecisionInfo``, read by the cost model), how weights and
+activations are rounded (the scheme factories, read by RTN, GPTQ and the simulation), and
+how each exporter and kernel names it -- or why it refuses it. Code that needs a fact about
+a format asks ``format_spec(precision)``; nothing else keeps a per-format table or an
+``if precision is ...`` chain.
+
+The registry behaves like compressed-tensors' compressor registry: registering a precision
+twice raises, and a failed lookup lists every registered name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal
+
+from autoplan.errors import AutoplanError, UnknownNameError, UnsupportedFormatError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+    from autoplan.formats.schemes import Scheme
+
+
+class Precision(str, Enum):
+    """Number formats, by their canonical text. Each member has one registered FormatSpec.
+
+    It stays a closed ``str`` Enum (not a registry-built type) so that click.Choice,
+    pydantic, type checkers and ``Precision.NVFP4`` in code all see one fixed vocabulary;
+    a test proves the enum and the registry list the same formats.
+    """
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8_E4M3 = "fp8_e4m3"  # W8A8 FP8, per-channel weight scales, dynamic per-token activations
+    FP8_E5M2 = "fp8_e5m2"
+    INT8 = "int8"  # W8A8 INT8, per-channel symmetric weights, dynamic per-token activations
+    INT8_WO = "int8_wo"  # W8A16
+    INT4_G32 = "int4_g32"  # W4A16 group-wise, symmetric
+    INT4_G64 = "int4_g64"
+    INT4_G128 = "int4_g128"
+    UINT4_G32 = "uint4_g32"  # W4A16 group-wise, asymmetric (codes 0..15, scale and zero point)
+    UINT4_G64 = "uint4_g64"
+    UINT4_G128 = "uint4_g128"
+    NVFP4 = "nvfp4"  # E2M1 values, E4M3 scale per 16, FP32 tensor scale (W4A4)
+    MXFP4 = "mxfp4"  # E2M1 values, E8M0 scale per 32 (W4A4)
+    # ONNX Runtime MatMulNBits at accuracy_level 4: int4/int8 block weights x activations
+    # rounded to int8 per block along K at run time (see the FormatSpecs in builtin.py).
+    INT4A8_G32 = "int4a8_g32"
+    INT4A8_G64 = "int4a8_g64"
+    INT4A8_G128 = "int4a8_g128"
+    UINT4A8_G32 = "uint4a8_g32"
+    UINT4A8_G64 = "uint4a8_g64"
+    UINT4A8_G128 = "uint4a8_g128"
+    INT8A8_G128 = "int8a8_g128"
+
+    @classmethod
+    def parse(cls, text: str) -> Precision:
+        """Read a precision name (case-insensitive; fp8, int4, w8a8 and w8a16 are aliases)."""
+        key = text.strip().lower().replace("-", "_")
+        key = {"fp8": "fp8_e4m3", "int4": "int4_g128", "w8a16": "int8_wo", "w8a8": "int8"}.get(
+            key, key
+        )
+        try:
+            return cls(key)
+        except ValueError:
+            raise UnknownNameError("precision", text, [p.value for p in cls]) from None
+
+    @property
+    def spec(self) -> FormatSpec:
+        """The registered FormatSpec."""
+        return format_spec(self)
+
+    @property
+    def info(self) -> PrecisionInfo:
+        """How the format is stored and computed (its FormatSpec's info)."""
+        return format_spec(self).info
+
+
+@dataclass(frozen=True)
+class PrecisionInfo:
+    """How a precision is stored and computed.
+
+    value_bits: bits per stored weight value. scale_bits: scale (and zero-point) storage per
+    weight value. math: which peak of the target runs the matmul ("fp32", "bf16", "fp8",
+    "int8", "fp4"); weight-only formats dequantize and run at the activation dtype.
+    act_bytes: bytes per activation element read by the matmul.
+    group: elements sharing one scale (0 = per output channel).
+    act_group: activation elements (along K) sharing one dynamic int8 scale, for the
+        block-quantized-activation formats; 0 = per token (W8A8) or no activation quantization.
+    """
+
+    value_bits: int
+    scale_bits: float
+    math: str
+    act_bytes: float
+    group: int
+    weight_only: bool
+    act_group: int = 0
+
+    @property
+    def weight_bits(self) -> float:
+        return self.value_bits + self.scale_bits
+
+
+# ---- how exporters and kernels name a format ----------------------------------------------
+@dataclass(frozen=True)
+class Refused:
+    """An exporter or kernel that cannot hold the format, and the one-line reason why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class CompressedTensorsName:
+    """The compressed-tensors QuantizationScheme for a format.
+
+    Either a library ``preset`` (``preset_name_to_scheme``) or ``QuantizationArgs`` keyword
+    arguments for the weights (and inputs). Neither: the layer stays in the checkpoint's
+    16-bit dtype (listed in ``ignore``).
+    """
+
+    preset: str | None = None
+    weights: Mapping[str, Any] | None = None
+    input_activations: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ModelOptName:
+    """The ModelOpt ``quant_algo`` of a layer; None: excluded (kept in the model dtype)."""
+
+    quant_algo: str | None
+
+
+@dataclass(frozen=True)
+class OrtNode:
+    """The ONNX Runtime (CPU) node computing a layer in this format.
+
+    MatMul: fp32 weights. MatMulInteger: int8 W8A8 through DynamicQuantizeLinear (fused to
+    DynamicQuantizeMatMul). MatMulNBits: ``bits``-bit block weights of ``block`` values along
+    K, at ``accuracy_level`` (0: fp32 math on dequantized weights; 4: activations rounded
+    to int8 per block), with packed per-block ``zero_points`` or the op's default
+    2**(bits-1).
+    """
+
+    op: Literal["MatMul", "MatMulInteger", "MatMulNBits"]
+    bits: int = 0
+    block: int = 0
+    accuracy_level: int = 0
+    zero_points: bool = False
+
+
+EXPORTERS = ("compressed-tensors", "modelopt", "onnx")
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """One number format: its facts, its numerics and its names.
+
+    Attributes:
+        precision: the Precision this spec defines.
+        info: storage and compute facts for the cost model.
+        weight: ``(weight dtype, per_channel) -> Scheme`` rounding weights (RTN and GPTQ).
+        activation: ``(static scale or None) -> Scheme`` fake-quantizing layer inputs.
+        compressed_tensors: the compressed-tensors scheme, or Refused.
+        modelopt: the ModelOpt quant_algo, or Refused.
+        onnx: the ONNX Runtime node, or Refused.
+        kernels: microbenchmark kernel (backends/microbench.py) per sparsity token
+            ("dense", "2:4", "block"); a token not listed has no kernel.
+        other: further exporters by name (e.g. "gguf": the GGUF tensor type); an exporter
+            not listed refuses the format.
+        summary: one line for docs and errors.
+    """
+
+    precision: Precision
+    info: PrecisionInfo
+    weight: Callable[[torch.dtype, bool], Scheme]
+    activation: Callable[[Tensor | None], Scheme]
+    compressed_tensors: CompressedTensorsName | Refused
+    modelopt: ModelOptName | Refused
+    onnx: OrtNode | Refused
+    kernels: Mapping[str, str] = field(default_factory=dict)
+    other: Mapping[str, Any] = field(default_factory=dict)
+    summary: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.precision.value
+
+    @property
+    def quantized(self) -> bool:
+        """Stored as codes plus scales (below 16 bits), not as plain floats."""
+        return self.info.value_bits < 16
+
+    def weight_scheme(self, dtype: torch.dtype, *, per_channel: bool = True) -> Scheme:
+        """The scheme storing weights of ``dtype`` in this format."""
+        return self.weight(dtype, per_channel)
+
+    def activation_scheme(self, static_scale: Tensor | None = None) -> Scheme:
+        """The scheme fake-quantizing this format's layer inputs, one row per token."""
+        return self.activation(static_scale)
+
+    def naming(self, exporter: str) -> Any:
+        """How ``exporter`` names this format (a Refused when it cannot hold it)."""
+        core = {"compressed-tensors": self.compressed_tensors, "modelopt": self.modelopt,
+                "onnx": self.onnx}
+        if exporter in core:
+            return core[exporter]
+        return self.other.get(exporter, Refused(f"the {exporter} exporter has no name for "
+                                                f"{self.name}"))
+
+    def exported_as(self, exporter: str) -> Any:
+        """The exporter's name for this format.
+
+        Raises:
+            UnsupportedFormatError: the exporter refuses the format; the message says why.
+        """
+        named = self.naming(exporter)
+        if isinstance(named, Refused):
+            raise UnsupportedFormatError(f"{exporter} cannot store {self.name} layers: "
+                                         f"{named.reason}")
+        return named
+
+
+_REGISTRY: dict[Precision, FormatSpec] = {}
+
+
+def register_format(spec: FormatSpec) -> FormatSpec:
+    """Add ``spec`` to the registry; returns it (usable as ``SPEC = register_format(...)``).
+
+    Raises:
+        AutoplanError: the precision already has a spec (one format, one definition).
+    """
+    if spec.precision in _REGISTRY:
+        raise AutoplanError(f"format {spec.name} is registered twice; each Precision has "
+                            "exactly one FormatSpec (edit the existing one)")
+    _REGISTRY[spec.precision] = spec
+    return spec
+
+
+def format_spec(precision: Precision | str) -> FormatSpec:
+    """The FormatSpec of a precision (a Precision or its text).
+
+    Raises:
+        UnknownNameError: no spec is registered under that name; lists every registered one.
+    """
+    key = precision if isinstance(precision, Precision) else None
+    if key is None:
+        try:
+            key = Precision.parse(precision)
+        except UnknownNameError:
+            key = None
+    if key is None or key not in _REGISTRY:
+        raise UnknownNameError("format", str(getattr(precision, "value", precision)),
+                               [p.value for p in _REGISTRY])
+    return _REGISTRY[key]
+
+
+def registered_formats() -> tuple[FormatSpec, ...]:
+    """Every registered FormatSpec, in Precision order."""
+    return tuple(_REGISTRY[p] for p in Precision if p in _REGISTRY)
+
+
+__all__ = [
+    "EXPORTERS",
+    "CompressedTensorsName",
+    "FormatSpec",
+    "ModelOptName",
+    "OrtNode",
+    "Precision",
+    "PrecisionInfo",
+    "Refused",
+    "format_spec",
+    "register_format",
+    "registered_formats",
+]

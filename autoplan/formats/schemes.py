@@ -1,0 +1,365 @@
+"""Quantization schemes: how a number format turns a float slab into codes and scales.
+
+One scheme object answers three questions, and both RTN (whole matrix at once) and GPTQ (one
+column at a time) ask them the same way, so the two algorithms cannot disagree on numerics:
+
+* ``prepare(w)``: tensor-level parameters from the whole (already masked) matrix, e.g. the
+  NVFP4 FP32 global scale or a per-tensor FP8 scale; ``None`` when there are none.
+* ``qparams(slab, ctx)``: the *stored* parameters of each row of ``slab`` (reducing the last
+  dim, keepdim) as one ``QParams``: the scale in its storage dtype (bf16/fp16/fp32,
+  float8_e4m3fn for NVFP4, uint8 E8M0 for MXFP4) and, for asymmetric formats, the zero
+  point, computed together so that no caller can pair a scale with another zero point.
+* ``fake(x, qparams, ctx)``: ``(dequantized values, code values)`` of ``x`` (float32), where
+  code values are the integer or low-precision-float codes held exactly in float32.
+
+Which scheme (with which constants) a Precision uses is written in its FormatSpec
+(autoplan/formats/builtin.py); this module only defines the numerics.
+
+Choices (documented in docs of quantize_weight too):
+* INT4 is symmetric, codes in [-8, 7], scale = amax / 7.5: what compressed-tensors computes
+  for symmetric ``pack-quantized`` W4A16 (``amax / ((qmax - qmin) / 2)``), so +amax rounds to
+  8 and clamps to 7 while -amax maps to -8. Zero stays exactly zero, which pruning needs.
+* UINT4 is compressed-tensors' asymmetric int4 (``calculate_qparams``): min <= 0 <= max,
+  scale = (max - min) / 15 and zero point clamp(round(-8 - min / scale)) computed in the
+  scale's dtype, codes clamp(round(x / scale + zp)); stored unsigned (code and zero point
+  + 8, i.e. 0..15) as ONNX Runtime's MatMulNBits and vLLM's uint4 kernels hold them.
+* INT8 weights are symmetric per channel in [-127, 127] with scale = amax / 127 (vLLM W8A8).
+* 16-bit models store INT scales in the model dtype (compressed-tensors does); FP8 scales are
+  FP32 (vLLM ``weight_scale``).
+* NVFP4 quantizes ``x / (s / g)`` (compressed-tensors) and dequantizes ``(q * s) / g``: q*s is
+  exact in FP32 and the GEMM applies 1/g once in its epilogue, as the Blackwell kernels do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from autoplan.formats.elements import (
+    E2M1_EMAX,
+    E2M1_MAX,
+    E4M3_MAX,
+    E5M2_MAX,
+    cast_e2m1,
+    cast_fp8_e4m3,
+    cast_fp8_e5m2,
+    decode_e8m0,
+    encode_e2m1,
+    encode_e8m0,
+    mx_shared_exponent,
+)
+
+_F32_EPS = torch.finfo(torch.float32).eps  # compressed-tensors' floor for integer scales
+# vLLM's floor for dynamic per-token FP8 scales (min_scaling_factor = 1 / (fmax * 512)).
+FP8_ACT_MIN_SCALE = 1.0 / (E4M3_MAX * 512.0)
+
+
+def _amax(x: Tensor) -> Tensor:
+    return x.abs().amax(dim=-1, keepdim=True)
+
+
+def scale_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """Integer scales are stored in a 16-bit model's dtype (compressed-tensors), else FP32."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
+@dataclass(frozen=True)
+class QParams:
+    """The stored quantization parameters of some rows: scale, and zero point if asymmetric.
+
+    Shapes follow the slab they were computed from with its last dim reduced to 1 (or, once
+    ``quantize_rows`` flattens them, [rows, groups]).
+    """
+
+    scale: Tensor
+    zero_point: Tensor | None = None
+
+    def reshape(self, *shape: int) -> QParams:
+        zp = None if self.zero_point is None else self.zero_point.reshape(*shape)
+        return QParams(self.scale.reshape(*shape), zp)
+
+    def expand(self, *shape: int) -> QParams:
+        zp = None if self.zero_point is None else self.zero_point.expand(*shape)
+        return QParams(self.scale.expand(*shape), zp)
+
+    @staticmethod
+    def cat(parts: list[QParams], dim: int) -> QParams:
+        """Concatenate per-group parameters (GPTQ computes them one group at a time)."""
+        zps = [p.zero_point for p in parts]
+        zp = None if zps[0] is None else torch.cat(zps, dim=dim)  # type: ignore[arg-type]
+        return QParams(torch.cat([p.scale for p in parts], dim=dim), zp)
+
+
+class Scheme:
+    """Base: no scales, values pass through unchanged (fp32)."""
+
+    group = 0  # columns sharing one scale; 0 = one scale per row (or per tensor)
+    per_tensor = False
+    code_dtype: torch.dtype | None = None
+
+    def prepare(self, w: Tensor) -> Tensor | None:
+        """Tensor-level parameters computed once from the whole matrix."""
+        return None
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams | None:
+        """Stored parameters per row of ``slab`` (last dim reduced, kept as size 1)."""
+        return None
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Dequantized values and code values (both float32) of ``x`` under ``qp``."""
+        return x, x
+
+    def store_codes(self, codes: Tensor) -> Tensor | None:
+        """Code values (float32) as the format stores them (``code_dtype``), or None."""
+        return None if self.code_dtype is None else codes.to(self.code_dtype)
+
+    def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
+        """Named parameter tensors as a compressed-tensors checkpoint names them."""
+        return {} if qp is None else {"weight_scale": qp.scale}
+
+
+class RoundScheme(Scheme):
+    """Plain 16-bit (or 32-bit) storage: round each value, no scale."""
+
+    def __init__(self, round_fn: Callable[[Tensor], Tensor] | None) -> None:
+        self._round = round_fn
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        y = x if self._round is None else self._round(x)
+        return y, y
+
+
+class AbsmaxScheme(Scheme):
+    """Scale = amax / ``divisor`` per row (or per tensor), floored at ``min_scale``."""
+
+    divisor = 1.0
+    min_scale = _F32_EPS
+    scale_dtype = torch.float32
+
+    def _from_amax(self, amax: Tensor) -> Tensor:
+        return (amax.float() / self.divisor).clamp(min=self.min_scale).to(self.scale_dtype)
+
+    def prepare(self, w: Tensor) -> Tensor | None:
+        return self._from_amax(w.abs().amax().reshape(1)) if self.per_tensor else None
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
+        if ctx is not None:
+            return QParams(ctx.expand(*slab.shape[:-1], 1))
+        return QParams(self._from_amax(_amax(slab)))
+
+    def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
+        return {"weight_scale": ctx if ctx is not None else qp.scale}  # type: ignore[union-attr]
+
+
+class IntScheme(AbsmaxScheme):
+    """Symmetric integer codes in [qmin, qmax] with scale = amax / divisor, RNE rounding."""
+
+    code_dtype = torch.int8
+
+    def __init__(
+        self,
+        qmin: int,
+        qmax: int,
+        divisor: float,
+        *,
+        group: int = 0,
+        per_tensor: bool = False,
+        scale_dtype: torch.dtype = torch.float32,
+        min_scale: float = _F32_EPS,
+    ) -> None:
+        self.qmin, self.qmax, self.divisor = qmin, qmax, divisor
+        self.group, self.per_tensor = group, per_tensor
+        self.scale_dtype, self.min_scale = scale_dtype, min_scale
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        s = qp.scale.float()  # type: ignore[union-attr]
+        q = torch.round(x / s).clamp(self.qmin, self.qmax)  # torch.round is half-to-even
+        return q * s, q
+
+
+class AsymIntScheme(Scheme):
+    """Asymmetric ``bits``-bit integers per group: compressed-tensors' ``calculate_qparams``.
+
+    Parameters are computed in ``scale_dtype`` with the library's own operations and order
+    (so a bf16 model's scale is ``bf16(bf16(max - min) / 15)``); an all-zero group, where the
+    library divides 0 by 0, gets the smallest zero point and a scale of the dtype's eps, so
+    its codes dequantize to exact zeros. Codes and zero points are stored unsigned
+    (``+ 2**(bits-1)``: 0..15 for 4 bits), the layout of MatMulNBits and of vLLM's ``uint4``.
+    """
+
+    code_dtype = torch.uint8
+
+    def __init__(self, bits: int, group: int, *, scale_dtype: torch.dtype = torch.float32) -> None:
+        self.group, self.scale_dtype = group, scale_dtype
+        self.offset = 1 << (bits - 1)
+        self.qmin, self.qmax = -self.offset, self.offset - 1
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
+        dt = self.scale_dtype
+        lo = slab.amin(dim=-1, keepdim=True).to(dt).clamp(max=0)
+        hi = slab.amax(dim=-1, keepdim=True).to(dt).clamp(min=0)
+        # the library divides by a 0-dim tensor of the same dtype; so do we, to round alike
+        scale = (hi - lo) / torch.tensor(float(self.qmax - self.qmin), dtype=dt)
+        empty = scale == 0
+        zp = (self.qmin - lo / torch.where(empty, 1.0, scale).to(dt)).clamp(self.qmin, self.qmax)
+        zp = torch.where(empty, float(self.qmin), zp.float())
+        scale = torch.where(empty, torch.finfo(dt).eps, scale.float()).to(dt)
+        return QParams(scale, (torch.round(zp) + self.offset).to(torch.uint8))
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        s = qp.scale.float()  # type: ignore[union-attr]
+        zp = qp.zero_point.float()  # type: ignore[union-attr]
+        signed = torch.round((x / s + (zp - self.offset)).clamp(self.qmin, self.qmax))
+        codes = signed + self.offset
+        return (codes - zp) * s, codes
+
+    def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
+        return {"weight_scale": qp.scale, "weight_zero_point": qp.zero_point}  # type: ignore[union-attr,dict-item]
+
+
+class Fp8Scheme(AbsmaxScheme):
+    """FP8 values with an FP32 scale = amax / fmax, per row or per tensor; saturating cast."""
+
+    def __init__(
+        self, *, e4m3: bool = True, per_tensor: bool = False, min_scale: float = _F32_EPS
+    ) -> None:
+        self.divisor = E4M3_MAX if e4m3 else E5M2_MAX
+        self._cast = cast_fp8_e4m3 if e4m3 else cast_fp8_e5m2
+        self.code_dtype = torch.float8_e4m3fn if e4m3 else torch.float8_e5m2
+        self.per_tensor, self.min_scale = per_tensor, min_scale
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        scale = qp.scale  # type: ignore[union-attr]
+        q = self._cast(x / scale)
+        return q * scale, q
+
+
+def nvfp4_global_scale(amax: Tensor) -> Tensor:
+    """NVFP4 FP32 tensor scale ``448 * 6 / amax`` (1 for an all-zero tensor)."""
+    a = amax.float().reshape(1)
+    return torch.where(a > 0, (E4M3_MAX * E2M1_MAX) / a, torch.ones_like(a))
+
+
+class NvFp4Scheme(Scheme):
+    """NVFP4: E2M1 values, one E4M3 scale per 16 inputs, one FP32 global scale."""
+
+    group = 16
+    code_dtype = torch.uint8
+
+    def __init__(self, static_global: Tensor | None = None) -> None:
+        self._static = static_global
+
+    def prepare(self, w: Tensor) -> Tensor:
+        if self._static is not None:
+            return self._static.float().reshape(1)
+        return nvfp4_global_scale(w.abs().amax())
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
+        # (block_amax / 6) * g lies in [0, 448] by construction; cast_fp8 clamps anyway
+        # (a static activation global scale can push it over).
+        return QParams(cast_fp8_e4m3((_amax(slab) / E2M1_MAX) * ctx).to(torch.float8_e4m3fn))
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        s = qp.scale.float()  # type: ignore[union-attr]
+        live = s > 0  # a zero E4M3 scale multiplies every code to zero in the kernel
+        q = cast_e2m1(torch.where(live, x / torch.where(live, s / ctx, 1.0), 0.0))
+        return (q * s) / ctx, q
+
+    def store_codes(self, codes: Tensor) -> Tensor:
+        return encode_e2m1(codes)
+
+    def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
+        return {"weight_scale": qp.scale, "global_scale": ctx}  # type: ignore[union-attr,dict-item]
+
+
+class MxFp4Scheme(Scheme):
+    """MXFP4 (OCP MX v1.0): E2M1 values, one E8M0 power-of-two scale per 32 inputs."""
+
+    group = 32
+    code_dtype = torch.uint8
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
+        return QParams(encode_e8m0(mx_shared_exponent(_amax(slab), E2M1_EMAX)))
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        s = decode_e8m0(qp.scale)  # type: ignore[union-attr]  # a power of two: exact x / s, q * s
+        q = cast_e2m1(x / s)
+        return q * s, q
+
+    def store_codes(self, codes: Tensor) -> Tensor:
+        return encode_e2m1(codes)
+
+
+class BlockInt8ActScheme(AbsmaxScheme):
+    """Activations as ONNX Runtime's MatMulNBits rounds them at accuracy_level 4.
+
+    MLAS ``QuantizeARow_CompInt8``: per block of ``group`` values along K, stored scale
+    ``amax / 127`` (FP32) and codes ``round_half_even(x * (127 / amax))`` -- the reciprocal is
+    computed from amax in one division, not as ``1 / scale``, which can differ by one ULP and
+    flip a code at a half-integer. An all-zero block gets scale 0 and codes 0.
+    """
+
+    code_dtype = torch.int8
+    divisor = 127.0
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
+        return QParams(_amax(slab).float() / self.divisor)
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        amax = _amax(x).float()
+        live = amax > 0
+        inv = torch.where(live, self.divisor / torch.where(live, amax, 1.0), 0.0)
+        q = torch.round(x * inv)  # |x * inv| <= 127 (+1 ulp), so no clamp is needed
+        return q * qp.scale.float(), q  # type: ignore[union-attr]
+
+
+def quantize_rows(
+    x: Tensor, scheme: Scheme, ctx: Tensor | None, params: QParams | None = None
+) -> tuple[Tensor, Tensor, QParams | None]:
+    """Round-to-nearest quantization of a 2-D float32 ``x`` [rows, n], fully vectorized.
+
+    Groups run along the last dim; a ragged last group is zero-padded (zeros never change an
+    absmax, a min <= 0 or a max >= 0) and the padding is cut off again, so any ``n`` works.
+
+    Returns:
+        ``(dequant [rows, n], code values [rows, n], stored QParams)``, the parameters shaped
+        [rows, n_groups] for grouped schemes and [rows, 1] otherwise. Given ``params`` (e.g.
+        a static activation scale) are used instead of computing them.
+    """
+    rows, n = x.shape
+    g = scheme.group
+    if not g:
+        qp = scheme.qparams(x, ctx) if params is None else params
+        deq, codes = scheme.fake(x, qp, ctx)
+        return deq, codes, qp
+    pad = (-n) % g
+    xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
+    slab = xp.reshape(rows, -1, g)
+    qp = scheme.qparams(slab, ctx) if params is None else params.reshape(rows, -1, 1)
+    deq, codes = scheme.fake(slab, qp, ctx)
+    flat = None if qp is None else qp.reshape(rows, -1)
+    return deq.reshape(rows, -1)[:, :n], codes.reshape(rows, -1)[:, :n], flat
+
+
+__all__ = [
+    "FP8_ACT_MIN_SCALE",
+    "AbsmaxScheme",
+    "AsymIntScheme",
+    "BlockInt8ActScheme",
+    "Fp8Scheme",
+    "IntScheme",
+    "MxFp4Scheme",
+    "NvFp4Scheme",
+    "QParams",
+    "RoundScheme",
+    "Scheme",
+    "nvfp4_global_scale",
+    "quantize_rows",
+    "scale_dtype_for",
+]
