@@ -2,7 +2,8 @@
 
 For a linear layer y[M, N] = x[M, K] @ W[N, K]^T and a Choice (autoplan.formats), build the
 real kernel its FormatSpec names (dense F.linear, FP8 `_scaled_mm`, 2:4 bf16/fp8, Triton
-block-sparse, NVFP4) on the weight autoplan.prune and autoplan.quant make of it, and time it: CUDA events on a GPU, `time.perf_counter` on CPU, median of `repeats` calls after
+block-sparse, NVFP4) on the weight autoplan.prune and autoplan.quant make of it, and time
+it: CUDA events on a GPU, `time.perf_counter` on CPU, median of `repeats` calls after
 `warmup` calls. On CPU only dense and the block-sparse *reference* run, which keeps the
 harness testable; their rows say so in `kernel`.
 
@@ -114,8 +115,8 @@ class Kernel:
     """A timed linear kernel, named by FormatSpec.kernels.
 
     ``pack(choice, q, mask, dev)`` turns the layer's QuantizedWeight (masked, quantized) and
-    its keep-mask (None when dense) into a callable ``x -> y``. ``cpu_name``: the name of its CPU reference path, or None when the
-    kernel needs CUDA.
+    its keep-mask (None when dense) into a callable ``x -> y``. ``cpu_name``: the name of
+    its CPU reference path, or None when the kernel needs CUDA.
     """
 
     name: str

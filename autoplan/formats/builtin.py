@@ -54,7 +54,8 @@ def _passthrough(static_scale: Tensor | None = None) -> RoundScheme:
 
 
 def _int8_weights(dtype: torch.dtype, per_channel: bool) -> IntScheme:
-    return IntScheme(-127, 127, 127.0, per_tensor=not per_channel, scale_dtype=scale_dtype_for(dtype))
+    return IntScheme(-127, 127, 127.0, per_tensor=not per_channel,
+                     scale_dtype=scale_dtype_for(dtype))
 
 
 def _int4_weights(group: int):  # noqa: ANN202 - a scheme factory

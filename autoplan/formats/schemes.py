@@ -217,7 +217,8 @@ class AsymIntScheme(Scheme):
         return (codes - zp) * s, codes
 
     def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
-        return {"weight_scale": qp.scale, "weight_zero_point": qp.zero_point}  # type: ignore[union-attr,dict-item]
+        zp = qp.zero_point  # type: ignore[union-attr]  # asymmetric params always have one
+        return {"weight_scale": qp.scale, "weight_zero_point": zp}  # type: ignore[union-attr]
 
 
 class Fp8Scheme(AbsmaxScheme):

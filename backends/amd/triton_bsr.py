@@ -160,8 +160,8 @@ class BsrWeight:
         grid = (rows // block, cols // block)
         if mask.dtype != torch.bool or tuple(mask.shape) != grid:
             raise UserInputError(
-                f"block_mask must be a bool tensor of shape {grid} for weight {tuple(values.shape)} "
-                f"and block {block}, got {mask.dtype} {tuple(mask.shape)}"
+                f"block_mask must be a bool tensor of shape {grid} for weight "
+                f"{tuple(values.shape)} and block {block}, got {mask.dtype} {tuple(mask.shape)}"
             )
         mask = mask.to(values.device)
         tiles = values.reshape(grid[0], block, grid[1], block).permute(0, 2, 1, 3)
