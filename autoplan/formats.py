@@ -3,6 +3,7 @@
 Canonical text forms (used in search spaces, plans and the CLI):
     precision:  fp32 bf16 fp16 fp8_e4m3 fp8_e5m2 int8 int8_wo int4_g32 int4_g64 int4_g128 nvfp4 mxfp4
                 int4a8_g32 int4a8_g64 int4a8_g128 int8a8_g128   (ONNX Runtime's int8-compute formats)
+                q8_0 q4_0 q4_1 q5_0 q5_1   (llama.cpp's GGUF block types, autoplan/quant/gguf_blocks.py)
     sparsity:   dense | 2:4 (any N:M) | unstructured@50 | block32@50 | channel@25   (@ = percent zeroed)
     choice:     "2:4+fp8_e4m3"  (also accepted: "2:4 × fp8_e4m3", "2:4 x fp8_e4m3")
 """
@@ -40,6 +41,14 @@ class Precision(str, Enum):
     INT4A8_G64 = "int4a8_g64"
     INT4A8_G128 = "int4a8_g128"
     INT8A8_G128 = "int8a8_g128"
+    # llama.cpp's GGUF block types (blocks of 32 along K, fp16 scale, *_1 also an fp16 min),
+    # with activations quantized per block of 32 to Q8_0 (Q8_1 for the *_1 types) as
+    # llama.cpp's CPU matmul does: autoplan/quant/gguf_blocks.py.
+    Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
+    Q4_1 = "q4_1"
+    Q5_0 = "q5_0"
+    Q5_1 = "q5_1"
 
     @classmethod
     def parse(cls, text: str) -> Precision:
@@ -101,6 +110,13 @@ _PRECISION_INFO: dict[Precision, PrecisionInfo] = {
     Precision.INT4A8_G64: PrecisionInfo(4, 32 / 64, "int8", 1, 64, False, act_group=64),
     Precision.INT4A8_G128: PrecisionInfo(4, 32 / 128, "int8", 1, 128, False, act_group=128),
     Precision.INT8A8_G128: PrecisionInfo(8, 32 / 128, "int8", 1, 0, False, act_group=128),
+    # GGUF: bits from the block sizes (Q4_1: 20 bytes per 32 weights = 5.0 bits); activations
+    # read as Q8_0 (34 bytes per 32) or Q8_1 (36 bytes per 32) blocks; int8 dot products.
+    Precision.Q8_0: PrecisionInfo(8, 16 / 32, "int8", 34 / 32, 32, False, act_group=32),
+    Precision.Q4_0: PrecisionInfo(4, 16 / 32, "int8", 34 / 32, 32, False, act_group=32),
+    Precision.Q4_1: PrecisionInfo(4, 32 / 32, "int8", 36 / 32, 32, False, act_group=32),
+    Precision.Q5_0: PrecisionInfo(5, 16 / 32, "int8", 34 / 32, 32, False, act_group=32),
+    Precision.Q5_1: PrecisionInfo(5, 32 / 32, "int8", 36 / 32, 32, False, act_group=32),
 }
 
 _SPARSITY_RE = re.compile(

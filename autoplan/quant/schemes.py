@@ -257,10 +257,22 @@ def quantize_rows(
     return deq.reshape(rows, -1)[:, :n], codes.reshape(rows, -1)[:, :n], s.reshape(rows, -1)
 
 
+def _gguf_format(precision: Precision):  # noqa: ANN202 - BlockFormat | None, imported lazily
+    # gguf_blocks builds on this module's Scheme classes, so it is imported on use.
+    from autoplan.quant.gguf_blocks import block_format
+
+    return block_format(precision)
+
+
 def weight_scheme(precision: Precision, dtype: torch.dtype, *, per_channel: bool = True) -> Scheme:
     """The scheme that stores weights of ``dtype`` in ``precision``."""
     scale_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
     p = precision
+    gguf = _gguf_format(p)
+    if gguf is not None:
+        from autoplan.quant.gguf_blocks import GgufWeightScheme
+
+        return GgufWeightScheme(gguf)
     if p is Precision.FP32:
         return RoundScheme(None)
     if p is Precision.BF16:
@@ -295,6 +307,10 @@ def activation_scheme(precision: Precision, static_scale: Tensor | None = None) 
         return RoundScheme(round_to_fp16)
     if p.info.weight_only or p is Precision.FP32:
         return RoundScheme(None)
+    if _gguf_format(p) is not None:
+        from autoplan.quant.gguf_blocks import GgufActScheme
+
+        return GgufActScheme()
     if p.info.act_group:
         return BlockInt8ActScheme(p.info.act_group)
     if p in (Precision.FP8_E4M3, Precision.FP8_E5M2):
