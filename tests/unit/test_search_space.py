@@ -147,7 +147,8 @@ def test_kernels_are_measured_by_default_only_when_planning_for_this_machine() -
     from autoplan.search.run import SearchRequest, _measures_kernels
 
     assert _measures_kernels(SearchRequest(target="local"), "local", "onnxruntime")
-    assert not _measures_kernels(SearchRequest(target="local"), "local", "llama.cpp")
+    assert _measures_kernels(SearchRequest(target="local"), "local", "llama.cpp")
+    assert not _measures_kernels(SearchRequest(target="local"), "local", "vllm")
     assert not _measures_kernels(SearchRequest(target="xeon-8480"), "xeon-8480", "onnxruntime")
     assert not _measures_kernels(SearchRequest(target="local", measure_kernels=False), "local",
                                  "onnxruntime")
