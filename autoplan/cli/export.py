@@ -35,8 +35,10 @@ def _calibration(plan, loaded, source: str | None, seq_len: int, n_calib: int, n
 @click.argument("plan_path", metavar="PLAN")
 @click.option("--model", default=None, help="Model: alias, HF folder or GGUF (default: the plan's).")
 @click.option("--format", "fmt", required=True,
-              help="compressed-tensors (vLLM/SGLang), modelopt (TensorRT-LLM) or onnx (CPU).")
-@click.option("--out", "out_dir", required=True, help="Folder to write (replaced atomically).")
+              help="compressed-tensors (vLLM/SGLang), modelopt (TensorRT-LLM), onnx (CPU) or "
+                   "gguf (llama.cpp).")
+@click.option("--out", "out_dir", required=True,
+              help="Folder to write (replaced atomically); for gguf also FILE.gguf.")
 @click.option("--calibration", default=None,
               help="Calibration text: pydoc, a .txt or .jsonl file (default: the plan's).")
 @click.option("--seq-len", type=int, default=256, show_default=True)

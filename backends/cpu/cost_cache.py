@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autoplan.errors import AutoplanError
 from autoplan.formats import Choice
 
 Row = tuple[int, int, int, str]  # m, n, k, choice
@@ -23,6 +22,26 @@ def row_key(m: int, n: int, k: int, choice: Choice | str) -> Row:
 def key_of(row: Mapping[str, Any]) -> Row:
     """The identity of a stored row."""
     return int(row["m"]), int(row["n"]), int(row["k"]), str(row["choice"])
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """A cached table, or {} when unreadable (it is then re-measured). Rows need their
+    timing fields; their choice is not parsed here (a llama.cpp table also keeps rows of
+    source-file types autoplan does not plan with, e.g. ``gguf:Q4_K``)."""
+    import json
+
+    from autoplan.backends.microbench import SCHEMA_VERSION
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    need = {"m", "n", "k", "choice", "median_us", "p10_us", "p90_us"}
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if data.get("schema_version") != SCHEMA_VERSION or not isinstance(rows, list) or \
+            any(not isinstance(r, dict) or need - r.keys() for r in rows):
+        return {}
+    return data
 
 
 def cached_table(path: Path, header: dict[str, Any], wanted: Iterable[Row],
@@ -41,14 +60,11 @@ def cached_table(path: Path, header: dict[str, Any], wanted: Iterable[Row],
         progress: called with one line per row timed.
         label: what the progress line calls a row.
     """
-    from autoplan.backends.microbench import read_cost_table, write_cost_table
+    from autoplan.backends.microbench import write_cost_table
 
     table = {**header, "rows": [], "skipped": []}
     if path.is_file() and not refresh:
-        try:
-            old = read_cost_table(path)
-        except (ValueError, KeyError, OSError, AutoplanError):
-            old = {}  # an unreadable cache is re-measured
+        old = _read(path)
         if old and all(old.get(k) == header.get(k) for k in match):
             table["rows"] = list(old["rows"])
     have = {key_of(r) for r in table["rows"]}
