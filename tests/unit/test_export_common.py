@@ -29,13 +29,13 @@ transformers = pytest.importorskip("transformers")
 BASELINE = "dense+bf16"
 
 
-def tiny_loaded(tmp_path: Path) -> LoadedModel:
+def tiny_loaded(tmp_path: Path, *, tied: bool = False) -> LoadedModel:
     """A tiny Llama saved as safetensors and loaded the way load_model returns it."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-        tie_word_embeddings=False)
+        tie_word_embeddings=tied)
     model = transformers.LlamaForCausalLM(cfg).eval()
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(str(folder), safe_serialization=True)

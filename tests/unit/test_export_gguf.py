@@ -19,22 +19,16 @@ from autoplan.models.gguf_convert import hf_to_gguf_names
 from autoplan.models.hashing import weights_hash
 from autoplan.models.registry import ModelSource
 from autoplan.modelspec import ModelSpec
-from tests.unit.test_export_common import layer_names, make_plan
+from tests.unit.test_export_common import layer_names, make_plan, tiny_loaded
 
 gguf = pytest.importorskip("gguf")
-transformers = pytest.importorskip("transformers")
 Q = gguf.GGMLQuantizationType
 
 
 def _tiny_gguf_model(tmp_path: Path) -> LoadedModel:
     """A tiny tied Llama and its source GGUF; the model holds the GGUF's dequantized values."""
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-        tie_word_embeddings=True)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    names = hf_to_gguf_names(model, cfg.num_hidden_layers)
+    model = tiny_loaded(tmp_path, tied=True).model
+    names = hf_to_gguf_names(model, model.config.num_hidden_layers)
     path = tmp_path / "tiny.Q4_1.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(2)
@@ -42,9 +36,8 @@ def _tiny_gguf_model(tmp_path: Path) -> LoadedModel:
     writer.add_head_count(4)
     writer.add_head_count_kv(2)
     writer.add_string("tokenizer.ggml.model", "gpt2")
-    state = model.state_dict()
     with torch.no_grad():
-        for hf, tensor in state.items():
+        for hf, tensor in model.state_dict().items():
             if hf == "lm_head.weight":
                 continue
             name = names[hf]
