@@ -189,7 +189,8 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
             loaded, space, req.workload, threads=req.threads, progress=rep.note)
     cost = CostModel(loaded.spec, target, req.workload, price_per_hour=req.price_per_hour,
                      measured=measured, baseline=space.baseline)
-    tables = build_tables(space, cost, profile)
+    tables = build_tables(space, cost, profile,
+                          prefill_weight=0.0 if objective is Objective.TPOT else 1.0)
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
     evaluator = QualityEvaluator(loaded.model, data.eval, suite=suite)
