@@ -296,7 +296,10 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     gain = None
     if best_uniform:
         preds["best_uniform"] = predicted(best_uniform.label, best_uniform.picks)
-        gain = preds["plan"].tokens_per_s / preds["best_uniform"].tokens_per_s
+        # decode speed for the TPOT objective, end-to-end tokens/s otherwise
+        gain = (preds["best_uniform"].tpot_s / preds["plan"].tpot_s
+                if objective is Objective.TPOT
+                else preds["plan"].tokens_per_s / preds["best_uniform"].tokens_per_s)
     q = chosen.quality
     rt = get_runtime(runtime)
     plan = ps.Plan(

@@ -56,6 +56,24 @@ def test_source_types_are_lossless_and_exported_byte_for_byte(loaded, tmp_path):
         assert np.array_equal(np.asarray(dst[name].data), np.asarray(t.data)), name
 
 
+def test_every_gguf_type_equals_gguf_quants_on_real_weights(loaded):
+    import gguf
+
+    from autoplan.models.graph import get_linear
+    from autoplan.quant import quantize_weight
+    from autoplan.quant.gguf_blocks import FORMATS, pack_blocks
+
+    for name in ("model.layers.0.self_attn.k_proj", "model.layers.17.mlp.down_proj"):
+        w = get_linear(loaded.model, name).weight.detach()
+        for precision, fmt in FORMATS.items():
+            qtype = gguf.GGMLQuantizationType[fmt.ggml_type]
+            ref = gguf.quantize(w.numpy(), qtype)
+            qw = quantize_weight(w, precision)
+            assert torch.equal(qw.dequant, torch.from_numpy(gguf.dequantize(ref, qtype)))
+            assert np.array_equal(pack_blocks(qw.codes, qw.scales["weight_scale"],
+                                              qw.scales.get("weight_min"), fmt), ref)
+
+
 @needs_engine
 def test_ggml_mul_mat_equals_the_simulated_layer_for_every_gguf_type(loaded):
     from autoplan.backends.cpu.ggml_microbench import GGML_TYPE_IDS
