@@ -74,8 +74,14 @@ def command(plan_path: str, model: str | None, fmt: str, out_dir: str, calibrati
     if as_json:
         emit_json({"out": str(out), "format": fmt, "layers": len(plan.decisions)})
         return
-    console.print(f"wrote {out} ({fmt}, {len(plan.decisions)} layers); autoplan_export.json "
-                  "holds the per-tensor sha256 audit, autoplan_plan.json the plan")
+    sidecars = "autoplan_export.json holds the per-tensor sha256 audit, autoplan_plan.json the plan"
+    if out.is_file():  # a single-file GGUF: its sidecars carry its name
+        from autoplan.export.gguf import sidecar_paths
+
+        plan_file, audit_file = sidecar_paths(out)
+        sidecars = (f"{audit_file.name} holds the per-tensor sha256 audit, {plan_file.name} "
+                    "the plan")
+    console.print(f"wrote {out} ({fmt}, {len(plan.decisions)} layers); {sidecars}")
 
 
 __all__ = ["command"]
