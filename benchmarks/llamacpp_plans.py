@@ -69,6 +69,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gguf-dir", default=None,
                     help="where the GGUF files go (default: <cache>/llamacpp_plans)")
     ap.add_argument("--no-simulated-kl", action="store_true")
+    ap.add_argument("--exactness-only", action="store_true",
+                    help="only compare ggml's mul_mat with autoplan's simulated layer per type")
     ap.add_argument("--out", default=str(RESULTS / "llamacpp_plans.json"))
     return ap.parse_args(argv)
 
@@ -253,6 +255,31 @@ def _eval_tokens(plan, loaded):  # noqa: ANN001, ANN202 - int64 [n, seq]
                              n_calib=cal.n_calib, n_eval=cal.n_eval, seed=cal.seed).eval
 
 
+def exactness(loaded, layer: str = "model.layers.3.mlp.down_proj", rows: int = 4) -> dict:  # noqa: ANN001
+    """Per GGUF type: max |ggml - simulated| / max |y| for one real layer and random inputs,
+    next to the same gap when activations are left unrounded (weight-only simulation)."""
+    import torch
+
+    from autoplan.backends.cpu.ggml_microbench import GGML_TYPE_IDS
+    from autoplan.engines.llamacpp import GgmlWorker
+    from autoplan.formats import Choice
+    from autoplan.models.graph import get_linear
+    from autoplan.quant import SimulatedLinear
+
+    linear = get_linear(loaded.model, layer)
+    x = torch.randn(rows, linear.in_features, generator=torch.Generator().manual_seed(0)) * 2
+    out = {}
+    with GgmlWorker() as worker, torch.no_grad():
+        for precision, ggml_type in GGML_TYPE_IDS.items():
+            sim = SimulatedLinear.from_linear(linear, Choice.parse(precision.value))
+            got = torch.from_numpy(worker.matmul(linear.weight.numpy(), x.numpy(), ggml_type))
+            want, plain = sim(x).double(), x.double() @ sim.weight.double().t()
+            scale = float(got.abs().max())
+            out[precision.value] = {"simulated": float((got - want).abs().max()) / scale,
+                                    "weight_only": float((got - plain).abs().max()) / scale}
+    return {"layer": layer, "rows": rows, "relative_max_error": out}
+
+
 def _table(doc: dict) -> str:
     sides = doc["sides"]
     q8, orig = sides["q8_0"]["decode_tok_s"], sides["original"]["decode_tok_s"]
@@ -285,6 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     gguf_dir = Path(args.gguf_dir) if args.gguf_dir else cache_root() / "llamacpp_plans"
     budget = QualityBudget.parse(args.budget)
     loaded = load_model("smollm2-135m")
+    exact = exactness(loaded)
+    for name, e in exact["relative_max_error"].items():
+        print(f"ggml vs simulated {name}: {e['simulated']:.1e} (weight-only: {e['weight_only']:.1e})")
+    if args.exactness_only:
+        write_json_atomic(out, {"machine": info, "command": command, "exactness": exact})
+        return 0
     plan = _search(args, out.with_name(out.stem + "_plan.json"))
     files = _files(plan, loaded, args, gguf_dir)
     print("files:", {k: str(v) for k, v in files.items()})
@@ -319,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
            "load_avg_1m_per_round": loads, "plan": {"decisions": plan.decisions,
                                                     "simulated_kl": plan.quality.kl,
                                                     "outcome": plan.search.outcome},
-           "kernel_table": kernel_meta, "reference": {"gguf": str(files["original"]),
+           "exactness": exact, "kernel_table": kernel_meta, "reference": {"gguf": str(files["original"]),
                                                       "ppl": reference.ppl},
            "sides": sides, "goals": goals}
     write_json_atomic(out, doc)
