@@ -159,9 +159,12 @@ def _quality(loaded, arts: dict[str, CpuArtifact], args: argparse.Namespace,
     for name, folder in ov_dirs.items():
         out[name] = q = openvino_quality(Path(args.openvino_python), folder, ref,
                                          args.threads or 2)
+        # the same IR with f32 arithmetic: how much of the KL is the weights' compression
+        q["f32_inference"] = f32 = openvino_quality(Path(args.openvino_python), folder, ref,
+                                                    args.threads or 2, precision="f32")
         print(f"quality {name}: KL {q['kl']:.4f}, ppl {q['ppl']:.2f} (ref {q['ppl_ref']:.2f}; "
-              f"{q['inference_precision']} inference, {q['kv_cache_precision']} KV cache)",
-              file=sys.stderr)
+              f"{q['inference_precision']} inference, {q['kv_cache_precision']} KV cache); "
+              f"with f32 inference KL {f32['kl']:.4f}", file=sys.stderr)
     return out
 
 
@@ -279,8 +282,10 @@ def _print(report, doc: dict, args: argparse.Namespace) -> None:
         for side, r in per_side.items():
             print(f"{name} / {side} decode: {r:.2f}x")
     for name, q in (doc.get("quality") or {}).items():
+        f32 = (f", KL {q['f32_inference']['kl']:.4f} with f32 inference"
+               if "f32_inference" in q else "")
         print(f"quality {name}: artifact KL {q['kl']:.4f} (plan's simulated KL "
-              f"{q.get('plan_kl_simulated', '-')}), ppl {q['ppl']:.2f} vs {q['ppl_ref']:.2f}")
+              f"{q.get('plan_kl_simulated', '-')}), ppl {q['ppl']:.2f} vs {q['ppl_ref']:.2f}{f32}")
     print(f"load average (1/5/15 min) at start {doc['loadavg']['start']}, at end "
           f"{doc['loadavg']['end']}")
 

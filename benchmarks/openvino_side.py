@@ -99,13 +99,21 @@ class _WorkerLogits:
         return SimpleNamespace(logits=torch.from_numpy(np.load(logits)))
 
 
-def openvino_quality(python: Path, ir_dir: Path, ref: Any, threads: int) -> dict:
+def openvino_quality(python: Path, ir_dir: Path, ref: Any, threads: int,
+                     precision: str | None = None) -> dict:
     """KL and perplexity of the IR's own logits vs the original model on ``ref``'s tokens,
-    plus the precisions the CPU plugin chose for it."""
+    plus the precisions the CPU plugin chose for it.
+
+    Args:
+        precision: None for the CPU plugin's default inference precision (what the pipeline
+            runs; bf16 on CPUs with AMX/AVX512-BF16), or e.g. ``f32`` to separate the weight
+            compression's error from the bf16 arithmetic's.
+    """
     from autoplan.bench.quality import logits_quality
 
     gen = WorkerGenerator("OpenVINO", [str(python), str(WORKER), "logits", str(ir_dir),
-                                       str(threads)], _hint(python))
+                                       str(threads), *([precision] if precision else [])],
+                          _hint(python))
     try:
         with tempfile.TemporaryDirectory(prefix="ov-logits-") as tmp:
             q = logits_quality(_WorkerLogits(gen, Path(tmp)), ref)

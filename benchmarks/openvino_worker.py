@@ -4,7 +4,8 @@
 A separate process and venv because OpenVINO, optimum-intel and NNCF are benchmark-only
 peers that autoplan itself never imports. Protocol, one JSON object per line
 (benchmarks/_worker_client.py):
-  argv: MODE IR_DIR N_THREADS         MODE = generate | logits
+  argv: MODE IR_DIR N_THREADS [PRECISION]   MODE = generate | logits; PRECISION (logits
+        mode only) overrides the CPU plugin's inference precision, e.g. f32
   out:  {"ready": true, "mode": MODE, "inference_precision": ..., "kv_cache_precision": ...}
   generate mode, through openvino_genai.LLMPipeline (what an OpenVINO user runs):
     in:  {"ids": [[prompt token ids]], "n": new_tokens}       (batch 1, greedy, EOS ignored)
@@ -34,9 +35,11 @@ def _peak_rss_bytes() -> int:
     return int(line.split()[1]) * 1024
 
 
-def _generate_loop(ir_dir: str, threads: int) -> None:
+def _generate_loop(ir_dir: str, threads: int, precision: str | None = None) -> None:
     import openvino_genai as genai
 
+    if precision:
+        raise ValueError("generate mode times the pipeline's defaults: no PRECISION")
     pipe = genai.LLMPipeline(ir_dir, "CPU", INFERENCE_NUM_THREADS=threads)
     core = ov.Core()
     print(json.dumps({"ready": True, "mode": "generate", **_precisions(core)}), flush=True)
@@ -59,14 +62,16 @@ def _generate_loop(ir_dir: str, threads: int) -> None:
 def _precisions(core: ov.Core, compiled: ov.CompiledModel | None = None) -> dict:
     """The precisions the CPU plugin picked (the compiled model's when there is one)."""
     get = compiled.get_property if compiled else lambda key: core.get_property("CPU", key)
-    return {"inference_precision": str(get("INFERENCE_PRECISION_HINT")),
-            "kv_cache_precision": str(get("KV_CACHE_PRECISION"))}
+    return {"inference_precision": get("INFERENCE_PRECISION_HINT").get_type_name(),
+            "kv_cache_precision": get("KV_CACHE_PRECISION").get_type_name()}
 
 
-def _logits_loop(ir_dir: str, threads: int) -> None:
+def _logits_loop(ir_dir: str, threads: int, precision: str | None = None) -> None:
     core = ov.Core()
-    compiled = core.compile_model(f"{ir_dir}/openvino_model.xml", "CPU",
-                                  {"INFERENCE_NUM_THREADS": threads})
+    config = {"INFERENCE_NUM_THREADS": threads}
+    if precision:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    compiled = core.compile_model(f"{ir_dir}/openvino_model.xml", "CPU", config)
     request = compiled.create_infer_request()
     print(json.dumps({"ready": True, "mode": "logits", **_precisions(core, compiled)}),
           flush=True)
@@ -88,8 +93,9 @@ def _logits_loop(ir_dir: str, threads: int) -> None:
 
 def main() -> int:
     mode, ir_dir, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    precision = sys.argv[4] if len(sys.argv) > 4 else None
     try:
-        {"generate": _generate_loop, "logits": _logits_loop}[mode](ir_dir, threads)
+        {"generate": _generate_loop, "logits": _logits_loop}[mode](ir_dir, threads, precision)
     except Exception as exc:  # noqa: BLE001 - one line back to the client, not a traceback
         print(json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}),
               flush=True)

@@ -81,9 +81,9 @@ def hub_snapshot(text: str) -> Path:
     except (LocalEntryNotFoundError, HFValidationError, OSError):
         rev = f" at revision {revision}" if revision else ""
         raise NotInHubCacheError(
-            f"'{text}' is no local folder, and '{repo_id}'{rev} is not in the Hugging Face "
-            f"cache (looked in {folder}; set HF_HUB_CACHE or HF_HOME if it is elsewhere); "
-            f"autoplan never downloads: run `{fetch}` first") from None
+            f"'{text}' is neither a local folder nor in the Hugging Face cache{rev} (looked "
+            f"in {folder}; set HF_HUB_CACHE or HF_HOME if it is elsewhere); autoplan never "
+            f"downloads: run `{fetch}` first") from None
     if not (snapshot / "config.json").is_file():
         raise NotInHubCacheError(f"the cached snapshot {snapshot} of '{repo_id}' has no "
                                  f"config.json (an interrupted download?): run `{fetch}`")
