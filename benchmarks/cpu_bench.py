@@ -37,7 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llamacpp_side import DEFAULT_PYTHON, default_gguf, llamacpp_side  # noqa: E402
-from openvino_side import convert, export_args, openvino_quality, openvino_side  # noqa: E402
+from openvino_side import (EXACT_ARITHMETIC, convert, export_args,  # noqa: E402
+                           openvino_quality, openvino_side)
 
 from autoplan.backends.cpu.onnx_export import CpuArtifact, export_cpu_model  # noqa: E402
 from autoplan.bench import ort_side, read_bandwidth, run_bench, torch_side  # noqa: E402
@@ -159,12 +160,13 @@ def _quality(loaded, arts: dict[str, CpuArtifact], args: argparse.Namespace,
     for name, folder in ov_dirs.items():
         out[name] = q = openvino_quality(Path(args.openvino_python), folder, ref,
                                          args.threads or 2)
-        # the same IR with f32 arithmetic: how much of the KL is the weights' compression
-        q["f32_inference"] = f32 = openvino_quality(Path(args.openvino_python), folder, ref,
-                                                    args.threads or 2, precision="f32")
+        # the same IR with exact arithmetic: how much of the KL is the weights' compression
+        q["exact_arithmetic"] = exact = openvino_quality(
+            Path(args.openvino_python), folder, ref, args.threads or 2, EXACT_ARITHMETIC)
         print(f"quality {name}: KL {q['kl']:.4f}, ppl {q['ppl']:.2f} (ref {q['ppl_ref']:.2f}; "
-              f"{q['inference_precision']} inference, {q['kv_cache_precision']} KV cache); "
-              f"with f32 inference KL {f32['kl']:.4f}", file=sys.stderr)
+              f"{q['inference_precision']} inference, {q['kv_cache_precision']} KV cache, "
+              f"dynamic int8 activations in groups of {q['dynamic_quantization_group_size']}); "
+              f"with exact fp32 arithmetic KL {exact['kl']:.4f}", file=sys.stderr)
     return out
 
 
@@ -282,8 +284,8 @@ def _print(report, doc: dict, args: argparse.Namespace) -> None:
         for side, r in per_side.items():
             print(f"{name} / {side} decode: {r:.2f}x")
     for name, q in (doc.get("quality") or {}).items():
-        f32 = (f", KL {q['f32_inference']['kl']:.4f} with f32 inference"
-               if "f32_inference" in q else "")
+        f32 = (f", KL {q['exact_arithmetic']['kl']:.4f} with exact fp32 arithmetic"
+               if "exact_arithmetic" in q else "")
         print(f"quality {name}: artifact KL {q['kl']:.4f} (plan's simulated KL "
               f"{q.get('plan_kl_simulated', '-')}), ppl {q['ppl']:.2f} vs {q['ppl_ref']:.2f}{f32}")
     print(f"load average (1/5/15 min) at start {doc['loadavg']['start']}, at end "

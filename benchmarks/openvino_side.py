@@ -99,30 +99,38 @@ class _WorkerLogits:
         return SimpleNamespace(logits=torch.from_numpy(np.load(logits)))
 
 
+# CPU plugin properties that make the IR's arithmetic exact up to fp32: no bf16 compute, no
+# dynamic int8 quantization of activations, an fp32 KV cache. Its KL is the weight
+# compression's own error, apart from what the runtime's defaults add.
+EXACT_ARITHMETIC = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+                    "KV_CACHE_PRECISION": "f32"}
+
+
 def openvino_quality(python: Path, ir_dir: Path, ref: Any, threads: int,
-                     precision: str | None = None) -> dict:
+                     overrides: dict | None = None) -> dict:
     """KL and perplexity of the IR's own logits vs the original model on ``ref``'s tokens,
     plus the precisions the CPU plugin chose for it.
 
     Args:
-        precision: None for the CPU plugin's default inference precision (what the pipeline
-            runs; bf16 on CPUs with AMX/AVX512-BF16), or e.g. ``f32`` to separate the weight
-            compression's error from the bf16 arithmetic's.
+        overrides: CPU plugin properties replacing its defaults (None: the defaults, which
+            the pipeline runs; EXACT_ARITHMETIC: the weight compression's error alone).
     """
     from autoplan.bench.quality import logits_quality
 
     gen = WorkerGenerator("OpenVINO", [str(python), str(WORKER), "logits", str(ir_dir),
-                                       str(threads), *([precision] if precision else [])],
+                                       str(threads), *([json.dumps(overrides)] if overrides
+                                                       else [])],
                           _hint(python))
     try:
         with tempfile.TemporaryDirectory(prefix="ov-logits-") as tmp:
             q = logits_quality(_WorkerLogits(gen, Path(tmp)), ref)
     finally:
         gen.close()
-    return {**q, "inference_precision": gen.hello.get("inference_precision"),
-            "kv_cache_precision": gen.hello.get("kv_cache_precision"),
+    return {**q, **{k: gen.hello.get(k) for k in ("inference_precision", "kv_cache_precision",
+                                                  "dynamic_quantization_group_size")},
+            "overrides": overrides or {},
             "how": "every position's logits of the same IR via openvino.Core, one prefill per "
-                   "evaluation block, CPU plugin defaults"}
+                   "evaluation block"}
 
 
-__all__ = ["convert", "export_args", "openvino_quality", "openvino_side"]
+__all__ = ["EXACT_ARITHMETIC", "convert", "export_args", "openvino_quality", "openvino_side"]

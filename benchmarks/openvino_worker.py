@@ -4,9 +4,11 @@
 A separate process and venv because OpenVINO, optimum-intel and NNCF are benchmark-only
 peers that autoplan itself never imports. Protocol, one JSON object per line
 (benchmarks/_worker_client.py):
-  argv: MODE IR_DIR N_THREADS [PRECISION]   MODE = generate | logits; PRECISION (logits
-        mode only) overrides the CPU plugin's inference precision, e.g. f32
-  out:  {"ready": true, "mode": MODE, "inference_precision": ..., "kv_cache_precision": ...}
+  argv: MODE IR_DIR N_THREADS [CONFIG]   MODE = generate | logits; CONFIG (logits mode
+        only): a JSON object of CPU plugin properties overriding its defaults, e.g.
+        {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+  out:  {"ready": true, "mode": MODE, "inference_precision": ..., "kv_cache_precision": ...,
+         "dynamic_quantization_group_size": ...}
   generate mode, through openvino_genai.LLMPipeline (what an OpenVINO user runs):
     in:  {"ids": [[prompt token ids]], "n": new_tokens}       (batch 1, greedy, EOS ignored)
     out: {"tokens": [...], "ttft_s": s, "step_s": [...], "peak_rss_bytes": n}
@@ -18,7 +20,8 @@ Timing: TTFT and the per-token steps are LLMPipeline's own raw perf metrics (its
 m_times_to_first_token and m_durations, taken in C++ around each token), so no Python
 callback sits inside the decode loop. Both modes compile with the CPU plugin's defaults
 (only the thread count is set), which is what the pipeline runs; the ready line says which
-inference and KV-cache precisions those defaults chose on this CPU.
+inference and KV-cache precisions, and which dynamic int8 quantization of activations
+(group size, 0 = off), those defaults chose on this CPU.
 """
 
 import json
@@ -35,11 +38,11 @@ def _peak_rss_bytes() -> int:
     return int(line.split()[1]) * 1024
 
 
-def _generate_loop(ir_dir: str, threads: int, precision: str | None = None) -> None:
+def _generate_loop(ir_dir: str, threads: int, overrides: dict | None = None) -> None:
     import openvino_genai as genai
 
-    if precision:
-        raise ValueError("generate mode times the pipeline's defaults: no PRECISION")
+    if overrides:
+        raise ValueError("generate mode times the pipeline's defaults: no CONFIG")
     pipe = genai.LLMPipeline(ir_dir, "CPU", INFERENCE_NUM_THREADS=threads)
     core = ov.Core()
     print(json.dumps({"ready": True, "mode": "generate", **_precisions(core)}), flush=True)
@@ -63,14 +66,13 @@ def _precisions(core: ov.Core, compiled: ov.CompiledModel | None = None) -> dict
     """The precisions the CPU plugin picked (the compiled model's when there is one)."""
     get = compiled.get_property if compiled else lambda key: core.get_property("CPU", key)
     return {"inference_precision": get("INFERENCE_PRECISION_HINT").get_type_name(),
-            "kv_cache_precision": get("KV_CACHE_PRECISION").get_type_name()}
+            "kv_cache_precision": get("KV_CACHE_PRECISION").get_type_name(),
+            "dynamic_quantization_group_size": int(get("DYNAMIC_QUANTIZATION_GROUP_SIZE"))}
 
 
-def _logits_loop(ir_dir: str, threads: int, precision: str | None = None) -> None:
+def _logits_loop(ir_dir: str, threads: int, overrides: dict | None = None) -> None:
     core = ov.Core()
-    config = {"INFERENCE_NUM_THREADS": threads}
-    if precision:
-        config["INFERENCE_PRECISION_HINT"] = precision
+    config = {"INFERENCE_NUM_THREADS": threads, **(overrides or {})}
     compiled = core.compile_model(f"{ir_dir}/openvino_model.xml", "CPU", config)
     request = compiled.create_infer_request()
     print(json.dumps({"ready": True, "mode": "logits", **_precisions(core, compiled)}),
@@ -93,9 +95,9 @@ def _logits_loop(ir_dir: str, threads: int, precision: str | None = None) -> Non
 
 def main() -> int:
     mode, ir_dir, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    precision = sys.argv[4] if len(sys.argv) > 4 else None
+    overrides = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
     try:
-        {"generate": _generate_loop, "logits": _logits_loop}[mode](ir_dir, threads, precision)
+        {"generate": _generate_loop, "logits": _logits_loop}[mode](ir_dir, threads, overrides)
     except Exception as exc:  # noqa: BLE001 - one line back to the client, not a traceback
         print(json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}),
               flush=True)
