@@ -1,6 +1,6 @@
 """Efficiency constants of the analytic cost model: global per hardware FAMILY, never per point.
 
-Every constant below cites its evidence in /work/shared/reference/hw-facts.md (§2 tables,
+Every constant below cites its evidence in ../shared/reference/hw-facts.md (§2 tables,
 §3.4 efficiency factors). Where the references hold no evidence for a family, the value is a
 prior stated as such (``evidence`` says "prior"). The constants were chosen once against the
 published measurements of ``autoplan/data/measurements.toml`` taken together (`autoplan
