@@ -66,10 +66,10 @@ _BAD_TABLES = {
     "rows not a list": ('{"rows": {"m": 1}}', "must be a list"),
     "row missing fields": ('{"rows": [{"m": 32, "n": 64}]}', "row 0 is malformed"),
     "row not an object": ('{"rows": [7]}', "row 0 is malformed"),
-    "nan time": ('{"rows": [{"m": 1, "n": 1, "k": 1, "choice": "dense+fp8", '
-                 '"median_us": NaN}]}', "non-finite"),
-    "unknown choice": ('{"rows": [{"m": 1, "n": 1, "k": 1, "choice": "dense+fp7", '
-                       '"median_us": 3}]}', "row 0 is malformed"),
+    "nan time": (('{"rows": [{"m": 1, "n": 1, "k": 1, "choice": "dense+fp8", '
+                  '"median_us": NaN}]}'), "non-finite"),
+    "unknown choice": (('{"rows": [{"m": 1, "n": 1, "k": 1, "choice": "dense+fp7", '
+                        '"median_us": 3}]}'), "row 0 is malformed"),
 }
 
 
@@ -99,7 +99,7 @@ def test_a_valid_cost_table_still_loads(tmp_path):
 @pytest.mark.parametrize("fmt", ["dense+fp7", "2:4+int13", "bogus"])
 def test_show_refuses_a_plan_with_an_unknown_format(fmt, tmp_path, monkeypatch):
     plan = json.loads(_PLAN.read_text())
-    plan["decisions"][sorted(plan["decisions"])[0]] = fmt
+    plan["decisions"][min(plan["decisions"])] = fmt
     path = _file(tmp_path, "plan.json", json.dumps(plan))
     monkeypatch.chdir(tmp_path)
     for extra in ([], ["--json"], ["--layers"]):
