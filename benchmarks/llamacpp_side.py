@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
+from _worker_client import worker_side
 
 from autoplan.bench import Side
 from autoplan.engines import engine_status
@@ -31,11 +31,10 @@ def default_gguf() -> Path | None:
 
 
 def llamacpp_side(python: Path, gguf: Path, threads: int, n_ctx: int) -> Side:
-    """The peer side (its memory lives in the worker: rss_load is the worker's peak RSS)."""
+    """The peer side, batch 1 (its memory lives in the worker: rss_load is its peak RSS)."""
     gen = LlamaCppWorker(gguf, threads=threads, n_ctx=n_ctx, python=python)
-    gen.generate(np.zeros((1, 4), np.int64), 2)
-    return Side(f"llama.cpp-{gguf.stem.rsplit('.', 1)[-1].lower()}", "llama.cpp", gen,
-                gen.peak_rss_bytes, weight_bytes=gguf.stat().st_size)
+    name = f"llama.cpp-{gguf.stem.rsplit('.', 1)[-1].lower()}"
+    return worker_side(name, "llama.cpp", gen, gguf.stat().st_size)
 
 
 __all__ = ["DEFAULT_PYTHON", "default_gguf", "llamacpp_side"]

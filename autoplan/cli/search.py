@@ -6,9 +6,11 @@ from pathlib import Path
 
 import click
 
+from autoplan.cli._args import finite_non_negative
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._plan_view import render
 from autoplan.cli._progress import RichReporter
+from autoplan.cost.measured import load_cost_table
 from autoplan.cost.report import Objective
 from autoplan.search.run import SearchRequest, run_search
 from autoplan.workload import Workload
@@ -70,6 +72,9 @@ def command(model, target, runtime, budget, objective, batch, input_len, output_
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+    # Refused here, before minutes of loading and profiling, not when the cost model is built.
+    finite_non_negative("price-per-hour", price_per_hour)
+    load_cost_table(cost_table)
     req = SearchRequest(
         model=model, target=target, runtime=runtime, budget=budget, objective=objective,
         workload=workload, trials=trials, seed=seed, storage=storage, study=study, out=out,
