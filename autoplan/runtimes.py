@@ -97,6 +97,10 @@ class Runtime(BaseModel):
     default_for: tuple[Platform, ...] = ()
     sources: tuple[str, ...] = Field(min_length=1)
     note: str = ""
+    # True when the engine runs q/k/v and gate/up as one GEMM (vLLM, TensorRT-LLM, ORT
+    # exports), so those layers must share one format; llama.cpp keeps them as separate
+    # GGUF tensors and mul_mats, so each may take its own type.
+    fused_projections: bool = True
     deny: tuple[Rule, ...] = ()
     accel: tuple[Rule, ...] = ()
 

@@ -40,6 +40,21 @@ class _OrtLogits:
         return SimpleNamespace(logits=torch.from_numpy(logits))
 
 
+def logits_quality(model: Any, ref: Any) -> dict[str, float]:
+    """KL(original || model) per token (nats) and perplexity on ``ref``'s tokens.
+
+    Args:
+        model: any callable ``model(input_ids=[B, S], use_cache=False) -> .logits [B, S, V]``
+            (an ONNX session, a peer engine's worker, a transformers model).
+        ref: autoplan.quality.metrics.ReferenceLogprobs of the original model.
+    """
+    from autoplan.quality.metrics import compare_pass
+
+    nll, kl = compare_pass(model, ref)
+    return {"kl": kl, "ppl": math.exp(nll), "ppl_ref": ref.ppl,
+            "eval_tokens": int(ref.tokens.numel())}
+
+
 def artifact_quality(model_path: str | Path, ref: Any, threads: int | None = None
                      ) -> dict[str, float]:
     """KL(original || artifact) per token (nats) and perplexity on `ref`'s tokens.
@@ -47,11 +62,7 @@ def artifact_quality(model_path: str | Path, ref: Any, threads: int | None = Non
     Args:
         ref: autoplan.quality.metrics.ReferenceLogprobs of the original model.
     """
-    from autoplan.quality.metrics import compare_pass
-
-    nll, kl = compare_pass(_OrtLogits(model_path, threads), ref)
-    return {"kl": kl, "ppl": math.exp(nll), "ppl_ref": ref.ppl,
-            "eval_tokens": int(ref.tokens.numel())}
+    return logits_quality(_OrtLogits(model_path, threads), ref)
 
 
-__all__ = ["artifact_quality"]
+__all__ = ["artifact_quality", "logits_quality"]

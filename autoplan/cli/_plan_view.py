@@ -68,7 +68,8 @@ def render(plan: Plan) -> Group:
                     f", search {cert.search_objective:,.2f}, gap {cert.gap * 100:.3f}%")
     if s.gain_over_best_uniform:
         text.append(f"predicted gain over best uniform recipe ({s.best_uniform}): "
-                    f"{s.gain_over_best_uniform:.3f}x tokens/s")
+                    f"{s.gain_over_best_uniform:.3f}x "
+                    f"{'decode tokens/s' if plan.objective == 'tpot' else 'tokens/s'}")
     return Group(*lines, *text)
 
 

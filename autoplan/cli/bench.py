@@ -13,6 +13,7 @@ from autoplan.backends.cpu.onnx_export import CpuArtifact
 from autoplan.bench import (BenchReport, apply_plan_cpu, export_baseline, ort_side, read_bandwidth,
                             read_plan, run_bench, torch_side)
 from autoplan.bench.predict import artifact_decisions, prediction_block
+from autoplan.cli._args import positive_int
 from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.errors import UserInputError
 
@@ -82,6 +83,10 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
     from autoplan.models import load_model
     from autoplan.targets import get_target
 
+    for flag, value in (("requests", requests), ("concurrency", concurrency),
+                        ("input-len", input_len), ("output-len", output_len),
+                        ("threads", threads)):
+        positive_int(flag, value)
     if plan_path and artifact:
         raise UserInputError("pass --plan or --artifact, not both")
     plan = read_plan(plan_path) if plan_path else None

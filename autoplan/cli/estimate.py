@@ -7,6 +7,7 @@ import click
 from pydantic import ValidationError
 from rich.table import Table
 
+from autoplan.cli._args import finite_non_negative, positive_int
 from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cost import CostModel, Estimate, resolve_config
 from autoplan.cost.measured import load_cost_table
@@ -26,12 +27,6 @@ _ROWS = (
     ("energy J/output token (predicted)", "energy", 1.0, "{:,.4f}", False),
     ("$ per 1M output tokens (predicted)", "cost", 1.0, "{:,.4f}", False),
 )
-
-
-def _positive(name: str, value: int) -> int:
-    if value < 1:
-        raise UserInputError(f"--{name} must be a positive integer, got {value}")
-    return value
 
 
 def _speedups(cand: Estimate, base: Estimate) -> dict[str, float]:
@@ -121,18 +116,18 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
             cost_table: str | None, breakdown: bool, as_json: bool) -> None:
     """Predict speed, memory, energy and $/1M tokens of one choice for every linear layer."""
     for name, value in (("batch", batch), ("input-len", input_len), ("output-len", output_len)):
-        _positive(name, value)
-    if price_per_hour is not None and price_per_hour < 0:
-        raise UserInputError(f"--price-per-hour must be >= 0, got {price_per_hour}")
+        positive_int(name, value)
+    finite_non_negative("price-per-hour", price_per_hour)
+    measured = load_cost_table(cost_table)
     tgt = get_target(target)
-    spec = resolve_config(model)
+    spec = resolve_config(model, command="estimate")
     try:
         workload = Workload(batch=batch, input_len=input_len, output_len=output_len)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UserInputError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
     cm = CostModel(spec, tgt, workload, price_per_hour=price_per_hour,
-                   measured=load_cost_table(cost_table))
+                   measured=measured)
     prec = Precision.parse(precision) if precision else cm.baseline.precision
     choice = Choice(Sparsity.parse(sparsity), prec)
     runtime, support = _pick_runtime(tgt, runtime, choice)

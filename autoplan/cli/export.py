@@ -35,8 +35,10 @@ def _calibration(plan, loaded, source: str | None, seq_len: int, n_calib: int, n
 @click.argument("plan_path", metavar="PLAN")
 @click.option("--model", default=None, help="Model: alias, HF folder or GGUF (default: the plan's).")
 @click.option("--format", "fmt", required=True,
-              help="compressed-tensors (vLLM/SGLang), modelopt (TensorRT-LLM) or onnx (CPU).")
-@click.option("--out", "out_dir", required=True, help="Folder to write (replaced atomically).")
+              help="compressed-tensors (vLLM/SGLang), modelopt (TensorRT-LLM), onnx (CPU) or "
+                   "gguf (llama.cpp).")
+@click.option("--out", "out_dir", required=True,
+              help="Folder to write (replaced atomically); for gguf also FILE.gguf.")
 @click.option("--calibration", default=None,
               help="Calibration text: pydoc, a .txt or .jsonl file (default: the plan's).")
 @click.option("--seq-len", type=int, default=256, show_default=True)
@@ -72,8 +74,14 @@ def command(plan_path: str, model: str | None, fmt: str, out_dir: str, calibrati
     if as_json:
         emit_json({"out": str(out), "format": fmt, "layers": len(plan.decisions)})
         return
-    console.print(f"wrote {out} ({fmt}, {len(plan.decisions)} layers); autoplan_export.json "
-                  "holds the per-tensor sha256 audit, autoplan_plan.json the plan")
+    sidecars = "autoplan_export.json holds the per-tensor sha256 audit, autoplan_plan.json the plan"
+    if out.is_file():  # a single-file GGUF: its sidecars carry its name
+        from autoplan.export.gguf import sidecar_paths
+
+        plan_file, audit_file = sidecar_paths(out)
+        sidecars = (f"{audit_file.name} holds the per-tensor sha256 audit, {plan_file.name} "
+                    "the plan")
+    console.print(f"wrote {out} ({fmt}, {len(plan.decisions)} layers); {sidecars}")
 
 
 __all__ = ["command"]

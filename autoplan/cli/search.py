@@ -6,9 +6,11 @@ from pathlib import Path
 
 import click
 
+from autoplan.cli._args import finite_non_negative
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._plan_view import render
 from autoplan.cli._progress import RichReporter
+from autoplan.cost.measured import load_cost_table
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
@@ -44,19 +46,24 @@ from autoplan.workload import Workload
 @click.option("--price-per-hour", type=float, default=None, help="Override the target's $/hour.")
 @click.option("--cost-table", default=None, help="Measured GEMM times (cost_table.json from benchmarks/gpu_check.sh) replacing the analytic ones.")
 @click.option("--measure-kernels/--no-measure-kernels", default=None,
-              help="Time this machine's ORT kernels for every candidate (cached) and plan with "
-                   "them instead of the roofline. Default: on for --target local --runtime "
-                   "onnxruntime, which is the only place it applies.")
+              help="Time this machine's kernels (ONNX Runtime's, or ggml's for llama.cpp) for "
+                   "every candidate (cached) and plan with them instead of the roofline. "
+                   "Default: on for --target local with --runtime onnxruntime or llama.cpp, "
+                   "the only places it applies.")
 @click.option("--choices", default=None,
               help="Comma-separated formats to search (e.g. int8a8_g128 or "
-                   "int4a8_g32,int4a8_g64); default: the platform's search space.")
+                   "int4a8_g32,int4a8_g64, or q4_0,q4_1,q8_0 on llama.cpp); default: the "
+                   "platform's search space.")
+@click.option("--threads", type=int, default=None,
+              help="Engine threads the measured kernels are timed with (default: physical "
+                   "cores); use what the engine will run with.")
 @click.option("--trust-remote-code", is_flag=True, help="Run the model folder's own code (off by default).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def command(model, target, runtime, budget, objective, batch, input_len, output_len, trials,  # noqa: ANN001, PLR0913
             seed, storage, study, out, multi_objective, prune_score, quant_method, text,
             protect_first, protect_last, price_per_hour, cost_table, measure_kernels, choices,
-            trust_remote_code, as_json, quiet) -> None:
+            threads, trust_remote_code, as_json, quiet) -> None:
     """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
     from pydantic import ValidationError
 
@@ -67,13 +74,16 @@ def command(model, target, runtime, budget, objective, batch, input_len, output_
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+    # Refused here, before minutes of loading and profiling, not when the cost model is built.
+    finite_non_negative("price-per-hour", price_per_hour)
+    load_cost_table(cost_table)
     req = SearchRequest(
         model=model, target=target, runtime=runtime, budget=budget, objective=objective,
         workload=workload, trials=trials, seed=seed, storage=storage, study=study, out=out,
         multi_objective=multi_objective, prune_score=prune_score, quant_method=quant_method,
         text=text, protect_first_block=protect_first, protect_last_block=protect_last,
         price_per_hour=price_per_hour, trust_remote_code=trust_remote_code, cost_table=cost_table,
-        measure_kernels=measure_kernels,
+        measure_kernels=measure_kernels, threads=threads,
         choices=None if choices is None else tuple(c.strip() for c in choices.split(",")
                                                    if c.strip()))
     with RichReporter(quiet=quiet or as_json) as reporter:

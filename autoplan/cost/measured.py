@@ -36,26 +36,35 @@ class MeasuredTable:
     @classmethod
     def from_document(cls, doc: Mapping[str, Any] | None) -> MeasuredTable:
         """Read a microbenchmark document (or None for no measurements)."""
-        if not doc:
+        if doc is None or (isinstance(doc, Mapping) and not doc):
             return cls()
+        if not isinstance(doc, Mapping):
+            raise UserInputError(f"a measured table is a JSON object with \"rows\", not a "
+                                 f"{type(doc).__name__}; pass the cost_table.json written by "
+                                 "benchmarks/gpu_check.sh")
         version = doc.get("schema_version", 1)
         if version != 1:
             raise UserInputError(f"measured table schema_version {version} is not supported "
                                  "(this autoplan reads 1); re-run the microbenchmark")
         rows: dict[tuple[int, int, int, Choice], float] = {}
-        for i, row in enumerate(doc.get("rows", [])):
+        doc_rows = doc.get("rows", [])
+        if not isinstance(doc_rows, list):
+            raise UserInputError("a measured table's \"rows\" must be a list of {m, n, k, "
+                                 "choice, median_us} objects")
+        for i, row in enumerate(doc_rows):
             try:
                 key = (int(row["m"]), int(row["n"]), int(row["k"]), Choice.parse(str(row["choice"])))
                 seconds = float(row["median_us"]) * 1e-6
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise UserInputError(f"measured row {i} is malformed ({exc}); each row needs "
                                      "m, n, k, choice and median_us") from None
-            if seconds <= 0:
-                raise UserInputError(f"measured row {i} has a non-positive median_us")
+            if not 0 < seconds < float("inf"):
+                raise UserInputError(f"measured row {i} has a non-positive or non-finite "
+                                     "median_us")
             rows[key] = seconds
         fixed = doc.get("non_gemm_decode_s")
-        if fixed is not None and not float(fixed) > 0:
-            raise UserInputError("measured non_gemm_decode_s must be > 0")
+        if fixed is not None and not _positive_finite(fixed):
+            raise UserInputError("measured non_gemm_decode_s must be a finite number > 0")
         return cls(rows, bool(doc.get("includes_dispatch", False)),
                    None if fixed is None else float(fixed))
 
@@ -69,12 +78,24 @@ class MeasuredTable:
         return len(self.rows)
 
 
-__all__ = ["MeasuredTable"]
+def _positive_finite(value: Any) -> bool:
+    try:
+        return 0 < float(value) < float("inf")
+    except (TypeError, ValueError):
+        return False
 
 
 def load_cost_table(path: str | None) -> dict | None:
     """Read a measured cost table file (`benchmarks/gpu_check.sh` / backends.microbench
-    output) for CostModel(measured=...); None passes through. Errors are one line."""
+    output) for CostModel(measured=...); None passes through.
+
+    The whole document is validated here, before any work: a file the search would silently
+    ignore (not an object, no rows, a malformed row) is refused, because the plan would
+    otherwise claim measured GEMM times it never used.
+
+    Raises:
+        UserInputError: one line naming the problem and the file to pass instead.
+    """
     if path is None:
         return None
     import json
@@ -85,6 +106,20 @@ def load_cost_table(path: str | None) -> dict | None:
         raise UserInputError(f"no cost table at '{path}': pass the cost_table.json written by "
                              "benchmarks/gpu_check.sh")
     try:
-        return json.loads(p.read_text())
+        doc = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserInputError(f"{path} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise UserInputError(f"cannot read the cost table {path}: {exc.strerror}") from None
+    if not isinstance(doc, dict) or not doc.get("rows"):
+        raise UserInputError(f"{path} holds no measured rows (a cost table is {{\"rows\": "
+                             "[{m, n, k, choice, median_us}, ...]}): pass the cost_table.json "
+                             "written by benchmarks/gpu_check.sh")
+    try:
+        MeasuredTable.from_document(doc)
+    except UserInputError as exc:
+        raise UserInputError(f"{path}: {exc}") from None
+    return doc
+
+
+__all__ = ["MeasuredTable", "load_cost_table"]

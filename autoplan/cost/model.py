@@ -64,8 +64,9 @@ class CostModel:
         self.baseline = baseline or Choice(DENSE, baseline_precision(target))
         self.kv_bytes = kv_bytes
         self.price_per_hour = target.price_per_hour.value if price_per_hour is None else price_per_hour
-        if self.price_per_hour < 0:
-            raise UserInputError(f"price per hour must be >= 0, got {self.price_per_hour}")
+        if not 0 <= self.price_per_hour < math.inf:  # NaN would make every trial NaN
+            raise UserInputError(f"price per hour must be a finite number >= 0, got "
+                                 f"{self.price_per_hour}")
         self.measured = MeasuredTable.from_document(measured)
         self._groups = Counter(layer.fuse_group for layer in spec.layers)
         self._group_n: Counter[str] = Counter()

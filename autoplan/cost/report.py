@@ -28,10 +28,12 @@ class Objective(str, Enum):
     COST = "cost"  # $ per 1M output tokens (minimize)
     ENERGY = "energy"  # J per output token (minimize)
     LATENCY = "latency"  # request latency in s (minimize)
+    TPOT = "tpot"  # time per output token after the first, in s (minimize): streaming speed
 
 
 DIRECTION = {Objective.THROUGHPUT: "maximize", Objective.COST: "minimize",
-             Objective.ENERGY: "minimize", Objective.LATENCY: "minimize"}
+             Objective.ENERGY: "minimize", Objective.LATENCY: "minimize",
+             Objective.TPOT: "minimize"}
 
 
 def usd_per_million_tokens(tokens_per_s: float, price_per_hour: float) -> float:
@@ -55,6 +57,11 @@ class Metrics:
     cost: float  # $/1M output tokens
     energy: float  # J/output token
     latency: float  # = request_latency_s
+
+    @property
+    def tpot(self) -> float:
+        """The TPOT objective's value (= tpot_s, the decode step)."""
+        return self.tpot_s
 
 
 def metrics_from_times(prefill_s: float, decode_s: float, workload: Workload, *,

@@ -96,6 +96,22 @@ register_engine(EngineSpec(
              "server: serves autoplan's per-tensor GGUF exports",
     minutes=25,
 ))
+register_engine(EngineSpec(
+    name="openvino",
+    # optimum-intel requires torchvision, and PyPI's torchvision wheels are CUDA builds whose
+    # kernels do not load next to the CPU torch (transformers then fails to import): so
+    # optimum-intel goes in last without dependencies, after its other requirements.
+    steps=(("torch==2.13.0",),
+           ("openvino==2026.4.1", "openvino-genai==2026.4.1.0", "openvino-tokenizers==2026.4.1.0",
+            "nncf==3.4.0", "optimum==2.3.0", "transformers>=4.51,<5.6",
+            "huggingface-hub>=0.23.2,<1.22", "requests>=2.33,<3", "setuptools"),
+           ("--no-deps", "optimum-intel==2.2.0")),
+    check="openvino_genai, optimum.exporters.openvino",
+    describe="OpenVINO GenAI (LLMPipeline) with optimum-intel + NNCF to convert an HF folder "
+             "to OpenVINO IR with INT8/INT4 weight compression: the Intel CPU peer in "
+             "benchmarks/cpu_bench.py",
+    minutes=3,
+))
 
 
 def engine_names() -> list[str]:

@@ -8,7 +8,8 @@ Public API:
 
 Formats (one module each): ``compressed-tensors`` (vLLM, SGLang), ``modelopt``
 (TensorRT-LLM: the 2:4 path), ``onnx`` (ONNX Runtime on CPU, written by
-``autoplan.backends.cpu.onnx_export``). Every exporter refuses a plan its runtime cannot
+``autoplan.backends.cpu.onnx_export``), ``gguf`` (llama.cpp: one GGUF file, a type per
+tensor). Every exporter refuses a plan its runtime cannot
 serve before writing anything, writes atomically, and puts the plan and a per-tensor
 sha256 audit next to the checkpoint.
 """
@@ -108,10 +109,12 @@ def export_plan(plan: Plan, loaded_model: Any, fmt: str, out_dir: str | Path, *,
 
 def _register_builtins() -> None:
     from autoplan.export.compressed_tensors import CompressedTensorsExporter
+    from autoplan.export.gguf import GgufExporter
     from autoplan.export.modelopt import ModelOptExporter
     from autoplan.export.onnx import OnnxExporter
 
-    for exporter in (CompressedTensorsExporter(), ModelOptExporter(), OnnxExporter()):
+    for exporter in (CompressedTensorsExporter(), ModelOptExporter(), OnnxExporter(),
+                     GgufExporter()):
         register_exporter(exporter)
 
 

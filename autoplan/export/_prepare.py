@@ -3,8 +3,8 @@
 An export must hold exactly the weights the plan was measured with. So, in order:
 1. the model is the plan's model (content hash; ``allow_model_mismatch`` overrides),
 2. every layer's choice is one the format's runtime serves (``runtimes.supports``) and
-   fused groups (q/k/v, gate/up) share one choice, since both vLLM and TensorRT-LLM run
-   them as one GEMM with one format,
+   fused groups (q/k/v, gate/up) share one choice where the runtime runs them as one GEMM
+   with one format (vLLM, TensorRT-LLM; not llama.cpp),
 3. the layers are recompressed with the plan's settings and calibration statistics, and
    the sha256 of every mask and scale is checked against the plan's audit.
 Refusals name the offending layers and are raised before anything is written.
@@ -27,7 +27,7 @@ from autoplan.models.graph import get_linear
 from autoplan.plan.schema import Plan
 from autoplan.prune import PruneScore
 from autoplan.quant import HessianAccumulator, SimulatedLinear, nvfp4_global_scale
-from autoplan.runtimes import listing, refusals
+from autoplan.runtimes import get_runtime, listing, refusals
 from autoplan.targets import Target, get_target
 
 UNQUANTIZED = frozenset(s.precision for s in registered_formats() if not s.quantized)
@@ -179,7 +179,8 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
     runtime = pick_runtime(plan, runtimes)
     choices = parse_decisions(plan)
     check_runtime(fmt, target, runtime, choices)
-    check_fused_groups(loaded, choices)
+    if get_runtime(runtime).fused_projections:
+        check_fused_groups(loaded, choices)
     settings = _settings(plan)
     needs_stats = _needs_stats(plan, choices)
     if needs_stats and stats is None:

@@ -10,6 +10,7 @@ Layout (imports point down only):
     choice.py     Sparsity, Choice, DENSE
     elements.py   bit-exact element casts (FP8, E2M1, E8M0, 16-bit)
     schemes.py    how a format turns a slab into codes, scales and zero points
+    gguf_blocks.py  llama.cpp's GGUF block types (their schemes, byte layout, Q8_1 term)
     builtin.py    one FormatSpec per Precision (imported here, so the registry is complete)
 
 How to add a precision: see the docstring of autoplan/formats/registry.py.

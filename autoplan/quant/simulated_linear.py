@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.quant.activations import quantize_activation
+from autoplan.formats.gguf_blocks import q8_1_min_correction
 from autoplan.quant.weights import QuantizedWeight, quantize_weight
 
 
@@ -103,7 +104,11 @@ class SimulatedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Fake-quantize ``x`` and multiply with the simulated weight in float32."""
         xq = quantize_activation(x.float(), self.choice.precision, static_scale=self.act_scale)
-        return F.linear(xq, self.weight, self.bias).to(x.dtype)
+        out = F.linear(xq, self.weight, self.bias)
+        weight_min = self.quantized.scales.get("weight_min")
+        if weight_min is not None:  # GGUF Q4_1/Q5_1: the dot uses the Q8_1 block sums
+            out = out + q8_1_min_correction(x, weight_min)
+        return out.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, choice={self.choice}"

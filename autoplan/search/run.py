@@ -79,11 +79,14 @@ class SearchRequest:
     price_per_hour: float | None = None
     trust_remote_code: bool = False
     cost_table: str | None = None  # measured GEMM times replacing the analytic ones
-    # Time this machine's ONNX Runtime kernels for every candidate and plan with them. None:
-    # yes exactly when planning for this machine (--target local --runtime onnxruntime),
-    # where the analytic model is 1.1-1.9x pessimistic (docs/benchmarks.md, CPU section).
+    # Time this machine's kernels (ONNX Runtime's, or ggml's for llama.cpp) for every
+    # candidate and plan with them. None: yes exactly when planning for this machine
+    # (--target local with --runtime onnxruntime or llama.cpp), where the analytic model is
+    # 1.1-1.9x pessimistic (docs/benchmarks.md, CPU section).
     measure_kernels: bool | None = None
     choices: tuple[str, ...] | None = None  # candidate formats (default: the space file's)
+    # Engine threads the measured kernels are timed with (None: physical cores).
+    threads: int | None = None
 
 
 class Reporter:
@@ -107,7 +110,8 @@ def _study_name(req: SearchRequest, model_hash: str, runtime: str, calib_hash: s
                              req.objective, req.budget, req.prune_score, req.quant_method,
                              req.seed, calib_hash, req.multi_objective,
                              req.protect_first_block, req.protect_last_block,
-                             req.choices, req.measure_kernels, req.cost_table)))
+                             req.choices, req.measure_kernels, req.cost_table)
+                             + ((req.threads,) if req.threads is not None else ())))
     return f"autoplan-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
@@ -121,10 +125,15 @@ def parse_choices(texts: tuple[str, ...] | None) -> list[Choice] | None:
     return choices
 
 
+# Runtimes whose kernels --measure-kernels times on this machine, and what times them.
+KERNEL_TABLES = {"onnxruntime": ("ONNX Runtime", "autoplan.bench.predict"),
+                 "llama.cpp": ("llama.cpp (ggml)", "autoplan.backends.cpu.ggml_microbench")}
+
+
 def _measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:
     if req.measure_kernels is not None:
         return req.measure_kernels
-    return target == "local" and runtime == "onnxruntime" and not req.cost_table
+    return target == "local" and runtime in KERNEL_TABLES and not req.cost_table
 
 
 def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOutcome:
@@ -132,6 +141,8 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     t_start = time.perf_counter()
     if req.trials < 1:
         raise UserInputError("--trials must be at least 1")
+    if req.threads is not None and req.threads < 1:
+        raise UserInputError(f"--threads must be a positive integer, got {req.threads}")
     target = get_target(req.target)
     runtime = get_runtime(req.runtime).name if req.runtime else default_runtime(target)
     budget = QualityBudget.parse(req.budget)
@@ -141,9 +152,13 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
 
     measure_kernels = _measures_kernels(req, target.name, runtime)
     req = dataclasses.replace(req, measure_kernels=measure_kernels)
-    if measure_kernels and (target.name != "local" or runtime != "onnxruntime"):
-        raise UserInputError("--measure-kernels times this machine's ONNX Runtime kernels: use "
-                             "it with --target local --runtime onnxruntime")
+    if measure_kernels and (target.name != "local" or runtime not in KERNEL_TABLES):
+        raise UserInputError("--measure-kernels times this machine's kernels: use it with "
+                             "--target local and --runtime onnxruntime or llama.cpp")
+    if measure_kernels and runtime == "llama.cpp":
+        from autoplan.engines import engine_python
+
+        engine_python("llama.cpp")  # a missing engine is refused before any work
     if measure_kernels and req.cost_table:
         raise UserInputError("pass --measure-kernels or --cost-table, not both")
     candidates = parse_choices(req.choices)
@@ -166,13 +181,16 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
 
     measured = load_cost_table(req.cost_table)
     if measure_kernels:
-        from autoplan.bench.predict import search_kernel_table
+        import importlib
 
-        rep.stage("timing ONNX Runtime kernels")
-        measured = search_kernel_table(loaded, space, req.workload, progress=rep.note)
+        label, module = KERNEL_TABLES[runtime]
+        rep.stage(f"timing {label} kernels")
+        measured = importlib.import_module(module).search_kernel_table(
+            loaded, space, req.workload, threads=req.threads, progress=rep.note)
     cost = CostModel(loaded.spec, target, req.workload, price_per_hour=req.price_per_hour,
                      measured=measured, baseline=space.baseline)
-    tables = build_tables(space, cost, profile)
+    tables = build_tables(space, cost, profile,
+                          prefill_weight=0.0 if objective is Objective.TPOT else 1.0)
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
     evaluator = QualityEvaluator(loaded.model, data.eval, suite=suite)
@@ -278,7 +296,10 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     gain = None
     if best_uniform:
         preds["best_uniform"] = predicted(best_uniform.label, best_uniform.picks)
-        gain = preds["plan"].tokens_per_s / preds["best_uniform"].tokens_per_s
+        # decode speed for the TPOT objective, end-to-end tokens/s otherwise
+        gain = (preds["best_uniform"].tpot_s / preds["plan"].tpot_s
+                if objective is Objective.TPOT
+                else preds["plan"].tokens_per_s / preds["best_uniform"].tokens_per_s)
     q = chosen.quality
     rt = get_runtime(runtime)
     plan = ps.Plan(
@@ -309,7 +330,7 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
             best_uniform_kl=best_uniform.quality.kl if best_uniform else None, outcome=outcome,
             note="speed figures are cost-model predictions"
                  + (f" using measured GEMM times from {req.cost_table}" if req.cost_table else "")
-                 + (" using this machine's measured ONNX Runtime kernel times"
+                 + (f" using this machine's measured {KERNEL_TABLES[runtime][0]} kernel times"
                     + (" and non-GEMM decode step" if (measured or {}).get("non_gemm_decode_s")
                        else "") if measure_kernels else "")
                  + "; quality is measured"),

@@ -1,7 +1,8 @@
 """SearchSpace: which choices each decision unit may take, for one target x runtime.
 
 A decision unit is a group of linear layers that must share a choice because a serving
-runtime runs them as one GEMM (fused q/k/v, fused gate/up). Each unit gets a FIXED choice
+runtime runs them as one GEMM (fused q/k/v, fused gate/up); on a runtime that runs every
+projection separately (llama.cpp) each layer is its own unit. Each unit gets a FIXED choice
 list (Optuna's samplers need the same distribution every trial). Protected layers keep the
 baseline choice and are not searched. Candidates come from search_spaces/<platform>.toml and
 are filtered by the runtime matrix, so autoplan never proposes a format the runtime won't
@@ -146,8 +147,9 @@ def build_space(
     for layer in spec.layers:
         if layer.role in sf.protect_roles or layer.block in protected_blocks:
             protected.append(layer)
-        else:
-            groups.setdefault(layer.fuse_group, []).append(layer)
+        else:  # one unit per GEMM the runtime runs
+            groups.setdefault(layer.fuse_group if rt.fused_projections else layer.name,
+                              []).append(layer)
     units = []
     for name, layers in groups.items():
         role_pool = sf.roles.get(layers[0].role)

@@ -32,10 +32,14 @@ class Tables:
     const_prefill: float  # fixed terms + protected layers
     const_decode: float
     output_len: int
+    # Weight of prefill against (out - 1) decode steps in the time the search minimizes:
+    # 1 (request time) for every objective but TPOT, which ignores prefill (0).
+    prefill_weight: float = 1.0
 
     def total_time(self, u: int) -> np.ndarray:
-        """Request time contribution of unit u per choice: prefill + (out - 1) * decode."""
-        return self.prefill[u] + (self.output_len - 1) * self.decode[u]
+        """Time contribution of unit u per choice that every objective is monotone in:
+        prefill_weight * prefill + (out - 1) * decode."""
+        return self.prefill_weight * self.prefill[u] + (self.output_len - 1) * self.decode[u]
 
     def request_time(self, picks: Sequence[int]) -> float:
         """Sum of the units' request-time contributions (every objective is monotone in it)."""
@@ -78,8 +82,11 @@ class Tables:
         return [unit.choices.index(choice) for unit in self.space.units]
 
 
-def build_tables(space: SearchSpace, cost: CostModel, profile: SensitivityProfile) -> Tables:
-    """Fill the tables from the cost model and the profile (missing profile entries raise)."""
+def build_tables(space: SearchSpace, cost: CostModel, profile: SensitivityProfile, *,
+                 prefill_weight: float = 1.0) -> Tables:
+    """Fill the tables from the cost model and the profile (missing profile entries raise).
+
+    ``prefill_weight``: 0 when the objective is TPOT (only decode steps count), else 1."""
     fixed = cost.fixed_time()
     cp, cd = fixed.prefill_s, fixed.decode_s
     for layer in space.protected:
@@ -100,7 +107,8 @@ def build_tables(space: SearchSpace, cost: CostModel, profile: SensitivityProfil
         pre.append(p)
         dec.append(d)
         qual.append(q)
-    return Tables(space, tuple(pre), tuple(dec), tuple(qual), cp, cd, cost.workload.output_len)
+    return Tables(space, tuple(pre), tuple(dec), tuple(qual), cp, cd, cost.workload.output_len,
+                  prefill_weight)
 
 
 __all__ = ["Tables", "build_tables"]

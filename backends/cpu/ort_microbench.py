@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.errors import AutoplanError, UserInputError
+from autoplan.backends.cpu.cost_cache import Row, cached_table, key_of, row_key
+from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 
 SCHEMA_VERSION = 1
@@ -50,17 +51,6 @@ ROTATE_BYTES = 64 * 2**20  # > 2x the L3 of the dev box (32 MB)
 FLUSH_BYTES = 96 * 2**20  # read before each timed run: evicts L2/L3
 MAX_COPIES = 8
 BUILD_BYTES = 256 * 2**20  # fp32 weights held while building one graph
-Row = tuple[int, int, int, str]  # m, n, k, choice
-
-
-def row_key(m: int, n: int, k: int, choice: Choice | str) -> Row:
-    """The identity of a cost-table row (the format implies the kernel and its settings)."""
-    c = Choice.parse(choice) if isinstance(choice, str) else choice
-    return int(m), int(n), int(k), str(c)
-
-
-def _key_of(row: dict[str, Any]) -> Row:
-    return row_key(row["m"], row["n"], row["k"], row["choice"])
 
 
 def copies_for(n: int, k: int, choice: Choice) -> int:
@@ -188,37 +178,21 @@ def measure_rows(wanted: Iterable[Row], threads: int | None = None, *,
                  progress=None, spinning: bool = True) -> dict[str, Any]:
     """The cost table holding every wanted row: cached rows are reused, missing ones timed
     and the table written back (path: default cache_path(threads, spinning))."""
-    from autoplan.backends.microbench import read_cost_table, write_cost_table
-
     p = Path(path) if path is not None else cache_path(threads, spinning)
-    table = empty_table(threads, spinning)
-    if p.is_file() and not refresh:
-        try:
-            old = read_cost_table(p)
-        except (ValueError, KeyError, OSError, AutoplanError):
-            old = {}  # an unreadable cache is re-measured
-        if old.get("runtime") == "onnxruntime" and old.get("threads") == table["threads"] \
-                and old.get("onnxruntime") == table["onnxruntime"] \
-                and old.get("method") == METHOD and old.get("spinning") == spinning:
-            table["rows"] = list(old["rows"])
-    have = {_key_of(r) for r in table["rows"]}
-    missing = [w for w in dict.fromkeys(wanted) if w not in have]
-    for i, (m, n, k, choice) in enumerate(missing):
-        if progress:
-            progress(f"ORT kernel {i + 1}/{len(missing)}: m={m} n={n} k={k} {choice}")
-        table["rows"].append(time_row(m, n, k, choice, threads, spinning=spinning))
-    if missing:
-        write_cost_table(table, p)
-    return table
+    return cached_table(
+        p, empty_table(threads, spinning), wanted,
+        lambda row: time_row(*row, threads, spinning=spinning),
+        match=("runtime", "threads", "onnxruntime", "method", "spinning"), refresh=refresh,
+        progress=progress, label="ORT kernel")
 
 
 def select(table: dict[str, Any], wanted: Iterable[Row]) -> dict[str, Any]:
     """A copy of the table with only the wanted rows (so one artifact's fusion never
     borrows another's row)."""
     keep = set(wanted)
-    rows = [r for r in table["rows"] if _key_of(r) in keep]
-    if len({_key_of(r) for r in rows}) < len(keep):
-        missing = keep - {_key_of(r) for r in rows}
+    rows = [r for r in table["rows"] if key_of(r) in keep]
+    if len({key_of(r) for r in rows}) < len(keep):
+        missing = keep - {key_of(r) for r in rows}
         raise UserInputError(f"cost table lacks {len(missing)} measured row(s), e.g. "
                              f"{min(missing, key=str)}")
     return {**table, "rows": rows}

@@ -82,7 +82,7 @@ def test_show_bad_file_exits_2(tmp_path: Path) -> None:
     (["--target", "h1000"], "h1000"),
     (["--trials", "0"], "--trials"),
     (["--batch", "0"], "--batch"),
-    (["--measure-kernels"], "--target local --runtime onnxruntime"),
+    (["--measure-kernels"], "--target local and --runtime onnxruntime or llama.cpp"),
     (["--choices", "fp7"], "unknown precision"),
     (["--target", "xeon-8480", "--runtime", "onnxruntime", "--choices", "int8"],
      "accelerates no compressed format"),

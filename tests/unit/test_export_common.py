@@ -29,13 +29,13 @@ transformers = pytest.importorskip("transformers")
 BASELINE = "dense+bf16"
 
 
-def tiny_loaded(tmp_path: Path) -> LoadedModel:
+def tiny_loaded(tmp_path: Path, *, tied: bool = False) -> LoadedModel:
     """A tiny Llama saved as safetensors and loaded the way load_model returns it."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-        tie_word_embeddings=False)
+        tie_word_embeddings=tied)
     model = transformers.LlamaForCausalLM(cfg).eval()
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(str(folder), safe_serialization=True)
@@ -91,11 +91,11 @@ def loaded(tmp_path):
 
 
 def test_registry_lists_builtins_and_refuses_duplicates():
-    assert {"compressed-tensors", "modelopt", "onnx"} <= set(exporter_names())
+    assert {"compressed-tensors", "gguf", "modelopt", "onnx"} <= set(exporter_names())
     with pytest.raises(AutoplanError, match="already registered"):
         register_exporter(get_exporter("modelopt"))
-    with pytest.raises(UnknownNameError, match="compressed-tensors, modelopt, onnx"):
-        get_exporter("gguf")
+    with pytest.raises(UnknownNameError, match="compressed-tensors, gguf, modelopt, onnx"):
+        get_exporter("tflite")
 
 
 def test_two_four_plan_to_vllm_names_the_layers(loaded, tmp_path):
@@ -197,8 +197,8 @@ def test_cli_export_and_refusal_exit_codes(loaded, tmp_path):
     ok = runner.invoke(cli, [*args, str(tmp_path / "ct"), "--format", "compressed-tensors"])
     assert ok.exit_code == 0, ok.output
     assert (tmp_path / "ct" / "tokenizer.json").is_file()
-    bad = runner.invoke(cli, [*args, str(tmp_path / "x"), "--format", "gguf"])
-    assert bad.exit_code == 2 and "compressed-tensors, modelopt, onnx" in bad.output
+    bad = runner.invoke(cli, [*args, str(tmp_path / "x"), "--format", "tflite"])
+    assert bad.exit_code == 2 and "compressed-tensors, gguf, modelopt, onnx" in bad.output
     decisions = uniform(loaded, "2:4+fp8_e4m3")
     save_plan(make_plan(loaded, decisions), plan_file)
     refused = runner.invoke(cli, [*args, str(tmp_path / "y"), "--format", "compressed-tensors"])

@@ -31,6 +31,7 @@ from autoplan.formats.schemes import (
     RoundScheme,
     Scheme,
 )
+from autoplan.formats.gguf_blocks import BlockFormat, GgufWeightScheme
 from autoplan.quant import decode_e2m1, decode_e8m0, hessian_from_inputs, quantize_weight
 
 SPECS = registered_formats()
@@ -87,7 +88,12 @@ def test_spec_is_complete_and_consistent(spec: FormatSpec):
         assert onnx.bits == info.value_bits and onnx.accuracy_level == (4 if info.act_group else 0)
         assert onnx.zero_points == isinstance(spec.weight_scheme(torch.float32), AsymIntScheme)
         assert onnx.block == (info.group or 128)
-    assert isinstance(spec.naming("gguf"), Refused)  # the slot for other exporters is empty
+    gguf = spec.naming("gguf")  # the slot for other exporters: GGUF types where they exist
+    assert isinstance(gguf, (Refused, BlockFormat, str))
+    if isinstance(gguf, BlockFormat):
+        assert isinstance(spec.weight_scheme(torch.float32), GgufWeightScheme)
+        assert (gguf.bits, spec.info.group) == (info.value_bits, 32)
+    assert isinstance(spec.naming("no-such-exporter"), Refused)
     assert set(spec.kernels.values()) <= set(_KERNELS)
     assert set(spec.kernels) <= {"dense", "2:4", "block"}
 
@@ -105,6 +111,8 @@ def _dequant_by_definition(q, spec: FormatSpec) -> torch.Tensor:  # noqa: ANN001
         return decode_e2m1(q.codes) * per_group(scale) / q.scales["global_scale"]
     if spec.precision is Precision.MXFP4:
         return decode_e2m1(q.codes) * per_group(decode_e8m0(scale))
+    if "weight_min" in q.scales:  # GGUF *_1: fp16 d * code + fp16 m
+        return per_group(scale) * q.codes.float() + per_group(q.scales["weight_min"])
     zp = q.scales.get("weight_zero_point")
     codes = q.codes.float() - (0 if zp is None else per_group(zp))
     return codes * per_group(scale.expand(rows, -1) if scale.numel() == 1 else scale)
@@ -123,7 +131,8 @@ def test_every_quantized_format_round_trips(spec: FormatSpec, method: str):
     assert q.precision is spec.precision and q.codes is not None
     assert torch.equal(_dequant_by_definition(q, spec), q.dequant)
     assert not q.dequant[3, :64].any()
-    if spec.info.value_bits == 4 and spec.precision not in (Precision.NVFP4, Precision.MXFP4):
+    if isinstance(spec.weight_scheme(torch.float32), (IntScheme, AsymIntScheme)) and \
+            spec.info.value_bits == 4:
         zp = q.scales.get("weight_zero_point")
         lo, hi = (0, 15) if zp is not None else (-8, 7)
         assert int(q.codes.min()) >= lo and int(q.codes.max()) <= hi

@@ -125,8 +125,11 @@ def test_cpu_runtimes():
         assert not ok(name, "vllm", "int4a8_g32") and not ok(name, "llama.cpp", "int8a8_g128")
         assert ok(name, "onnxruntime", "fp32")
         assert not ok(name, "onnxruntime", "2:4+int8")
-        assert ok(name, "llama.cpp", "int4_g32") and ok(name, "llama.cpp", "int8_wo")
-    assert ok("h100", "llama.cpp", "int4_g32")
+        # llama.cpp on CPUs: the exact GGUF block types (x86 only), not the approximations
+        assert not ok(name, "llama.cpp", "int4_g32") and not ok(name, "llama.cpp", "int8_wo")
+        assert ok(name, "llama.cpp", "q4_1") == (not arm)
+        assert not ok(name, "onnxruntime", "q4_1")
+    assert ok("h100", "llama.cpp", "int4_g32") and not ok("h100", "llama.cpp", "q4_0")
     assert not ok("spr", "vllm", "bf16")
 
 

@@ -148,3 +148,25 @@ def test_exchange_sampler_within_one_percent_of_exact(seed: int) -> None:
     assert -1e-9 <= gap <= 0.01, gap
     # after the first feasible point every move is repaired: almost all trials are feasible
     assert len(feasible) >= 0.9 * 600
+
+
+def test_the_tpot_objective_ignores_prefill():
+    """A choice that decodes faster but prefills slower wins only when prefill has no weight
+    (`--objective tpot`, e.g. Q4_1 vs Q8_0 in llama.cpp, where Q8_0 prefills through a
+    fast GEMM)."""
+    import dataclasses
+
+    import numpy as np
+
+    from autoplan.cost.report import DIRECTION, Objective
+    from autoplan.search.knapsack import solve_exact
+    from tests.unit._tiny import random_tables
+
+    base = random_tables(1, 2, seed=0, output_len=8)
+    # choice 1: 10x the prefill of choice 0, half its decode, no quality cost
+    tables = dataclasses.replace(base, prefill=(np.array([1e-3, 1e-2]),),
+                                 decode=(np.array([1e-4, 5e-5]),),
+                                 quality=(np.array([0.0, 0.0]),))
+    assert solve_exact(tables, 1.0).picks == (0,)
+    assert solve_exact(dataclasses.replace(tables, prefill_weight=0.0), 1.0).picks == (1,)
+    assert DIRECTION[Objective.TPOT] == "minimize"

@@ -147,9 +147,30 @@ def test_kernels_are_measured_by_default_only_when_planning_for_this_machine() -
     from autoplan.search.run import SearchRequest, _measures_kernels
 
     assert _measures_kernels(SearchRequest(target="local"), "local", "onnxruntime")
-    assert not _measures_kernels(SearchRequest(target="local"), "local", "llama.cpp")
+    assert _measures_kernels(SearchRequest(target="local"), "local", "llama.cpp")
+    assert not _measures_kernels(SearchRequest(target="local"), "local", "vllm")
     assert not _measures_kernels(SearchRequest(target="xeon-8480"), "xeon-8480", "onnxruntime")
     assert not _measures_kernels(SearchRequest(target="local", measure_kernels=False), "local",
                                  "onnxruntime")
     assert not _measures_kernels(SearchRequest(target="local", cost_table="t.json"), "local",
                                  "onnxruntime")
+
+
+def test_llama_cpp_decides_every_projection_on_its_own() -> None:
+    """llama.cpp runs q/k/v and gate/up as separate GGUF tensors: one unit per layer there,
+    one per fused group on ONNX Runtime; its formats are the exact GGUF types."""
+    from autoplan.formats import Choice
+    from autoplan.modelspec import ModelSpec
+    from autoplan.search.space import build_space
+    from autoplan.targets import get_target
+
+    spec = ModelSpec.from_config({"model_type": "llama", "hidden_size": 64,
+                                  "intermediate_size": 128, "num_hidden_layers": 2,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": 256}, name="tiny")
+    target = get_target("xeon-8480")
+    llama = build_space(spec, target, "llama.cpp")
+    ort = build_space(spec, target, "onnxruntime")
+    assert len(llama.units) == len(spec.layers) > len(ort.units)
+    assert Choice.parse("q4_1") in llama.all_choices and Choice.parse("q4_1") not in ort.all_choices
+    assert "dense+int4_g32" in llama.dropped

@@ -1,0 +1,190 @@
+"""ggml mat-mul worker: times (and computes) ggml_mul_mat through the ggml shared libraries
+that llama-cpp-python installs. Runs in the llama.cpp engine's venv, started by
+``autoplan.backends.cpu.ggml_microbench``; imports only the standard library, numpy and
+ctypes (not llama_cpp's Python layer, not autoplan).
+
+The graph runs on the ggml CPU backend (``ggml_backend_cpu_init``,
+``ggml_backend_graph_compute`` with n_threads), the same compute path llama.cpp's scheduler
+drives in a decode step when weights are not repacked into extra buffer types; weights
+are quantized by ggml itself (``ggml_quantize_chunk``, no importance matrix).
+
+Protocol, one JSON object per line:
+  argv[1]: {"threads": N}   (the libraries are found next to the llama_cpp package)
+  out: {"ready": true}
+  in:  {"op": "time", "m", "n", "k", "type": ggml type id, "copies": R, "min_seconds": s,
+        "flush_bytes": B}
+  out: {"median_us", "p10_us", "p90_us", "repeats"}   per mul_mat (one graph of R
+       independent [n, k] weights times one [m, k] input, time / R; a B-byte buffer is
+       read before every timed run so each weight streams from memory, as in a decode step)
+  in:  {"op": "matmul", "type": id, "w": "W.npy" (float32 [n, k]), "x": "X.npy" (float32
+        [m, k]), "out": "Y.npy"}
+  out: {"rows": m}   (Y.npy: float32 [m, n] = what ggml computes for x @ w.T)
+  any error: {"error": "one line"}
+"""
+
+import ctypes
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+GGML_TYPE_F32 = 0
+_GRAPH_NODES = 2048  # GGML_DEFAULT_GRAPH_SIZE: the most mul_mat copies one graph holds
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p),
+                ("no_alloc", ctypes.c_bool)]
+
+
+class Ggml:
+    """The few ggml entry points the worker needs, typed for ctypes."""
+
+    def __init__(self, lib: Path, threads: int) -> None:
+        mode = getattr(ctypes, "RTLD_GLOBAL", 0)
+        self.base = ctypes.CDLL(str(lib / "libggml-base.so"), mode=mode)
+        self.cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"), mode=mode)
+        vp, sz, i64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64
+        sigs = {
+            (self.base, "ggml_init"): (vp, [_InitParams]),
+            (self.base, "ggml_free"): (None, [vp]),
+            (self.base, "ggml_tensor_overhead"): (sz, []),
+            (self.base, "ggml_graph_overhead"): (sz, []),
+            (self.base, "ggml_row_size"): (sz, [ctypes.c_int, i64]),
+            (self.base, "ggml_new_tensor_2d"): (vp, [vp, ctypes.c_int, i64, i64]),
+            (self.base, "ggml_get_data"): (vp, [vp]),
+            (self.base, "ggml_mul_mat"): (vp, [vp, vp, vp]),
+            (self.base, "ggml_new_graph"): (vp, [vp]),
+            (self.base, "ggml_build_forward_expand"): (None, [vp, vp]),
+            (self.base, "ggml_quantize_chunk"): (sz, [ctypes.c_int, vp, vp, i64, i64, i64, vp]),
+            (self.base, "ggml_backend_graph_compute"): (ctypes.c_int, [vp, vp]),
+            (self.base, "ggml_backend_free"): (None, [vp]),
+            (self.cpu, "ggml_cpu_init"): (None, []),
+            (self.cpu, "ggml_backend_cpu_init"): (vp, []),
+            (self.cpu, "ggml_backend_cpu_set_n_threads"): (None, [vp, ctypes.c_int]),
+        }
+        for (handle, name), (res, args) in sigs.items():
+            fn = getattr(handle, name)
+            fn.restype, fn.argtypes = res, args
+            setattr(self, name, fn)
+        self.ggml_cpu_init()
+        self.backend = self.ggml_backend_cpu_init()
+        self.ggml_backend_cpu_set_n_threads(self.backend, threads)
+
+
+def _fill(g: Ggml, tensor: int, qtype: int, rows: np.ndarray) -> None:
+    """Write float32 rows [n, k] into a ggml tensor of type qtype (ggml quantizes)."""
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    n, k = rows.shape
+    dst = g.ggml_get_data(tensor)
+    if qtype == GGML_TYPE_F32:
+        ctypes.memmove(dst, rows.ctypes.data, rows.nbytes)
+    else:
+        g.ggml_quantize_chunk(qtype, rows.ctypes.data, dst, 0, n, k, None)
+
+
+class _Graph:
+    """A context holding R weights [n, k] of one type, an input [m, k] and R mul_mats."""
+
+    def __init__(self, g: Ggml, qtype: int, m: int, n: int, k: int, copies: int,
+                 weights) -> None:  # noqa: ANN001 - a callable i -> float32 [n, k]
+        self.g = g
+        size = copies * g.ggml_row_size(qtype, k) * n + (m * k + copies * m * n) * 4
+        size += (2 * copies + 2) * g.ggml_tensor_overhead() + g.ggml_graph_overhead() + (1 << 20)
+        self.ctx = g.ggml_init(_InitParams(size, None, False))
+        if not self.ctx:
+            raise MemoryError(f"ggml_init could not allocate {size} bytes")
+        self.x = g.ggml_new_tensor_2d(self.ctx, GGML_TYPE_F32, k, m)
+        self.graph = g.ggml_new_graph(self.ctx)
+        self.outs = []
+        for i in range(copies):
+            w = g.ggml_new_tensor_2d(self.ctx, qtype, k, n)
+            _fill(g, w, qtype, weights(i))
+            out = g.ggml_mul_mat(self.ctx, w, self.x)
+            g.ggml_build_forward_expand(self.graph, out)
+            self.outs.append(out)
+
+    def set_input(self, x: np.ndarray) -> None:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        ctypes.memmove(self.g.ggml_get_data(self.x), x.ctypes.data, x.nbytes)
+
+    def run(self) -> None:
+        status = self.g.ggml_backend_graph_compute(self.g.backend, self.graph)
+        if status != 0:
+            raise RuntimeError(f"ggml_backend_graph_compute returned status {status}")
+
+    def output(self, i: int, m: int, n: int) -> np.ndarray:
+        ptr = ctypes.cast(self.g.ggml_get_data(self.outs[i]), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(ptr, shape=(m, n)).copy()
+
+    def close(self) -> None:
+        self.g.ggml_free(self.ctx)
+
+
+def _time(g: Ggml, req: dict) -> dict:
+    m, n, k, qtype = int(req["m"]), int(req["n"]), int(req["k"]), int(req["type"])
+    copies = max(1, min(int(req.get("copies", 1)), _GRAPH_NODES // 2))
+    rng = np.random.default_rng(0)
+    base = (rng.standard_normal((n, k), dtype=np.float32) * 0.02)
+    graph = _Graph(g, qtype, m, n, k, copies, lambda i: np.roll(base, i, axis=1))
+    try:
+        graph.set_input(rng.standard_normal((m, k), dtype=np.float32) * 0.5)
+        flush = np.ones(max(1, int(req.get("flush_bytes", 0)) // 8), dtype=np.float64)
+        for _ in range(3):
+            graph.run()
+        t0 = time.perf_counter()
+        graph.run()
+        once = time.perf_counter() - t0
+        repeats = int(min(50, max(5, float(req.get("min_seconds", 0.3)) / max(once, 1e-6))))
+        samples = []
+        for _ in range(repeats):
+            flush.sum()
+            t0 = time.perf_counter()
+            graph.run()
+            samples.append((time.perf_counter() - t0) * 1e6 / copies)
+    finally:
+        graph.close()
+    samples.sort()
+
+    def pick(q: float) -> float:
+        return samples[min(len(samples) - 1, int(q * len(samples)))]
+
+    return {"median_us": statistics.median(samples), "p10_us": pick(0.1), "p90_us": pick(0.9),
+            "repeats": repeats, "copies": copies}
+
+
+def _matmul(g: Ggml, req: dict) -> dict:
+    w, x = np.load(req["w"]), np.load(req["x"])
+    (n, k), m = w.shape, x.shape[0]
+    graph = _Graph(g, int(req["type"]), m, n, k, 1, lambda i: w)
+    try:
+        graph.set_input(x)
+        graph.run()
+        np.save(req["out"], graph.output(0, m, n))
+    finally:
+        graph.close()
+    return {"rows": m}
+
+
+def main() -> int:
+    cfg = json.loads(sys.argv[1])
+    lib = Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib"
+    g = Ggml(lib, int(cfg["threads"]))
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            out = _matmul(g, req) if req.get("op") == "matmul" else _time(g, req)
+        except Exception as exc:  # noqa: BLE001 - reported to the client as one line
+            out = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        print(json.dumps(out), flush=True)
+    g.ggml_backend_free(g.backend)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""`--format gguf`: one GGUF file for llama.cpp, each linear tensor in the type its plan chose.
+
+The model must come from a GGUF (a file or an alias such as the embedded smollm2-135m):
+its metadata, tokenizer, embeddings and norms are copied from that file unchanged, so the
+export tokenizes and runs exactly like the original. Models planned from an HF folder are
+refused: gguf-py has no tokenizer converter (llama.cpp's ``convert_hf_to_gguf.py`` picks
+the pre-tokenizer by hashing the tokenizer's output against a list it ships), so a vocab
+written here could tokenize differently from the original without any error.
+
+Linear tensors hold the plan's own codes and scales (``Prepared.sims``), packed into the
+GGUF block layout (``autoplan.formats.gguf_blocks.pack_blocks``), not a second quantization.
+A tensor the plan keeps in its source type is therefore stored byte for byte as in the
+source (requantizing Q4_1 values to Q4_1 is exact; tests check it on the embedded model).
+
+Row order: llama.cpp stores the q/k projections of Llama-family models with rows permuted
+per head (``convert_hf_to_gguf.py``'s ``permute``) and autoplan's GGUF conversion undid that
+on the way in. Rather than keep a per-architecture list, the exporter finds, per tensor,
+which of {identity, the llama permutation for n_head, for n_kv_head} maps the model's
+weight onto the source tensor bit for bit, and writes the plan's rows in that order.
+
+A tied ``lm_head`` planned in the embedding's own type stays tied (no ``output.weight``);
+planned in another type it is written as ``output.weight``, which llama.cpp uses when it
+is present.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from autoplan import __version__
+from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
+from autoplan.export._prepare import Prepared
+from autoplan.export._write import AUDIT_FILE, PLAN_FILE, atomic_dir, write_sidecars
+from autoplan.formats import Precision, registered_formats
+from autoplan.formats.gguf_blocks import block_format, gguf_type_name, pack_blocks
+from autoplan.models.graph import get_linear
+
+GGUF_FILE = "model.gguf"
+
+
+def ggml_type_name(precision: Precision) -> str:
+    """The GGUF tensor type that stores a precision (``q4_1`` -> ``Q4_1``).
+
+    Raises:
+        UnsupportedFormatError: the precision has no GGUF type.
+    """
+    name = gguf_type_name(precision)  # the FormatSpec's GGUF name
+    if name is not None:
+        return name
+    stored = ", ".join(s.name for s in registered_formats() if gguf_type_name(s.precision))
+    raise UnsupportedFormatError(
+        f"GGUF has no type for {precision.value}: plan with --runtime llama.cpp ({stored})")
+
+
+def source_gguf(loaded: Any) -> Path:
+    """The GGUF file the model was converted from.
+
+    Raises:
+        UserInputError: the model did not come from a GGUF (names the fix).
+    """
+    source = getattr(loaded, "source", None)
+    if source is None or source.kind not in ("gguf", "alias") or \
+            source.path.suffix.lower() != ".gguf":
+        raise UserInputError(
+            f"--format gguf needs a model planned from a GGUF file, but '{loaded.model_id}' is "
+            "an HF folder: convert it first with llama.cpp's convert_hf_to_gguf.py "
+            "(--outtype f32), then search and export on that .gguf")
+    return source.path
+
+
+def llama_permutation(rows: int, n_head: int) -> torch.Tensor:
+    """Row index of llama.cpp's q/k ``permute``: gguf_rows = hf_rows[index]."""
+    idx = torch.arange(rows)
+    return idx.reshape(n_head, 2, rows // n_head // 2).transpose(1, 2).reshape(rows)
+
+
+def row_order(hf_weight: torch.Tensor, source: torch.Tensor, heads: tuple[int, ...]
+              ) -> torch.Tensor | None:
+    """The row index that turns the model's weight into the source tensor (None: identity).
+
+    Raises:
+        AutoplanError: no known order reproduces the source tensor.
+    """
+    w = hf_weight.detach().float()
+    if torch.equal(w, source):
+        return None
+    for n_head in dict.fromkeys(heads):
+        if n_head and w.shape[0] % (2 * n_head) == 0:
+            index = llama_permutation(w.shape[0], n_head)
+            if torch.equal(w[index], source):
+                return index
+    raise AutoplanError("a model tensor matches its source GGUF tensor in no known row order: "
+                        "re-convert the model from this GGUF")
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A linear tensor written from the plan: its simulated layer and GGUF row order."""
+
+    sim: Any
+    order: torch.Tensor | None = None
+
+
+def _linear_bytes(sim: Any, index: torch.Tensor | None) -> tuple[np.ndarray, str]:
+    """The plan's layer as GGUF tensor data (rows in GGUF order) and its type name."""
+    precision = sim.choice.precision
+    kind = ggml_type_name(precision)
+    pick = (lambda t: t) if index is None else (lambda t: t[index])
+    fmt = block_format(precision)
+    if fmt is not None:
+        scales = sim.quantized.scales
+        minimum = scales.get("weight_min")
+        data = pack_blocks(pick(sim.quantized.codes), pick(scales["weight_scale"]),
+                           None if minimum is None else pick(minimum), fmt)
+        return data, kind
+    weight = pick(sim.weight)
+    if precision is Precision.FP16:
+        return weight.half().numpy(), kind
+    if precision is Precision.BF16:
+        from gguf import GGMLQuantizationType, quantize
+
+        return quantize(weight.float().numpy(), GGMLQuantizationType.BF16), kind
+    return weight.float().numpy(), kind
+
+
+def _file_type(types: dict[str, tuple[str, int]]) -> int:
+    """general.file_type: the llama.cpp ftype of the type holding most linear weights."""
+    from gguf import LlamaFileType
+
+    weight: dict[str, int] = {}
+    for kind, params in types.values():
+        weight[kind] = weight.get(kind, 0) + params
+    top = max(weight, key=weight.get)
+    floats = {"F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16,
+              "BF16": LlamaFileType.MOSTLY_BF16}
+    return int(floats[top] if top in floats else LlamaFileType[f"MOSTLY_{top}"])
+
+
+def _copy_metadata(reader: Any, writer: Any) -> None:
+    from gguf import GGUFValueType, Keys
+
+    for field in reader.fields.values():
+        if field.name == Keys.General.ARCHITECTURE or field.name.startswith("GGUF.") or \
+                field.name in (Keys.General.FILE_TYPE, Keys.General.QUANTIZED_BY):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+
+
+def write_gguf(prep: Prepared, path: Path) -> dict[str, dict[str, Any]]:
+    """Write the plan as one GGUF at ``path``; returns the per-tensor audit (type, sha256).
+
+    Raises:
+        UserInputError: the model did not come from a GGUF.
+        AutoplanError: the model and its source GGUF disagree.
+    """
+    from gguf import (GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType,
+                      GGUFWriter, dequantize)
+
+    from autoplan.models.gguf_convert import hf_to_gguf_names
+
+    src = source_gguf(prep.loaded)
+    reader = GGUFReader(str(src))
+    model = prep.loaded.model
+    names = {g: h for h, g in hf_to_gguf_names(model, prep.loaded.spec.n_layers).items()}
+    by_name = {t.name: t for t in reader.tensors}
+    spec = prep.loaded.spec
+    heads = (spec.n_heads, spec.n_kv_heads)
+    plan: list[tuple[str, Any]] = []  # (gguf name, source tensor or _Planned)
+    for tensor in reader.tensors:
+        hf = names.get(tensor.name, "").removesuffix(".weight")
+        if hf in prep.sims:
+            deq = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy())
+            order = row_order(get_linear(model, hf).weight, deq, heads)
+            plan.append((tensor.name, _Planned(prep.sims[hf], order)))
+        else:
+            plan.append((tensor.name, tensor))
+    lm = next((layer.name for layer in spec.layers if layer.role == "lm_head"), None)
+    if lm in prep.sims and "output.weight" not in by_name:
+        embd = by_name.get("token_embd.weight")
+        sim = prep.sims[lm]
+        data, kind = _linear_bytes(sim, None)
+        tied = embd is not None and embd.tensor_type.name == kind and \
+            np.array_equal(data, np.asarray(embd.data).reshape(data.shape))
+        if not tied:
+            plan.append(("output.weight", _Planned(sim)))
+
+    writer = GGUFWriter(str(path), reader.fields["general.architecture"].contents())
+    _copy_metadata(reader, writer)
+    audit: dict[str, dict[str, Any]] = {}
+    linear_types: dict[str, tuple[str, int]] = {}
+    for name, item in plan:
+        if isinstance(item, _Planned):
+            sim = item.sim
+            kind = ggml_type_name(sim.choice.precision)
+            qtype = GGMLQuantizationType[kind]
+            block, size = GGML_QUANT_SIZES[qtype]
+            rows, cols = sim.out_features, sim.in_features
+            if cols % block:
+                raise UnsupportedFormatError(f"{name} has {cols} inputs, not a multiple of the "
+                                             f"{kind} block ({block}); re-plan it")
+            writer.add_tensor_info(name, (rows, cols), np.dtype(np.float32),
+                                   rows * cols // block * size, raw_dtype=qtype)
+            linear_types[name] = (kind, rows * cols)
+        else:
+            writer.add_tensor_info(name, item.data.shape, item.data.dtype, item.data.nbytes,
+                                   item.tensor_type)
+    writer.add_key_value("general.file_type", _file_type(linear_types), GGUFValueType.UINT32)
+    writer.add_key_value("general.quantized_by", f"autoplan {__version__}", GGUFValueType.STRING)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for name, item in plan:
+        if isinstance(item, _Planned):
+            data, kind = _linear_bytes(item.sim, item.order)
+        else:
+            data, kind = np.asarray(item.data), item.tensor_type.name
+        writer.write_tensor_data(np.ascontiguousarray(data))
+        audit[name] = {"type": kind, "sha256": hashlib.sha256(
+            np.ascontiguousarray(data).view(np.uint8).tobytes()).hexdigest(),
+            "source": "plan" if isinstance(item, _Planned) else "copied"}
+    writer.close()
+    return audit
+
+
+class GgufExporter:
+    """Writes ``model.gguf`` into a folder, or a single ``FILE.gguf`` with its sidecars
+    (``FILE.autoplan_plan.json``, ``FILE.autoplan_export.json``) beside it."""
+
+    name = "gguf"
+    runtimes = ("llama.cpp",)
+
+    def write(self, prep: Prepared, out_dir: str | Path) -> Path:
+        """Write atomically; returns the GGUF file's path."""
+        source_gguf(prep.loaded)  # refuse an HF-folder model before any work
+        for name, choice in prep.choices.items():
+            ggml_type_name(choice.precision)
+            if choice.sparsity.kind != "dense":
+                raise UnsupportedFormatError(f"{name} is planned {choice}: llama.cpp has no "
+                                             "sparse kernels; re-plan with --runtime llama.cpp")
+        out = Path(out_dir)
+        layers = {n: str(c) for n, c in sorted(prep.choices.items())}
+        if out.suffix.lower() != ".gguf":
+            with atomic_dir(out) as tmp:
+                audit = write_gguf(prep, tmp / GGUF_FILE)
+                write_sidecars(tmp, prep.plan, self.name, prep.runtime, layers,
+                               {"gguf_tensors": audit})
+            return out / GGUF_FILE
+        return _write_file(prep, out, self.name, layers)
+
+
+def sidecar_paths(gguf_file: Path) -> tuple[Path, Path]:
+    """(plan, audit) sidecar paths of a single-file GGUF export."""
+    stem = gguf_file.with_suffix("")
+    return (stem.with_name(f"{stem.name}.{PLAN_FILE}"), stem.with_name(f"{stem.name}.{AUDIT_FILE}"))
+
+
+def _write_file(prep: Prepared, out: Path, fmt: str, layers: dict[str, str]) -> Path:
+    plan_path, audit_path = sidecar_paths(out)
+    if out.exists() and (out.is_dir() or not audit_path.is_file()):
+        raise UserInputError(f"'{out}' exists and is not an autoplan export: choose a new --out "
+                             "or remove it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        audit = write_gguf(prep, tmp / GGUF_FILE)
+        write_sidecars(tmp, prep.plan, fmt, prep.runtime, layers, {"gguf_tensors": audit})
+        # the GGUF goes last: a sidecar without its file is never mistaken for an export
+        os.replace(tmp / PLAN_FILE, plan_path)
+        os.replace(tmp / AUDIT_FILE, audit_path)
+        os.replace(tmp / GGUF_FILE, out)
+    except OSError as err:
+        raise AutoplanError(f"cannot write the export to '{out}': {err}") from err
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def read_audit(gguf_file: Path) -> dict[str, Any]:
+    """The export audit of a GGUF written by this exporter (folder or single-file form)."""
+    beside = gguf_file.parent / AUDIT_FILE
+    path = beside if beside.is_file() else sidecar_paths(gguf_file)[1]
+    return json.loads(path.read_text())
+
+
+__all__ = ["GGUF_FILE", "GgufExporter", "ggml_type_name", "llama_permutation", "read_audit",
+           "row_order", "sidecar_paths", "source_gguf", "write_gguf"]

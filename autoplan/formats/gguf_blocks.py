@@ -1,0 +1,236 @@
+"""llama.cpp's GGUF block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), simulated exactly.
+
+Weights: 32 values per block along the input dim, one fp16 scale ``d`` (and an fp16 block
+minimum ``m`` for the ``*_1`` types). Quantization follows the ``gguf`` package's
+``gguf.quants`` operation for operation, so quantize -> dequantize is bit-equal to
+``gguf.dequantize(gguf.quantize(w))`` (tests check it on random and real weights):
+
+* Q8_0: ``d = amax / 127``, codes ``roundf(x / d)`` (half away from zero, the C reference).
+* Q4_0 / Q5_0: ``d = max / -8`` (``/ -16``) where ``max`` is the signed value of largest
+  magnitude (its first occurrence), codes ``trunc(x / d + 8.5)`` clipped to [0, 15]
+  (``+ 16.5``, [0, 31]), stored minus 8 (16).
+* Q4_1 / Q5_1: ``d = (max - min) / 15`` (``/ 31``), ``m = min``, codes
+  ``trunc((x - min) / d + 0.5)`` clipped to [0, 15] ([0, 31]).
+
+The code uses the unrounded fp32 ``d`` (as ``1 / d``); the block stores ``fp16(d)`` and
+``fp16(m)``, and the value is ``fp16(d) * code (+ fp16(m))`` in fp32.
+
+Activations: llama.cpp's CPU matmul never multiplies a quantized weight with float
+activations. Each activation row is first quantized to the weight type's ``vec_dot_type``
+(ggml-cpu ``quantize_row_q8_0`` / ``quantize_row_q8_1``, x86 and the AMX path alike): per
+block of 32, ``d = amax / 127`` stored as fp16, codes ``round_half_even(x * (127 / amax))``
+(``_mm256_round_ps(_MM_ROUND_NEAREST)``, the reciprocal computed from amax in one division).
+Q8_0 serves Q8_0/Q4_0/Q5_0 and Q8_1 serves Q4_1/Q5_1; Q8_1 also stores
+``s = fp16(d * sum(codes))``, which the ``*_1`` dot product multiplies with the weight
+block's minimum instead of ``fp16(d) * sum(codes)``. ``q8_1_min_correction`` supplies that
+difference, so a simulated layer computes what llama.cpp computes up to summation order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from autoplan.formats.registry import Precision, format_spec, registered_formats
+from autoplan.formats.schemes import BlockInt8ActScheme, QParams, Scheme
+
+BLOCK = 32
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """One GGUF block type.
+
+    Attributes:
+        ggml_type: the name in ``gguf.GGMLQuantizationType`` (``Q4_1``).
+        bits: bits per stored code (4, 5 or 8).
+        has_min: the block stores a minimum (``*_1`` types: asymmetric codes in [0, 2^bits)).
+        act_type: the ``vec_dot_type`` llama.cpp quantizes activations to (Q8_0 or Q8_1).
+    """
+
+    ggml_type: str
+    bits: int
+    has_min: bool
+    act_type: str
+
+    @property
+    def type_size(self) -> int:
+        """Bytes per block of 32 values: fp16 d (and m), the high-bit word of Q5, the codes."""
+        codes = BLOCK if self.bits == 8 else BLOCK // 2
+        return 2 + 2 * self.has_min + (4 if self.bits == 5 else 0) + codes
+
+    @property
+    def offset(self) -> int:
+        """What a symmetric type subtracts from its stored unsigned code (Q4_0: 8)."""
+        return 0 if self.has_min or self.bits == 8 else 1 << (self.bits - 1)
+
+
+GGUF = "gguf"  # the FormatSpec.other key: a BlockFormat, or a float type name ("F16")
+
+
+def block_format(precision: Precision) -> BlockFormat | None:
+    """The GGUF block type of a precision (its FormatSpec's), or None when it is not one."""
+    named = format_spec(precision).other.get(GGUF)
+    return named if isinstance(named, BlockFormat) else None
+
+
+def gguf_type_name(precision: Precision) -> str | None:
+    """The GGUF tensor type storing a precision (``Q4_1``, ``F16``), or None."""
+    named = format_spec(precision).other.get(GGUF)
+    return named.ggml_type if isinstance(named, BlockFormat) else named
+
+
+def gguf_formats() -> dict[Precision, BlockFormat]:
+    """Every registered GGUF block type, by precision."""
+    return {s.precision: s.other[GGUF] for s in registered_formats()
+            if isinstance(s.other.get(GGUF), BlockFormat)}
+
+
+def roundf(x: Tensor) -> Tensor:
+    """C ``roundf`` (half away from zero), as ``gguf.quants.np_roundf`` computes it.
+
+    ``floor(|x| + 0.5)`` would be wrong at 0.49999997 (the sum rounds up to 1.0); the
+    integer and fractional parts are handled separately instead.
+    """
+    a = x.abs()
+    floored = torch.floor(a)
+    return torch.sign(x) * (floored + torch.floor(2 * (a - floored)))
+
+
+def block_scales(x: Tensor, fmt: BlockFormat) -> Tensor:
+    """Unrounded fp32 ``[..., 1]`` d (``[..., 2]``: d, min for ``*_1``) of blocks ``x [..., 32]``."""
+    x = x.float()
+    if fmt.has_min:
+        mn = x.amin(dim=-1, keepdim=True)
+        d = (x.amax(dim=-1, keepdim=True) - mn) / float((1 << fmt.bits) - 1)
+        return torch.cat([d, mn], dim=-1)
+    if fmt.bits == 8:
+        return x.abs().amax(dim=-1, keepdim=True) / 127.0
+    signed_max = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))  # first of equal |x|
+    return signed_max / float(-(1 << (fmt.bits - 1)))
+
+
+def block_codes(x: Tensor, scale: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor]:
+    """``(dequantized, codes)`` of ``x`` under unrounded scales from ``block_scales``.
+
+    Codes are what the block stores minus the symmetric offset: Q8_0 in [-127, 127], Q4_0 in
+    [-8, 7], Q5_0 in [-16, 15], Q4_1 in [0, 15], Q5_1 in [0, 31]. ``x`` may be a whole block
+    or a column of one (GPTQ), as long as ``scale`` broadcasts against it.
+    """
+    x = x.float()
+    d = scale[..., :1].float()
+    inv = torch.where(d == 0, 0.0, 1.0 / torch.where(d == 0, 1.0, d))
+    d16 = d.half().float()
+    top = float((1 << fmt.bits) - 1)
+    # In-place steps on fresh tensors: each is one fp32 rounding, in gguf.quants' order.
+    if fmt.bits == 8:
+        q = roundf(x * inv)
+        return d16 * q, q
+    if fmt.has_min:
+        mn = scale[..., 1:2].float()
+        q = (x - mn).mul_(inv).add_(0.5).trunc_().clamp_(0.0, top)
+        return (d16 * q).add_(mn.half().float()), q
+    q = (x * inv).add_(fmt.offset + 0.5).trunc_().clamp_(0.0, top).sub_(fmt.offset)
+    return d16 * q, q
+
+
+class GgufWeightScheme(Scheme):
+    """Weights of one GGUF block type for ``quantize_rows`` and GPTQ (groups of 32).
+
+    ``qparams`` returns the unrounded fp32 block parameters (the codes need them) as the
+    QParams scale, [..., 1] (d) or [..., 2] (d, min); ``scale_dict`` gives what the block
+    stores: ``weight_scale`` (fp16 d, [out, blocks]) and,
+    for ``*_1`` types, ``weight_min`` (fp16 m).
+    """
+
+    group = BLOCK
+    code_dtype = torch.int8
+
+    def __init__(self, fmt: BlockFormat) -> None:
+        self.fmt = fmt
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
+        return QParams(block_scales(slab, self.fmt))
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        return block_codes(x, qp.scale, self.fmt)  # type: ignore[union-attr]
+
+    def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
+        per = 2 if self.fmt.has_min else 1
+        scale = qp.scale  # type: ignore[union-attr]
+        s = scale.reshape(scale.shape[0], -1, per)
+        out = {"weight_scale": s[..., 0].half()}
+        if self.fmt.has_min:
+            out["weight_min"] = s[..., 1].half()
+        return out
+
+
+class GgufActScheme(BlockInt8ActScheme):
+    """Activations as ggml-cpu's ``quantize_row_q8_0`` / ``_q8_1`` round them (see module doc):
+    MLAS-like int8 blocks of 32, but the stored scale is fp16."""
+
+    def __init__(self) -> None:
+        super().__init__(BLOCK)
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
+        return QParams(super().qparams(slab, ctx).scale.half())
+
+
+def _act_blocks(x: Tensor) -> tuple[Tensor, Tensor]:
+    """fp16 scales [tokens, blocks] and codes [tokens, blocks, 32] of activations x [..., k]."""
+    blocks = x.detach().float().reshape(-1, x.shape[-1] // BLOCK, BLOCK)
+    scheme = GgufActScheme()
+    qp = scheme.qparams(blocks, None)
+    _, codes = scheme.fake(blocks, qp, None)
+    return qp.scale.squeeze(-1), codes
+
+
+def q8_1_min_correction(x: Tensor, weight_min: Tensor) -> Tensor:
+    """What llama.cpp's ``*_1`` dot adds beyond ``fp16(d) * codes`` activations, [..., out].
+
+    The Q4_1/Q5_1 x Q8_1 dot computes ``sum_b d_w d_a sum(q_w q_a) + m_w * s_a`` with
+    ``s_a = fp16(d_a * sum(q_a))`` (d_a unrounded); the simulated product contributes
+    ``m_w * fp16(d_a) * sum(q_a)`` instead. Returns ``sum_b m_w (s_a - fp16(d_a) sum(q_a))``.
+    """
+    blocks = x.detach().float().reshape(-1, x.shape[-1] // BLOCK, BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    d = amax / 127.0
+    _, codes = _act_blocks(x)
+    total = codes.sum(dim=-1)
+    delta = (d * total).half().float() - d.half().float() * total
+    out = delta @ weight_min.float().t()
+    return out.reshape(*x.shape[:-1], weight_min.shape[0])
+
+
+def pack_blocks(codes: Tensor, scale: Tensor, minimum: Tensor | None,
+                fmt: BlockFormat) -> np.ndarray:
+    """GGUF bytes [rows, blocks * type_size] of ``codes`` [rows, k] with fp16 scales [rows, blocks].
+
+    Layout (ggml-common.h): ``d`` (``m``) as little-endian fp16, then Q8_0: 32 int8; Q4: 16
+    bytes, value j in the low nibble of byte j and value j+16 in the high nibble; Q5: a
+    little-endian uint32 whose bit j is bit 4 of value j, then the low nibbles as for Q4.
+    """
+    rows, k = codes.shape
+    nb = k // BLOCK
+    q = codes.to(torch.int16).reshape(rows, nb, BLOCK) + fmt.offset
+    parts = [scale.to(torch.float16).reshape(rows, nb, 1).numpy().view(np.uint8)]
+    if fmt.has_min:
+        parts.append(minimum.to(torch.float16).reshape(rows, nb, 1).numpy().view(np.uint8))
+    if fmt.bits == 8:
+        parts.append(q.to(torch.int8).numpy().view(np.uint8))
+    else:
+        u = q.to(torch.uint8).numpy()
+        if fmt.bits == 5:
+            high = (u >> 4).astype(np.uint8)
+            parts.append(np.packbits(high, axis=-1, bitorder="little"))
+        low = u & np.uint8(0x0F)
+        parts.append(low[..., :16] | (low[..., 16:] << np.uint8(4)))
+    return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(rows, -1))
+
+
+__all__ = ["BLOCK", "GGUF", "BlockFormat", "GgufActScheme", "GgufWeightScheme",
+           "block_codes", "block_format", "block_scales", "gguf_formats", "gguf_type_name",
+           "pack_blocks", "q8_1_min_correction", "roundf"]

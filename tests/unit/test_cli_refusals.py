@@ -1,0 +1,176 @@
+"""Bad input found failing (issue 13 item 1): each is refused with one line on stderr and exit
+2, no traceback, nothing written, before any expensive work."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autoplan.cli import cli
+from autoplan.cost.measured import load_cost_table
+from autoplan.errors import UserInputError
+from autoplan.search.storage import check_storage, open_storage, redact
+
+_ESTIMATE = ["estimate", "--model", "llama-3.1-8b", "--target", "h100"]
+_PLAN = Path(__file__).resolve().parents[2] / "benchmarks/results/cpu_plans/int8_kl0.05.json"
+
+
+def _refused(args: list[str], needle: str, cwd: Path) -> None:
+    """Exit 2, exactly one 'error:' line naming ``needle``, and no file left in ``cwd``."""
+    before = sorted(cwd.rglob("*"))
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error:") and needle in lines[0], lines[0]
+    assert sorted(cwd.rglob("*")) == before
+
+
+def _file(tmp_path: Path, name: str, text: str) -> str:
+    (tmp_path / name).write_text(text)
+    return str(tmp_path / name)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+def test_estimate_price_per_hour_must_be_finite(value, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _refused([*_ESTIMATE, "--price-per-hour", value], "--price-per-hour", tmp_path)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_search_price_per_hour_refused_before_loading(value, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # a model that does not exist: the price must be refused before the model is looked up
+    _refused(["search", "--model", str(tmp_path / "nope"), "--price-per-hour", value,
+              "--out", str(tmp_path / "plan.json")], "--price-per-hour", tmp_path)
+
+
+@pytest.mark.parametrize("flag", ["--threads", "--requests", "--concurrency", "--input-len",
+                                  "--output-len"])
+def test_bench_counts_must_be_positive(flag, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _refused(["bench", "--model", str(tmp_path / "nope"), flag, "-1"], flag, tmp_path)
+
+
+_BAD_TABLES = {
+    "object without rows": ('{"foo": 1}', "no measured rows"),
+    "empty list": ("[]", "no measured rows"),
+    "list of rows": ('[{"m": 1, "n": 1, "k": 1, "choice": "dense+fp8", "median_us": 1}]',
+                     "no measured rows"),
+    "empty rows": ('{"rows": []}', "no measured rows"),
+    "rows not a list": ('{"rows": {"m": 1}}', "must be a list"),
+    "row missing fields": ('{"rows": [{"m": 32, "n": 64}]}', "row 0 is malformed"),
+    "row not an object": ('{"rows": [7]}', "row 0 is malformed"),
+    "nan time": (('{"rows": [{"m": 1, "n": 1, "k": 1, "choice": "dense+fp8", '
+                  '"median_us": NaN}]}'), "non-finite"),
+    "unknown choice": (('{"rows": [{"m": 1, "n": 1, "k": 1, "choice": "dense+fp7", '
+                        '"median_us": 3}]}'), "row 0 is malformed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_TABLES))
+def test_malformed_cost_table_is_refused(case, tmp_path, monkeypatch):
+    text, needle = _BAD_TABLES[case]
+    table = _file(tmp_path, "table.json", text)
+    monkeypatch.chdir(tmp_path)
+    _refused([*_ESTIMATE, "--cost-table", table], needle, tmp_path)
+    with pytest.raises(UserInputError, match="table.json"):
+        load_cost_table(table)
+
+
+def test_search_refuses_a_malformed_cost_table_before_loading(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    table = _file(tmp_path, "table.json", '{"foo": 1}')
+    _refused(["search", "--model", str(tmp_path / "nope"), "--cost-table", table,
+              "--out", str(tmp_path / "plan.json")], "no measured rows", tmp_path)
+
+
+def test_a_valid_cost_table_still_loads(tmp_path):
+    row = {"m": 1, "n": 2, "k": 3, "choice": "dense+fp8", "median_us": 4.0}
+    doc = load_cost_table(_file(tmp_path, "t.json", json.dumps({"rows": [row]})))
+    assert doc["rows"] == [row]
+
+
+@pytest.mark.parametrize("fmt", ["dense+fp7", "2:4+int13", "bogus"])
+def test_show_refuses_a_plan_with_an_unknown_format(fmt, tmp_path, monkeypatch):
+    plan = json.loads(_PLAN.read_text())
+    plan["decisions"][min(plan["decisions"])] = fmt
+    path = _file(tmp_path, "plan.json", json.dumps(plan))
+    monkeypatch.chdir(tmp_path)
+    for extra in ([], ["--json"], ["--layers"]):
+        _refused(["show", path, *extra], fmt, tmp_path)
+
+
+def test_show_still_renders_a_good_plan():
+    result = CliRunner().invoke(cli, ["show", str(_PLAN)])
+    assert result.exit_code == 0, result.output
+
+
+def test_estimate_on_a_gguf_names_what_estimate_takes(tmp_path, monkeypatch):
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
+    monkeypatch.chdir(tmp_path)
+    _refused(["estimate", "--model", str(gguf), "--target", "h100"],
+             "estimate takes a config (config.json), an HF folder or an alias", tmp_path)
+
+
+# ---- storage URLs ---------------------------------------------------------------------------
+
+_SECRET = "s3cr@t:pw"
+
+
+@pytest.mark.parametrize(("url", "pieces"), [
+    # an unquoted @ and : in the password: SQLAlchemy cannot parse these
+    (f"postgresql://user:{_SECRET}@db.example:5432/optuna", ("s3cr", "t:pw", _SECRET)),
+    (f"postgresql://user:{_SECRET}@host:notaport/db", ("s3cr", "t:pw", _SECRET)),
+    (f"postgres ql://user:{_SECRET}@host/db", ("s3cr", "t:pw", _SECRET)),
+    ("weird://user:hunter2", ("hunter2",)),  # no @: user:password or host:port, hidden
+    (f"postgresql://user@host/db?password={_SECRET}&sslmode=require", ("s3cr", "t:pw")),
+    ("postgresql://user:s3cr%40t%3Apw@host/db", ("s3cr", "%40t")),  # parsable
+])
+def test_redact_never_shows_any_part_of_the_password(url, pieces):
+    shown = redact(url)
+    for piece in pieces:
+        assert piece not in shown, shown
+
+
+def test_unparsable_storage_url_is_one_line_without_the_password():
+    with pytest.raises(UserInputError) as info:
+        check_storage(f"postgresql://user:{_SECRET}@host:notaport/db")
+    assert "s3cr" not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_postgres_without_its_driver_names_the_extra(monkeypatch):
+    # None in sys.modules makes `import psycopg` fail whether or not it is installed here
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    url = "postgresql://user:hunter2@localhost:5432/optuna"
+    for call in (check_storage, open_storage):
+        with pytest.raises(UserInputError, match=r"autoplan\[postgres\]") as info:
+            call(url)
+        assert "psycopg" in str(info.value) and "hunter2" not in str(info.value)
+
+
+def test_unknown_database_and_bad_scheme_are_refused():
+    with pytest.raises(UserInputError, match="cannot read storage"):
+        check_storage("nosuchdb://user@host/db")
+    with pytest.raises(UserInputError, match="journal:PATH"):
+        check_storage("not-a-url")
+
+
+def test_journal_check_creates_nothing_and_refuses_a_file_as_folder(tmp_path):
+    journal = tmp_path / "new" / "study.journal"
+    check_storage(f"journal:{journal}")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(UserInputError, match="cannot write the study journal"):
+        check_storage(f"journal:{tmp_path / 'afile' / 'study.journal'}")
+
+
+def test_sqlite_storage_opens(tmp_path):
+    check_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    assert (tmp_path / "study.db").is_file()
