@@ -27,6 +27,7 @@ from autoplan.models.graph import get_linear
 from autoplan.plan.io import write_json_atomic
 from autoplan.quant import HessianAccumulator
 from autoplan.sensitivity.capture import Captured, capture
+from autoplan.sensitivity.executor import Executor, SerialExecutor
 
 PROFILE_VERSION = 1
 # OWL (Yin et al. 2024): a weight is an outlier when its Wanda score exceeds M x the layer mean.
@@ -101,36 +102,70 @@ def _outlier_ratio(weight: Tensor, act_norm: Tensor) -> float:
     return float((score > OWL_M * score.mean()).float().mean())
 
 
+@dataclass(frozen=True)
+class ScoreTask:
+    """Everything one layer's scoring needs, as plain tensors (so it can run on a worker)."""
+
+    layer: str
+    weight: Tensor
+    bias: Tensor | None
+    inputs: Tensor  # [T, in]
+    grads: Tensor  # [T, out]
+    tokens: int
+    choices: tuple[Choice, ...]
+    settings: CompressionSettings
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    layer: str
+    scores: dict[str, float]
+    outlier: float
+
+
 @torch.no_grad()
-def _score_layer(model, name: str, choices: Sequence[Choice], cap: Captured,
-                 settings: CompressionSettings) -> tuple[dict[str, float], float]:
-    linear = get_linear(model, name)
-    x, g = cap.inputs[name], cap.grads[name]
+def score_task(task: ScoreTask) -> ScoreResult:
+    """Score one layer for each of its choices: 1/2 mean_t sum_j (G * dY)^2."""
+    linear = torch.nn.Linear(task.weight.shape[1], task.weight.shape[0],
+                             bias=task.bias is not None, device="meta")
+    linear.weight = torch.nn.Parameter(task.weight, requires_grad=False)
+    if task.bias is not None:
+        linear.bias = torch.nn.Parameter(task.bias, requires_grad=False)
+    x, g = task.inputs, task.grads
     stats = HessianAccumulator(linear.in_features)
     stats.add(x)
     y_ref = x @ linear.weight.detach().float().T
     g2 = g.square()
+    bias = linear.bias.detach().float() if linear.bias is not None else 0.0
     out: dict[str, float] = {}
-    for choice in choices:
-        sim = compress_linear(linear, choice, stats, settings)
-        bias = linear.bias.detach().float() if linear.bias is not None else 0.0
+    for choice in task.choices:
+        sim = compress_linear(linear, choice, stats, task.settings)
         dy = sim(x) - bias - y_ref
-        out[str(choice)] = 0.5 * float((g2 * dy.square()).sum()) / max(cap.tokens, 1)
-    return out, _outlier_ratio(linear.weight, stats.act_norm())
+        out[str(choice)] = 0.5 * float((g2 * dy.square()).sum()) / max(task.tokens, 1)
+    return ScoreResult(task.layer, out, _outlier_ratio(linear.weight, stats.act_norm()))
+
+
+def _task(model, name: str, choices: Sequence[Choice], cap: Captured,
+          settings: CompressionSettings) -> ScoreTask:
+    linear = get_linear(model, name)
+    return ScoreTask(name, linear.weight.detach(),
+                     linear.bias.detach() if linear.bias is not None else None,
+                     cap.inputs[name], cap.grads[name], cap.tokens, tuple(choices), settings)
 
 
 def build_profile(
     model, layer_names: Iterable[str], choices: Sequence[Choice], calib_batches: Sequence[Tensor],
     *, model_hash: str, calib_hash: str, settings: CompressionSettings, cache_dir: Path,
     seed: int = 0, on_progress: Callable[[int, int], None] | None = None,
-    layer_chunk: int | None = None,
+    layer_chunk: int | None = None, executor: Executor | None = None,
 ) -> SensitivityProfile:
     """Profile every layer x choice, resuming from the on-disk cache.
 
     All layers are captured in one forward+backward pass by default (about 3 GB for
     SmolLM2-135M at 2,048 tokens); `layer_chunk` bounds memory for bigger models at the price
-    of one pass per chunk.
+    of one pass per chunk. `executor` runs the per-layer scoring tasks (serial by default).
     """
+    executor = executor or SerialExecutor()
     path = cache_path(cache_dir, model_hash, calib_hash, settings)
     prof = load_cached(path, model_hash, calib_hash, settings)
     names = list(layer_names)
@@ -146,17 +181,17 @@ def build_profile(
         chunk, pending = pending[:step], pending[step:]
         cap = capture(model, chunk, calib_batches, seed=seed)
         prof.tokens = cap.tokens
-        for name in chunk:
-            scores, outlier = _score_layer(model, name, todo[name], cap, settings)
-            prof.scores.setdefault(name, {}).update(scores)
-            prof.outliers[name] = outlier
+        tasks = (_task(model, name, todo[name], cap, settings) for name in chunk)
+        for _i, res in executor.imap_unordered(score_task, tasks):
+            prof.scores.setdefault(res.layer, {}).update(res.scores)
+            prof.outliers[res.layer] = res.outlier
             write_json_atomic(path, prof.to_json())  # resumable after every layer
-            done += len(todo[name])
+            done += len(res.scores)
             if on_progress:
                 on_progress(done, total)
         del cap
     return prof
 
 
-__all__ = ["OWL_M", "SensitivityProfile", "build_profile", "cache_path", "calibration_key",
-           "load_cached"]
+__all__ = ["OWL_M", "ScoreResult", "ScoreTask", "SensitivityProfile", "build_profile", "cache_path", "calibration_key",
+           "load_cached", "score_task"]

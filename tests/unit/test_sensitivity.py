@@ -83,7 +83,7 @@ def test_cache_hit_skips_capture(s: Setup, monkeypatch: pytest.MonkeyPatch) -> N
         raise AssertionError("capture must not run on a cache hit")
 
     monkeypatch.setattr(profile_mod, "capture", boom)
-    monkeypatch.setattr(profile_mod, "_score_layer", boom)
+    monkeypatch.setattr(profile_mod, "score_task", boom)
     progress: list[tuple[int, int]] = []
     again = s.build(s.layers, s.choices, on_progress=lambda d, t: progress.append((d, t)))
     assert again.scores == s.profile.scores and again.outliers == s.profile.outliers
@@ -105,15 +105,15 @@ def test_cache_key_separates_settings_and_models(s: Setup) -> None:
 
 def _counting(monkeypatch: pytest.MonkeyPatch, fail_at: int | None = None) -> list[tuple]:
     calls: list[tuple] = []
-    real = profile_mod._score_layer
+    real = profile_mod.score_task
 
-    def wrapped(model, name, choices, cap, settings):  # noqa: ANN001, ANN202
-        calls.append((name, tuple(str(c) for c in choices)))
+    def wrapped(task):  # noqa: ANN001, ANN202
+        calls.append((task.layer, tuple(str(c) for c in task.choices)))
         if fail_at is not None and len(calls) == fail_at:
             raise KeyboardInterrupt
-        return real(model, name, choices, cap, settings)
+        return real(task)
 
-    monkeypatch.setattr(profile_mod, "_score_layer", wrapped)
+    monkeypatch.setattr(profile_mod, "score_task", wrapped)
     return calls
 
 
@@ -178,3 +178,22 @@ def test_surrogate_tracks_measured_kl(s: Setup) -> None:
     for sur, kl in zip(surrogate, measured):
         if kl > 0.01:
             assert kl / 3 < sur < 3 * kl, (sur, kl)
+
+
+class _ReversedExecutor:
+    """Runs tasks out of order, as a distributed executor may; the profile must not care."""
+
+    name = "reversed"
+
+    def imap_unordered(self, fn, items):  # noqa: ANN001, ANN201
+        listed = list(items)
+        for i in reversed(range(len(listed))):
+            yield i, fn(listed[i])
+
+    def close(self) -> None:
+        return None
+
+
+def test_any_executor_order_gives_the_same_profile(s: Setup, tmp_path: Path) -> None:
+    other = s.build(s.layers, s.choices, cache=tmp_path, executor=_ReversedExecutor())
+    assert other.scores == s.profile.scores and other.outliers == s.profile.outliers
