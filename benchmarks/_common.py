@@ -48,3 +48,38 @@ def start_run(seed: int, argv: list[str] | None) -> tuple[dict, str]:
           f"({info['torch_threads']} threads), python {info['python']}")
     print(f"command: {command}")
     return info, command
+
+
+def portable(obj):  # noqa: ANN001, ANN201 - any JSON value
+    """`obj` with this machine's absolute paths made portable, so results JSON can be committed:
+    the autoplan cache -> $AUTOPLAN_CACHE, site-packages -> <site-packages>, the repository ->
+    '.', the home folder -> '~', any other absolute path under /work, /tmp or /opt -> its name."""
+    import re
+    import sysconfig
+
+    repo = str(Path(__file__).resolve().parents[1])
+    cache = os.environ.get("AUTOPLAN_CACHE") or str(Path.home() / ".cache" / "autoplan")
+    subs = [(str(Path(cache).expanduser()), "$AUTOPLAN_CACHE"),
+            (sysconfig.get_paths()["purelib"], "<site-packages>"), (repo, "."),
+            (str(Path.home()), "~")]
+    other = re.compile(r"/(?:work|tmp|opt|root|home)/[^\s\"':]*/([^/\s\"':]+)")
+
+    def fix(text: str) -> str:
+        for old, new in subs:
+            text = text.replace(old, new)
+        return other.sub(r"<path>/\1", text)
+
+    if isinstance(obj, str):
+        return fix(obj)
+    if isinstance(obj, dict):
+        return {fix(k) if isinstance(k, str) else k: portable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [portable(v) for v in obj]
+    return obj
+
+
+def write_result(path, doc) -> None:  # noqa: ANN001
+    """Write a benchmark result atomically, with machine paths made portable."""
+    from autoplan.plan.io import write_json_atomic
+
+    write_json_atomic(path, portable(doc))

@@ -28,7 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-from _common import seed_all, start_run  # noqa: E402 - benchmarks/ is the script dir
+from _common import seed_all, start_run, write_result  # noqa: E402 - benchmarks/ is the script dir
 
 FORMATS = ("int4a8_g32", "uint4a8_g32", "int4a8_g128", "uint4a8_g128")
 SHAPES = ((576, 1536), (1536, 576))  # (out, in): down_proj, gate/up of SmolLM2-135M
@@ -124,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "asym_int4.json"))
     args = ap.parse_args(argv)
     info, command = start_run(args.seed, argv)
-    from autoplan.plan import write_json_atomic
 
     t0 = time.perf_counter()
     timing = None if args.no_speed else speed(args)
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(rows, timing)
     print()
     print(table)
-    write_json_atomic(Path(args.out), {
+    write_result(Path(args.out), {
         "benchmark": "asym_int4", "command": command, "machine": info, "model": args.model,
         "quality": rows, "speed": timing, "markdown": table,
         "total_s": time.perf_counter() - t0})

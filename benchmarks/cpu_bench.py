@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import write_result  # noqa: E402
 from llamacpp_side import DEFAULT_PYTHON, default_gguf, llamacpp_side  # noqa: E402
 from openvino_side import (EXACT_ARITHMETIC, convert, export_args,  # noqa: E402
                            openvino_quality, openvino_side)
@@ -45,7 +46,6 @@ from autoplan.bench import ort_side, read_bandwidth, run_bench, torch_side  # no
 from autoplan.bench.predict import artifact_decisions, prediction_block  # noqa: E402
 from autoplan.errors import UserInputError  # noqa: E402
 from autoplan.formats import Choice  # noqa: E402
-from autoplan.plan import write_json_atomic  # noqa: E402
 
 GOALS = {"int8": 2.0, "int4": 3.0}
 ROOFLINE_GOAL = 0.5
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                              for n in arts}}
     _print(report, doc, args)
     if args.out:
-        write_json_atomic(args.out, doc)
+        write_result(args.out, doc)
     return 0
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import start_run  # noqa: E402
+from _common import start_run, write_result  # noqa: E402
 
 UNIFORM = ("q8_0", "q4_0", "q5_0", "q5_1")
 KQUANTS = {"q4_k": ("Q4_K", 12), "q6_k": ("Q6_K", 14)}  # side -> (ggml name, ggml type id)
@@ -305,7 +305,6 @@ def main(argv: list[str] | None = None) -> int:
     from autoplan.engines.llamacpp_quality import llamacpp_quality, llamacpp_reference
     from autoplan.models import load_model
     from autoplan.models._cache import cache_root
-    from autoplan.plan.io import write_json_atomic
     from autoplan.search.budget import QualityBudget
 
     out = Path(args.out)
@@ -316,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, e in exact["relative_max_error"].items():
         print(f"ggml vs simulated {name}: {e['simulated']:.1e} (weight-only: {e['weight_only']:.1e})")
     if args.exactness_only:
-        write_json_atomic(out, {"machine": info, "command": command, "exactness": exact})
+        write_result(out, {"machine": info, "command": command, "exactness": exact})
         return 0
     plan = _search(args, out.with_name(out.stem + "_plan.json"))
     files = _files(plan, loaded, args, gguf_dir)
@@ -355,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
            "exactness": exact, "kernel_table": kernel_meta, "reference": {"gguf": str(files["original"]),
                                                       "ppl": reference.ppl},
            "sides": sides, "goals": goals}
-    write_json_atomic(out, doc)
+    write_result(out, doc)
     print(_table(doc))
     print(f"goals: {goals}")
     print(f"load average (1 min) per round: {', '.join(f'{x:.1f}' for x in loads)}")

@@ -27,10 +27,9 @@ from pathlib import Path
 from autoplan.compress import CompressionSettings, collect_stats, compressed_copy
 from autoplan.formats import Choice
 from autoplan.models import load_model
-from autoplan.plan import write_json_atomic
 from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.text import load_text_dataset
-from _common import seed_all, start_run  # noqa: E402 - benchmarks/ is the script dir
+from _common import seed_all, start_run, write_result  # noqa: E402 - benchmarks/ is the script dir
 
 # (label, choice, prune_score, quant_method, weight/activation note)
 RECIPES: list[tuple[str, str, str, str, str]] = [
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows, "markdown": "\n".join(table),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out, result)
+    write_result(out, result)
     print(f"wrote {out}")
     return 0
 

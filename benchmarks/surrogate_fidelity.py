@@ -47,13 +47,12 @@ from autoplan.compress import CompressionSettings, collect_stats, compress_linea
 from autoplan.formats import Choice
 from autoplan.models import load_model
 from autoplan.models.graph import get_linear, set_module
-from autoplan.plan import write_json_atomic
 from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.text import load_text_dataset
 from autoplan.search.space import build_space
 from autoplan.sensitivity import build_profile
 from autoplan.targets import get_target
-from _common import start_run  # noqa: E402 - benchmarks/ is the script dir
+from _common import start_run, write_result  # noqa: E402 - benchmarks/ is the script dir
 
 CHOICES = ["dense+fp8_e4m3", "dense+int8", "dense+int8_wo", "dense+int4_g64",
            "dense+int4_g128", "dense+nvfp4", "2:4+bf16", "2:4+fp8_e4m3"]
@@ -262,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         "plans": rows, "profile_scores": profile.scores,
         "markdown": "\n".join(lines) + "\n\n" + "\n".join(plan_lines),
     }
-    write_json_atomic(out, result)
+    write_result(out, result)
     print(f"wrote {out}")
     return 0
 
