@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from autoplan.backends.cpu.probe import (
     BF16_FLAGS,
+    INT8_AVX2_FLAGS,
     INT8_FLAGS,
     CpuInfo,
     cpu_info,
@@ -27,7 +28,7 @@ from autoplan.backends.cpu.probe import (
 from autoplan.targets import Figure, Target
 
 # Bump when the measurement or the Target schema changes, so old cache files are redone.
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: int8 peak on AVX2-only CPUs (ORT MatMulInteger)
 # AWS m7i on-demand, 2026 (hw-facts §1e [C3X]): the default price of one vCPU-hour.
 PRICE_PER_VCPU_HOUR = 0.0504
 # No power reading on most machines; a rough per-core figure keeps J/token finite.
@@ -76,19 +77,22 @@ def _power(info: CpuInfo) -> Figure:
 
 
 def _peaks(info: CpuInfo) -> dict[str, Figure]:
-    wanted = ["fp32"]
-    # Only dtypes the CPU has native math for count as peaks; torch would emulate others.
+    # (peak name, what measures it): only dtypes the CPU has native math for count as peaks.
+    wanted = [("fp32", "fp32")]
     if info.has_any(BF16_FLAGS):
-        wanted.append("bf16")
+        wanted.append(("bf16", "bf16"))
     if info.has_any(INT8_FLAGS):
-        wanted.append("int8")
+        wanted.append(("int8", "int8"))
+    elif info.has_any(INT8_AVX2_FLAGS):
+        wanted.append(("int8", "int8_ort"))
     peaks: dict[str, Figure] = {}
-    for kind in wanted:
+    for kind, how in wanted:
         try:
-            rate, n = measure_matmul(kind)
+            rate, n = measure_matmul(how)
         except (RuntimeError, NotImplementedError):  # torch lacks the kernel here
             continue
-        peaks[kind] = _measured(rate, f"torch {n}x{n} GEMM, {info.threads} threads")
+        engine = "ONNX Runtime MatMulInteger" if how == "int8_ort" else "torch"
+        peaks[kind] = _measured(rate, f"{engine} {n}x{n} GEMM, {info.threads} threads")
     return peaks
 
 

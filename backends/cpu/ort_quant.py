@@ -9,8 +9,8 @@ that has an ONNX name, so benchmarks can also time the ones the matrix refuses.
 
 - `int8` (W8A8): the pattern ORT's own `quantize_dynamic` emits,
   `DynamicQuantizeLinear(x) -> MatMulInteger(x_q, W_q) -> Cast -> Mul(x_scale * w_scale)`,
-  which ORT's optimizer fuses into one `DynamicQuantizeMatMul` kernel. Weights are int8 per
-  output channel (autoplan.quant: symmetric, amax / 127). ORT quantizes activations per
+  which ORT's optimizer fuses into one `DynamicQuantizeMatMul` kernel. Weights are int8 codes per
+  output channel, stored as uint8 + 128 with zero point 128 (u8u8 is exact on AVX2) (autoplan.quant: symmetric, amax / 127). ORT quantizes activations per
   *tensor* (uint8, asymmetric) at run time, where autoplan.quant simulates vLLM's per-token
   int8: identical at decode batch 1, coarser for prefill and batched decode (the manifest
   records it).
@@ -276,10 +276,16 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
 def _int8_nodes(node: onnx.NodeProto, layer: LayerCodes, act_quantized: set[str]
                 ) -> tuple[list[onnx.NodeProto], dict[str, TensorProto]]:
     name, x, y = node.name, node.input[0], node.output[0]
-    codes, scales = layer.codes.astype(np.int8), layer.scales
+    codes, scales = layer.codes.astype(np.int16), layer.scales
     if scales.shape[1] != 1:
         raise AutoplanError(f"{name}: int8 needs one scale per output channel")
-    w_q = numpy_helper.from_array(np.ascontiguousarray(codes.T), f"{name}.weight_int8")
+    # The int8 codes are stored as uint8 with zero point 128 (the same integers): with uint8
+    # activations and int8 weights, MLAS's AVX2 kernel (vpmaddubsw, no VNNI) saturates pairs
+    # of products at int16 and the result is no longer the simulated one; u8u8 is exact on
+    # every CPU.
+    w_q = numpy_helper.from_array(np.ascontiguousarray((codes + 128).astype(np.uint8).T),
+                                  f"{name}.weight_u8")
+    w_zp = numpy_helper.from_array(np.array(128, np.uint8), f"{name}.weight_zp")
     w_s = numpy_helper.from_array(np.ascontiguousarray(scales[:, 0]), f"{name}.weight_scale")
     # One DynamicQuantizeLinear per input tensor: q/k/v (and gate/up) share their input, so
     # they share its quantization, as ORT's quantize_dynamic does.
@@ -290,13 +296,14 @@ def _int8_nodes(node: onnx.NodeProto, layer: LayerCodes, act_quantized: set[str]
         built.append(helper.make_node("DynamicQuantizeLinear", [x], [xq, xs, xz],
                                       name=f"{x}.act_quant"))
     built += [
-        helper.make_node("MatMulInteger", [xq, w_q.name, xz], [f"{name}/int32"], name=name),
+        helper.make_node("MatMulInteger", [xq, w_q.name, xz, w_zp.name], [f"{name}/int32"],
+                         name=name),
         helper.make_node("Cast", [f"{name}/int32"], [f"{name}/int32_f"], name=f"{name}.cast",
                          to=TensorProto.FLOAT),
         helper.make_node("Mul", [xs, w_s.name], [f"{name}/scale"], name=f"{name}.scale"),
         helper.make_node("Mul", [f"{name}/int32_f", f"{name}/scale"], [y], name=f"{name}.dequant"),
     ]
-    return built, {"weight": w_q, "scale": w_s}
+    return built, {"weight": w_q, "scale": w_s, "zero_point": w_zp}
 
 
 def _nbits_nodes(node: onnx.NodeProto, layer: LayerCodes, spec: OrtNode
@@ -331,7 +338,9 @@ def dequantized_weights(model: onnx.ModelProto, records: list[QuantizedNode]
             full = weight.astype(np.float32)
         elif rec.op_type == "MatMulInteger":
             scale = numpy_helper.to_array(inits[rec.tensors["scale"]])
-            full = weight.astype(np.float32) * scale[None, :]
+            zp_name = rec.tensors.get("zero_point")  # uint8 codes + 128 (older: int8, none)
+            zp = 0 if zp_name is None else int(numpy_helper.to_array(inits[zp_name]))
+            full = (weight.astype(np.float32) - zp) * scale[None, :]
         else:
             attrs = {a.name: helper.get_attribute_value(a) for a in nodes[rec.node].attribute}
             scale = numpy_helper.to_array(inits[rec.tensors["scale"]])

@@ -22,6 +22,11 @@ RELEVANT_FLAGS = (
 )
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "i8mm", "asimddp")
+# Without a dot-product instruction, x86 int8 GEMMs still run natively on AVX2 (MLAS's
+# vpmaddubsw/vpmaddwd kernels, ggml's AVX2 dot products) -- but torch's CPU `_int_mm` has no
+# such kernel and measures an emulation ~50x slower, so on these CPUs the int8 rate is taken
+# from ONNX Runtime's MatMulInteger, the kernel our CPU runtimes actually call.
+INT8_AVX2_FLAGS = ("avx2",)
 
 
 @dataclass(frozen=True)
@@ -140,8 +145,30 @@ def measure_bandwidth(mbytes: int = 256, budget_s: float = 0.6) -> tuple[float, 
     return max(read, copy), f"torch {method} over {mbytes} MiB, best of repeated runs"
 
 
+def _ort_int8_gemm(n: int) -> Callable[[], object]:
+    """One n x n x n uint8 GEMM through ONNX Runtime's MatMulInteger (u8u8: no saturation)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(0, 255, (n, n), dtype=np.uint8), "B"),
+             numpy_helper.from_array(np.array(128, np.uint8), "AZ"),
+             numpy_helper.from_array(np.array(128, np.uint8), "BZ")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["A", "B", "AZ", "BZ"], ["Y"])], "int8_gemm",
+        [helper.make_tensor_value_info("A", TensorProto.UINT8, [n, n])],
+        [helper.make_tensor_value_info("Y", TensorProto.INT32, [n, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = {"A": rng.integers(0, 255, (n, n), dtype=np.uint8)}
+    return lambda: session.run(None, feed)
+
+
 def measure_matmul(kind: str, budget_s: float = 0.4) -> tuple[float, int]:
-    """Dense GEMM rate in TFLOP/s (TOP/s for int8) for "fp32", "bf16" or "int8".
+    """Dense GEMM rate in TFLOP/s (TOP/s for int8) for "fp32", "bf16", "int8" (torch) or
+    "int8_ort" (ONNX Runtime's MatMulInteger, for CPUs where torch has no int8 kernel).
 
     The square size grows from 512 until one multiply takes at least 20 ms, so small and
     large CPUs are both measured near their sustained rate within the budget.
@@ -155,6 +182,8 @@ def measure_matmul(kind: str, budget_s: float = 0.4) -> tuple[float, int]:
     import torch
 
     def make(n: int) -> Callable[[], object]:
+        if kind == "int8_ort":
+            return _ort_int8_gemm(n)
         if kind == "int8":
             a = torch.randint(-64, 64, (n, n), dtype=torch.int8)
             return lambda: torch._int_mm(a, a)
@@ -175,4 +204,4 @@ def measure_matmul(kind: str, budget_s: float = 0.4) -> tuple[float, int]:
     return 2 * n**3 / seconds / 1e12, n
 
 
-__all__ = ["BF16_FLAGS", "CpuInfo", "INT8_FLAGS", "cpu_info", "measure_bandwidth", "measure_matmul"]
+__all__ = ["BF16_FLAGS", "CpuInfo", "INT8_AVX2_FLAGS", "INT8_FLAGS", "cpu_info", "measure_bandwidth", "measure_matmul"]
