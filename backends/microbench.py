@@ -33,7 +33,6 @@ import itertools
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from typing import Any
 
 import torch
 
+from autoplan.atomic import write_json_atomic
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity, format_spec, registered_formats
 from autoplan.prune import PruneScore, compute_mask
@@ -279,6 +279,18 @@ def run_microbench(
     return rows, skipped
 
 
+def run_rows(rows: Iterable[tuple[int, int, int, Choice]], device: str = "cuda",
+             repeats: int = 20, warmup: int = 3) -> dict[str, Any]:
+    """Time (m, n, k, choice) rows on ``device``: the cost table of ``Backend.microbench``."""
+    timed: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for m, n, k, choice in rows:
+        got, miss = run_microbench([(m, n, k)], [choice], device, repeats, warmup)
+        timed += got
+        skipped += miss
+    return cost_table(timed, device, skipped)
+
+
 def device_name(device: str) -> str:
     """Human-readable device description for the cost table."""
     if torch.device(device).type == "cuda":
@@ -299,13 +311,7 @@ def cost_table(rows: list[dict[str, Any]], device: str, skipped: Iterable[dict[s
 
 def write_cost_table(table: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write a cost table atomically (temp file + rename), keys sorted."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(table, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(path, table, indent=1)
 
 
 def read_cost_table(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from rich.table import Table
 from autoplan.backends.cpu.onnx_export import CpuArtifact
 from autoplan.bench import (BenchReport, apply_plan_cpu, export_baseline, ort_side, read_bandwidth,
                             read_plan, run_bench, torch_side)
-from autoplan.bench.predict import artifact_decisions, prediction_block
+from autoplan.backends.cpu.predict import artifact_decisions, prediction_block
 from autoplan.cli._args import positive_int
 from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.errors import UserInputError
@@ -81,7 +81,7 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
             threads: int | None, no_spin: bool, as_json: bool) -> None:
     """Measure prefill/decode tok/s, TTFT, TPOT and memory: baseline vs plan, one run."""
     from autoplan.models import load_model
-    from autoplan.targets import get_target
+    from autoplan.backends.registry import resolve_target as get_target
 
     for flag, value in (("requests", requests), ("concurrency", concurrency),
                         ("input-len", input_len), ("output-len", output_len),
@@ -116,7 +116,7 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
                            bandwidth=bandwidth, threads=threads,
                            progress=None if as_json else lambda m: err_console.print(m))
         # On this CPU the linear layers are predicted from measured ORT kernel times
-        # (timed once per machine and shape, then cached): see autoplan.bench.predict.
+        # (timed once per machine and shape, then cached): see autoplan.backends.cpu.predict.
         report.predicted = prediction_block(
             loaded.spec, get_target("local"), report.workload, decisions,
             {s.name: s for s in report.sides}, artifacts=dict(arts), threads=threads,

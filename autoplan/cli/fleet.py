@@ -14,7 +14,7 @@ from autoplan.errors import UserInputError
 from autoplan.fleet import FleetSizing, size_fleet
 from autoplan.formats import Choice
 from autoplan.search.space import load_space_file
-from autoplan.targets import get_target
+from autoplan.backends.registry import resolve_target as get_target
 from autoplan.workload import Workload
 
 

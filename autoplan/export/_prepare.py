@@ -28,7 +28,8 @@ from autoplan.plan.schema import Plan
 from autoplan.prune import PruneScore
 from autoplan.quant import HessianAccumulator, SimulatedLinear, nvfp4_global_scale
 from autoplan.runtimes import get_runtime, listing, refusals
-from autoplan.targets import Target, get_target
+from autoplan.backends.registry import resolve_target as get_target
+from autoplan.targets import Target
 
 UNQUANTIZED = frozenset(s.precision for s in registered_formats() if not s.quantized)
 _SHOWN = 4  # offending layers named in a refusal before "and N more"

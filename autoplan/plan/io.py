@@ -4,37 +4,19 @@ schema-version checked on load (older migrated, newer refused)."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from autoplan.atomic import write_json_atomic
 from autoplan.errors import PlanError
 from autoplan.plan.schema import SCHEMA_VERSION, Plan
 
 # from_version -> function upgrading a raw dict by one version. Empty until schema 2 exists;
 # load_plan applies them in order, so a v1 plan keeps loading after every future bump.
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON so that readers see the old file or the complete new one, never a part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

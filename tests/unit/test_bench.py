@@ -188,7 +188,7 @@ def test_full_gptq_plan_exports_the_plans_own_codes(tmp_path):
 
 
 def test_prediction_block_sets_predicted_measured_and_ratio(loaded, tmp_path):
-    from autoplan.bench.predict import artifact_decisions, predict_side, prediction_block
+    from autoplan.backends.cpu.predict import artifact_decisions, predict_side, prediction_block
     from autoplan.cost import CostModel
     from autoplan.targets import get_target
     from autoplan.workload import Workload
@@ -232,7 +232,7 @@ def test_search_kernel_table_times_the_non_gemm_step_at_batch_1(loaded, monkeypa
     timed (the rows themselves are stubbed: timing them is test_ort_microbench's job)."""
     from autoplan.backends.cpu import ort_microbench as OM
 
-    from autoplan.bench.predict import search_kernel_table
+    from autoplan.backends.cpu.predict import search_kernel_table
     from autoplan.search.space import build_space
     from autoplan.targets import get_target
     from autoplan.workload import Workload
