@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from autoplan.bench.planfile import read_plan
+from autoplan.plan.io import read_plan
 from autoplan.cli._output import console, emit_json, json_option
 from autoplan.cost import CostModel, resolve_config
 from autoplan.cost.model import USABLE_MEMORY

@@ -86,14 +86,19 @@ def pick_runtime(plan: Plan, runtimes: Sequence[str]) -> str:
 
 
 def check_runtime(fmt: str, target: Target, runtime: str, choices: Mapping[str, Choice]) -> None:
-    """Refuse layers whose choice ``runtime`` cannot serve on ``target``, naming them."""
+    """Refuse layers whose choice ``runtime`` cannot serve on ``target``, naming them.
+
+    The answer is ``autoplan.runtimes.supports`` (the runtime matrix) alone, the one search
+    uses, so export and apply accept exactly the plans search can make.
+    """
     refused = refusals(target, runtime, choices)
     if refused:
         why, names = next(iter(refused.items()))
+        total = sum(len(v) for v in refused.values())
         raise UnsupportedFormatError(
-            f"--format {fmt} is served by {runtime}, which cannot serve {len(names)} layer(s) "
-            f"planned {why}: {_listing(names)}; re-plan with --runtime {runtime} or pick "
-            "another --format")
+            f"--format {fmt} is served by {runtime}, which cannot serve {total} planned "
+            f"layer(s) on {target.name}; {len(names)} are {why}: {_listing(names)}; re-plan "
+            f"with --runtime {runtime} or pick another --format")
 
 
 def check_fused_groups(loaded: Any, choices: Mapping[str, Choice]) -> None:

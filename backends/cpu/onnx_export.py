@@ -90,7 +90,7 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
 
     This writer packs any format that has an ONNX name; whether ONNX Runtime *accelerates*
     it is the runtime matrix's question, asked by `autoplan apply` and `autoplan export`
-    (ort_quant.check_cpu_choices) before they call here.
+    (autoplan.export._prepare.check_runtime) before they call here.
     """
     _check_sparsity(model, decisions, {**(weights or {}), **(masks or {})})
     proto = build_decoder(model, masks=masks, weights=weights,

@@ -11,20 +11,26 @@ import torch
 from autoplan.backends.cpu.ort_runtime import GenerationResult
 from click.testing import CliRunner
 
-from autoplan.bench import (
-    apply_plan_cpu,
-    check_cpu_plan,
-    export_baseline,
-    ort_side,
-    read_plan,
-    run_bench,
-    torch_side,
-)
+from autoplan.backends.cpu.onnx_export import CpuArtifact
+from autoplan.bench import ort_side, run_bench, torch_side
 from autoplan.bench.report import summarize
 from autoplan.cli import cli
 from autoplan.errors import PlanError, UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice
+from autoplan.export import apply as apply_mod
 from autoplan.modelspec import ModelSpec
+from autoplan.plan import read_plan
+
+check_cpu_plan = apply_mod.apply_format  # `apply` refuses by the default format's runtime
+
+
+def apply_plan_cpu(loaded, plan, out, **kw):  # noqa: ANN001, ANN003, ANN201
+    """`autoplan apply` on a CPU target: the ONNX artifact (export's default format)."""
+    return CpuArtifact.load(apply_mod.apply_plan(loaded, plan, out, **kw))
+
+
+def export_baseline(loaded, out):  # noqa: ANN001, ANN201
+    return CpuArtifact.load(apply_mod.export_baseline(loaded, out))
 
 transformers = pytest.importorskip("transformers")
 
