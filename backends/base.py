@@ -145,9 +145,14 @@ class Backend(ABC):
 
     def microbench(self, rows: Iterable[Row]) -> dict[str, Any]:
         """Time ``rows`` on this backend's hardware: a cost table (backends/microbench.py's
-        schema: ``rows`` timed, ``skipped`` with one-line reasons)."""
-        from autoplan.backends.microbench import run_rows
+        schema: ``rows`` timed, ``skipped`` with one-line reasons). Without the hardware
+        every row is skipped with the probe's reason; nothing raises."""
+        from autoplan.backends.microbench import run_rows, unavailable_table
 
+        rows = list(rows)
+        probe = self.probe()
+        if not probe.available:
+            return unavailable_table(rows, f"{self.name}: {probe.reason}")
         return run_rows(rows, device="cuda")
 
 

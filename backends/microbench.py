@@ -291,6 +291,14 @@ def run_rows(rows: Iterable[tuple[int, int, int, Choice]], device: str = "cuda",
     return cost_table(timed, device, skipped)
 
 
+def unavailable_table(rows: Iterable[tuple[int, int, int, Choice]], reason: str) -> dict[str, Any]:
+    """A cost table with every row skipped for one reason (the hardware is absent)."""
+    skipped = [{"m": int(m), "n": int(n), "k": int(k), "choice": str(c), "reason": reason}
+               for m, n, k, c in rows]
+    return {"schema_version": SCHEMA_VERSION, "device": "unavailable", "torch": torch.__version__,
+            "rows": [], "skipped": skipped}
+
+
 def device_name(device: str) -> str:
     """Human-readable device description for the cost table."""
     if torch.device(device).type == "cuda":
