@@ -30,7 +30,7 @@ def _sparse(target: Target) -> str:
 def _table(targets: list[Target]) -> Table:
     table = Table(title="autoplan targets (dense peaks in TFLOPS/TOPS; ~ = uncertain)")
     table.add_column("name", no_wrap=True)
-    table.add_column("source")
+    table.add_column("source", no_wrap=True)
     for col in ("aliases", "family", "mem GB", "BW GB/s", "dense peaks", "2:4", "TDP W", "$/h"):
         table.add_column(col, overflow="fold")
     for t in targets:
