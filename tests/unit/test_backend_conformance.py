@@ -126,3 +126,11 @@ def test_the_cpu_backend_yields_the_local_target_measured() -> None:
     assert "local" in get_backend("cpu").measured_targets()
     local = resolve_target("local")
     assert local.measured and local.name == "local"
+
+
+@pytest.mark.parametrize("name", ["nvidia", "amd"])
+def test_gpu_kernels_are_launchable_by_the_microbenchmark(name) -> None:
+    """Every kernel a GPU backend can select has a packer in backends/microbench.py."""
+    from autoplan.backends import microbench as MB
+
+    assert {k.name for k in get_backend(name).kernels} <= set(MB._KERNELS)
