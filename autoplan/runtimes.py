@@ -244,26 +244,6 @@ def supports(target: Target, runtime: str, choice: Choice) -> Support:
     )
 
 
-def backend_supports(
-    backend: str, platforms: tuple[str, ...], target: Target, runtime: str, choice: Choice
-) -> Support:
-    """`supports()` as seen by one vendor backend, which only drives its own platforms.
-
-    Args:
-        backend: the backend's name (nvidia, amd, cpu).
-        platforms: the target platforms the backend drives.
-        target, runtime, choice: as for `supports()`.
-    """
-    if target.platform not in platforms:
-        return Support(
-            False,
-            f"the {backend} backend drives {', '.join(platforms)} targets, not {target.name} "
-            f"({target.platform}); use the matching backend",
-            f"target:{target.name}",
-        )
-    return supports(target, runtime, choice)
-
-
 def refusals(target: Target, runtime: str, choices: Mapping[str, Choice]) -> dict[str, list[str]]:
     """The layers `runtime` does not accelerate on `target`, grouped by refusal.
 
@@ -296,7 +276,6 @@ __all__ = [
     "Runtime",
     "Support",
     "accelerated_choices",
-    "backend_supports",
     "default_runtime",
     "get_runtime",
     "listing",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Literal
@@ -16,8 +17,21 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoplan.errors import AutoplanError, UnknownNameError
+from autoplan.textenum import TextEnum
 
 MathDtype = Literal["fp32", "bf16", "fp8", "int8", "int4", "fp4"]
+
+
+class Vendor(TextEnum):
+    """Who makes a target's hardware (`cpu-local`: this machine, measured)."""
+
+    __noun__ = "vendor"
+
+    NVIDIA = "nvidia"
+    AMD = "amd"
+    INTEL = "intel"
+    ARM = "arm"
+    CPU_LOCAL = "cpu-local"
 
 
 class Figure(BaseModel):
@@ -48,7 +62,7 @@ class Target(BaseModel):
     name: str
     aliases: tuple[str, ...] = ()
     description: str
-    vendor: Literal["nvidia", "amd", "intel", "arm", "cpu-local"]
+    vendor: Vendor
     kind: Literal["gpu", "cpu"]
     family: str = Field(description="hardware family; efficiency constants are global per family")
     memory_gb: Figure
@@ -226,23 +240,47 @@ def _aliases(catalog: dict[str, Target]) -> dict[str, str]:
     return table
 
 
+# Targets a backend measures on this machine (the CPU backend: `local`), name -> factory.
+# Registered by autoplan.backends.registry.load_backends; the catalog imports no backend.
+_MEASURED: dict[str, Callable[[], Target]] = {}
+
+
+def register_measured_target(name: str, factory: Callable[[], Target]) -> None:
+    """Add a target a backend measures (called when the backend is loaded; idempotent).
+
+    Raises:
+        AutoplanError: the name is a catalog name or alias, or another factory holds it.
+    """
+    key = name.strip().lower()
+    if key in _aliases(load_catalog()) or _MEASURED.get(key, factory) is not factory:
+        raise AutoplanError(f"measured target '{name}' is claimed twice; rename one")
+    _MEASURED[key] = factory
+
+
+def measured_target_names() -> list[str]:
+    """The names of the registered measured targets, sorted."""
+    return sorted(_MEASURED)
+
+
 def target_names() -> list[str]:
-    """Every target name users can pass, `local` included."""
-    return sorted([*load_catalog(), "local"])
+    """Every target name users can pass: the catalog and the measured targets."""
+    return sorted([*load_catalog(), *_MEASURED])
 
 
 def get_target(name: str) -> Target:
-    """Resolve a target by name or alias (`h100` -> h100-sxm). `local` measures this machine."""
+    """Resolve a target by name or alias (`h100` -> h100-sxm); a measured target (`local`)
+    is measured by its backend on first use, then cached."""
     key = name.strip().lower()
-    if key == "local":
-        from autoplan.backends.cpu.local_target import local_target
-
-        return local_target()
+    if key in _MEASURED:
+        return _MEASURED[key]()
     catalog = load_catalog()
     aliases = _aliases(catalog)
     if key in aliases:
         return catalog[aliases[key]]
-    raise UnknownNameError("target", name, [*catalog, "local"])
+    if key == "local":
+        raise AutoplanError("target 'local' is measured by the CPU backend, which is not loaded: "
+                            "resolve it with autoplan.backends.registry.resolve_target")
+    raise UnknownNameError("target", name, target_names())
 
 
 __all__ = [
@@ -250,10 +288,13 @@ __all__ = [
     "MathDtype",
     "SPECIAL_SOURCES",
     "Target",
+    "Vendor",
     "check_source",
     "get_target",
     "load_catalog",
     "load_references",
     "match_device",
+    "measured_target_names",
+    "register_measured_target",
     "target_names",
 ]

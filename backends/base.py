@@ -1,17 +1,39 @@
-"""The backend protocol and registry.
+"""The backend interface and registry.
 
-A backend is a vendor adapter (nvidia, amd, cpu). `probe()` finds real hardware and never
-raises; `supports()` says whether a Choice runs on accelerated kernels for a layer; the rest
-(apply, microbench, export) is provided by each vendor package when its hardware is present.
+A backend is a vendor adapter (nvidia, amd, cpu). Each one says, in one class:
+
+- ``probe()``: the hardware it finds; never raises (a missing driver is a reason, not an error);
+- ``measured_targets()``: targets it measures itself, registered into the catalog when the
+  backend is loaded (the CPU backend yields ``local``);
+- ``supports(target, runtime, choice)``: the runtime matrix's answer (``autoplan.runtimes``),
+  implemented once here, restricted to the platforms the backend drives;
+- ``kernels``: an ordered list of kernels, each with requirement predicates; the first whose
+  requirements all hold runs a choice (``select_kernel``), as compressed-tensors picks a
+  compressor;
+- ``microbench(rows)``: times (m, n, k, choice) rows on its hardware into a cost table;
+- ``exporters`` and ``default_format``: the export formats its runtimes load; ``autoplan
+  apply`` is ``autoplan export`` with ``default_format``.
+
+Vendor libraries (pynvml, amdsmi, triton, onnxruntime) stay lazy: importing a backend costs
+nothing on a machine without its hardware.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
-from autoplan.errors import AutoplanError, UnknownNameError
+from autoplan.errors import AutoplanError, UnknownNameError, UnsupportedFormatError
+from autoplan.formats import Choice, format_spec
+from autoplan.runtimes import Support, supports
+from autoplan.targets import Target
+
+# (m tokens, n out features, k in features, choice): one GEMM a microbenchmark times.
+Row = tuple[int, int, int, Choice]
+# A kernel requirement: "" when met, else one line saying what is missing.
+Requirement = Callable[[Choice], str]
 
 
 @dataclass(frozen=True)
@@ -34,45 +56,136 @@ class ProbeResult:
         }
 
 
-@runtime_checkable
-class Backend(Protocol):
-    name: str
+def sparsity_token(choice: Choice) -> str:
+    """The FormatSpec.kernels key of a choice's sparsity: dense, 2:4, n:m, block, ..."""
+    sp = choice.sparsity
+    if sp.kind == "nm":
+        return "2:4" if (sp.n, sp.m) == (2, 4) else "n:m"
+    return sp.kind
 
-    def probe(self) -> ProbeResult: ...
+
+def named_by_format(kernel: str) -> Requirement:
+    """Requirement: the choice's FormatSpec names ``kernel`` for its sparsity pattern."""
+
+    def check(choice: Choice) -> str:
+        named = format_spec(choice.precision).kernels.get(sparsity_token(choice))
+        return "" if named == kernel else f"{choice} is not run by {kernel}"
+
+    return check
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """One kernel a backend can launch, with what it requires of a choice and the machine."""
+
+    name: str
+    requires: tuple[Requirement, ...]
+
+    def why_not(self, choice: Choice) -> str:
+        """"" when every requirement holds for ``choice``, else the first unmet one."""
+        for requirement in self.requires:
+            reason = requirement(choice)
+            if reason:
+                return reason
+        return ""
+
+
+class Backend(ABC):
+    """A vendor adapter; subclasses fill in the class attributes and ``probe``."""
+
+    name: ClassVar[str]
+    platforms: ClassVar[tuple[str, ...]]  # target platforms it drives ("nvidia-gpu", ...)
+    exporters: ClassVar[tuple[str, ...]]  # export formats its runtimes load, preferred first
+    kernels: ClassVar[tuple[KernelEntry, ...]] = ()  # ordered: the first that fits runs
+
+    @property
+    def default_format(self) -> str:
+        """The export format ``autoplan apply`` writes for this backend's targets."""
+        return self.exporters[0]
+
+    @abstractmethod
+    def probe(self) -> ProbeResult:
+        """Find this backend's hardware; never raises."""
+
+    def measured_targets(self) -> Mapping[str, Callable[[], Target]]:
+        """Targets this backend measures itself (name -> factory); none by default."""
+        return {}
+
+    def drives(self, target: Target) -> bool:
+        """Whether this backend runs ``target``'s hardware."""
+        return target.platform in self.platforms
+
+    def supports(self, target: Target, runtime: str, choice: Choice) -> Support:
+        """Whether ``runtime`` accelerates ``choice`` on ``target``: the runtime matrix's
+        answer (``autoplan.runtimes.supports``), refused for targets of other platforms."""
+        if not self.drives(target):
+            return Support(
+                False,
+                f"the {self.name} backend drives {', '.join(self.platforms)} targets, not "
+                f"{target.name} ({target.platform}); use the matching backend",
+                f"target:{target.name}",
+            )
+        return supports(target, runtime, choice)
+
+    def select_kernel(self, choice: Choice) -> KernelEntry:
+        """The first kernel, in order, whose requirements all hold for ``choice``.
+
+        Raises:
+            UnsupportedFormatError: none fits; the message gives each kernel's reason.
+        """
+        reasons = []
+        for kernel in self.kernels:
+            why = kernel.why_not(choice)
+            if not why:
+                return kernel
+            reasons.append(f"{kernel.name}: {why}")
+        raise UnsupportedFormatError(
+            f"the {self.name} backend has no kernel for {choice} "
+            f"({'; '.join(reasons) or 'it lists no kernels'})")
+
+    def microbench(self, rows: Iterable[Row]) -> dict[str, Any]:
+        """Time ``rows`` on this backend's hardware: a cost table (backends/microbench.py's
+        schema: ``rows`` timed, ``skipped`` with one-line reasons). Without the hardware
+        every row is skipped with the probe's reason; nothing raises."""
+        from autoplan.backends.microbench import run_rows, unavailable_table
+
+        rows = list(rows)
+        probe = self.probe()
+        if not probe.available:
+            return unavailable_table(rows, f"{self.name}: {probe.reason}")
+        return run_rows(rows, device="cuda")
 
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}
 
 
-def register_backend(name: str) -> Callable[[Callable[[], Backend]], Callable[[], Backend]]:
-    """Class/factory decorator: register a backend under a unique name."""
+def register_backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
+    """Class decorator: register a backend under a unique name."""
 
-    def deco(factory: Callable[[], Backend]) -> Callable[[], Backend]:
+    def deco(cls: type[Backend]) -> type[Backend]:
         if name in _REGISTRY:
             raise AutoplanError(f"backend '{name}' is registered twice")
-        _REGISTRY[name] = factory
-        return factory
+        _REGISTRY[name] = cls
+        return cls
 
     return deco
 
 
-def get_backend(name: str) -> Backend:
-    _load_builtin()
+def registered_backends() -> dict[str, Callable[[], Backend]]:
+    """Every backend registered so far (name -> class); ``load_backends`` loads the vendors."""
+    return dict(_REGISTRY)
+
+
+def get_registered(name: str) -> Backend:
+    """A registered backend by name.
+
+    Raises:
+        UnknownNameError: no such backend; lists the registered ones.
+    """
     if name not in _REGISTRY:
-        raise UnknownNameError("backend", name, _REGISTRY)
+        raise UnknownNameError("backend", name, sorted(_REGISTRY))
     return _REGISTRY[name]()
 
 
-def backend_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def _load_builtin() -> None:
-    # Importing the vendor packages registers them; vendor libraries inside stay lazy.
-    import autoplan.backends.amd  # noqa: F401
-    import autoplan.backends.cpu  # noqa: F401
-    import autoplan.backends.nvidia  # noqa: F401
-
-
-__all__ = ["Backend", "ProbeResult", "backend_names", "get_backend", "register_backend"]
+__all__ = ["Backend", "KernelEntry", "ProbeResult", "Requirement", "Row", "get_registered",
+           "named_by_format", "register_backend", "registered_backends", "sparsity_token"]

@@ -33,7 +33,6 @@ import itertools
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -42,8 +41,10 @@ from typing import Any
 
 import torch
 
+from autoplan.atomic import write_json_atomic
+from autoplan.backends.base import sparsity_token
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
-from autoplan.formats import Choice, Precision, Sparsity, format_spec, registered_formats
+from autoplan.formats import Choice, Precision, format_spec, registered_formats
 from autoplan.prune import PruneScore, compute_mask
 from autoplan.quant import QuantizedWeight, quantize_weight
 
@@ -191,13 +192,6 @@ def _nvfp4_dense(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.devi
     return lambda x: N.nvfp4_linear(x, packed)
 
 
-def kernel_token(sparsity: Sparsity) -> str:
-    """The FormatSpec.kernels key of a sparsity pattern: dense, 2:4, n:m, block, ..."""
-    if sparsity.kind == "nm":
-        return "2:4" if (sparsity.n, sparsity.m) == (2, 4) else "n:m"
-    return sparsity.kind
-
-
 def compress_for(choice: Choice, w: torch.Tensor) -> tuple[QuantizedWeight, torch.Tensor | None]:
     """The weight a kernel for `choice` runs, and its keep-mask (None when dense):
     autoplan.prune's magnitude mask of the choice's pattern, then autoplan.quant's
@@ -213,7 +207,9 @@ def prepare_linear(
 ) -> tuple[Callable[[torch.Tensor], Layer], str]:
     """For a choice, (build, kernel name): build(float weight [N, K]) -> prepared x -> y.
 
-    The kernel is the one the choice's FormatSpec names for its sparsity pattern; build
+    On a GPU the kernel is the first of the backend's ordered kernels whose requirements
+    hold (``Backend.select_kernel``); on CPU, the reference path of the kernel the choice's
+    FormatSpec names for its sparsity pattern. build
     prunes and quantizes the weight with autoplan.prune / autoplan.quant (``compress_for``)
     and the kernel only packs the result. Used by the sweep here and to swap real layers in
     end-to-end checks.
@@ -221,16 +217,25 @@ def prepare_linear(
     Raises:
         UnsupportedFormatError: no kernel for the choice, or it needs CUDA and `dev` is CPU.
     """
-    name = format_spec(choice.precision).kernels.get(kernel_token(choice.sparsity))
-    if name is None:
-        raise UnsupportedFormatError(f"no microbenchmark for '{choice}': kernels exist for "
-                                     f"{', '.join(sorted(_timed_choices()))}")
-    kernel = _KERNELS[name]
-    if dev.type != "cuda" and kernel.cpu_name is None:
-        cpu = sorted(c for c, k in _timed_choices().items() if _KERNELS[k].cpu_name)
-        raise UnsupportedFormatError(
-            f"'{choice}' has no CPU microbenchmark path ({name} needs CUDA): on CPU use "
-            f"{', '.join(cpu)}")
+    if dev.type == "cuda":
+        # The GPU backend's ordered kernel list picks: the first kernel whose requirements
+        # (the FormatSpec names it; the GPU's compute capability) all hold.
+        from autoplan.backends.registry import get_backend
+
+        backend = get_backend("amd" if torch.version.hip else "nvidia")
+        kernel = _KERNELS[backend.select_kernel(choice).name]
+        name = kernel.name
+    else:
+        name = format_spec(choice.precision).kernels.get(sparsity_token(choice))
+        if name is None:
+            raise UnsupportedFormatError(f"no microbenchmark for '{choice}': kernels exist for "
+                                         f"{', '.join(sorted(_timed_choices()))}")
+        kernel = _KERNELS[name]
+        if kernel.cpu_name is None:
+            cpu = sorted(c for c, k in _timed_choices().items() if _KERNELS[k].cpu_name)
+            raise UnsupportedFormatError(
+                f"'{choice}' has no CPU microbenchmark path ({name} needs CUDA): on CPU use "
+                f"{', '.join(cpu)}")
     shown = name if dev.type == "cuda" else kernel.cpu_name
     return (lambda w: kernel.pack(choice, *compress_for(choice, w.to(dev)), dev)), shown
 
@@ -279,6 +284,26 @@ def run_microbench(
     return rows, skipped
 
 
+def run_rows(rows: Iterable[tuple[int, int, int, Choice]], device: str = "cuda",
+             repeats: int = 20, warmup: int = 3) -> dict[str, Any]:
+    """Time (m, n, k, choice) rows on ``device``: the cost table of ``Backend.microbench``."""
+    timed: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for m, n, k, choice in rows:
+        got, miss = run_microbench([(m, n, k)], [choice], device, repeats, warmup)
+        timed += got
+        skipped += miss
+    return cost_table(timed, device, skipped)
+
+
+def unavailable_table(rows: Iterable[tuple[int, int, int, Choice]], reason: str) -> dict[str, Any]:
+    """A cost table with every row skipped for one reason (the hardware is absent)."""
+    skipped = [{"m": int(m), "n": int(n), "k": int(k), "choice": str(c), "reason": reason}
+               for m, n, k, c in rows]
+    return {"schema_version": SCHEMA_VERSION, "device": "unavailable", "torch": torch.__version__,
+            "rows": [], "skipped": skipped}
+
+
 def device_name(device: str) -> str:
     """Human-readable device description for the cost table."""
     if torch.device(device).type == "cuda":
@@ -299,13 +324,7 @@ def cost_table(rows: list[dict[str, Any]], device: str, skipped: Iterable[dict[s
 
 def write_cost_table(table: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write a cost table atomically (temp file + rename), keys sorted."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(table, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(path, table, indent=1)
 
 
 def read_cost_table(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -336,7 +355,6 @@ __all__ = [
     "device_name",
     "Kernel",
     "compress_for",
-    "kernel_token",
     "make_layer_op",
     "prepare_linear",
     "read_cost_table",

@@ -43,7 +43,7 @@ from openvino_side import (EXACT_ARITHMETIC, convert, export_args,  # noqa: E402
 
 from autoplan.backends.cpu.onnx_export import CpuArtifact, export_cpu_model  # noqa: E402
 from autoplan.bench import ort_side, read_bandwidth, run_bench, torch_side  # noqa: E402
-from autoplan.bench.predict import artifact_decisions, prediction_block  # noqa: E402
+from autoplan.backends.cpu.predict import artifact_decisions, prediction_block  # noqa: E402
 from autoplan.errors import UserInputError  # noqa: E402
 from autoplan.formats import Choice  # noqa: E402
 

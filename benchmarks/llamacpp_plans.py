@@ -188,7 +188,7 @@ def _speed(files: dict[str, Path], prompts: list, args) -> dict:  # noqa: ANN001
 
 
 def _decisions(plan, loaded, side: str) -> dict | None:  # noqa: ANN001
-    from autoplan.backends.cpu.ggml_microbench import source_decisions
+    from autoplan.engines.ggml_microbench import source_decisions
     from autoplan.formats import Choice
 
     if side == "plan":
@@ -205,7 +205,7 @@ def _decisions(plan, loaded, side: str) -> dict | None:  # noqa: ANN001
 def _predicted(plan, loaded, args, sides) -> tuple[dict, dict]:  # noqa: ANN001
     """Cost-model decode tok/s per side from the measured ggml kernels (cached) and a fresh
     non-GEMM measurement; K-quant sides have no kernels in the table (None)."""
-    from autoplan.backends.cpu.ggml_microbench import search_kernel_table
+    from autoplan.engines.ggml_microbench import search_kernel_table
     from autoplan.cost import CostModel
     from autoplan.formats import Choice
     from autoplan.search.space import build_space
@@ -260,7 +260,7 @@ def exactness(loaded, layer: str = "model.layers.3.mlp.down_proj", rows: int = 4
     next to the same gap when activations are left unrounded (weight-only simulation)."""
     import torch
 
-    from autoplan.backends.cpu.ggml_microbench import GGML_TYPE_IDS
+    from autoplan.engines.ggml_microbench import GGML_TYPE_IDS
     from autoplan.engines.llamacpp import GgmlWorker
     from autoplan.formats import Choice
     from autoplan.models.graph import get_linear

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from autoplan.backends.registry import load_backends
+
+# What the CLI does at start: register the backends and the targets they measure (`local`).
+load_backends()
+
 
 def _has_gpu() -> bool:
     try:

@@ -10,12 +10,11 @@ import click
 from rich.table import Table
 
 from autoplan.backends.cpu.onnx_export import CpuArtifact
-from autoplan.bench import (BenchReport, apply_plan_cpu, export_baseline, ort_side, read_bandwidth,
-                            read_plan, run_bench, torch_side)
-from autoplan.bench.predict import artifact_decisions, prediction_block
+from autoplan.backends.cpu.predict import artifact_decisions, prediction_block
+from autoplan.bench import BenchReport, ort_side, read_bandwidth, run_bench, torch_side
 from autoplan.cli._args import positive_int
 from autoplan.cli._output import console, emit_json, err_console, json_option
-from autoplan.errors import UserInputError
+from autoplan.errors import UnsupportedFormatError, UserInputError
 
 
 def _table(report: BenchReport) -> Table:
@@ -80,8 +79,10 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
             concurrency: int, input_len: int, output_len: int, no_torch: bool,
             threads: int | None, no_spin: bool, as_json: bool) -> None:
     """Measure prefill/decode tok/s, TTFT, TPOT and memory: baseline vs plan, one run."""
-    from autoplan.models import load_model
-    from autoplan.targets import get_target
+    from autoplan.backends.registry import resolve_target as get_target
+    from autoplan.export.apply import apply_format, apply_plan, export_baseline, load_checked
+    from autoplan.export.calibration import plan_calibration
+    from autoplan.plan.io import read_plan
 
     for flag, value in (("requests", requests), ("concurrency", concurrency),
                         ("input-len", input_len), ("output-len", output_len),
@@ -90,19 +91,21 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
     if plan_path and artifact:
         raise UserInputError("pass --plan or --artifact, not both")
     plan = read_plan(plan_path) if plan_path else None
+    if plan is not None and apply_format(plan) != "onnx":  # refused before loading the model
+        raise UnsupportedFormatError(f"plan targets '{plan.target}'; bench runs ONNX Runtime "
+                                     "on this CPU: re-plan with --target local")
     err_console.print(f"loading {model} ...")
-    loaded = load_model(model)
+    loaded = load_checked(model)
     with tempfile.TemporaryDirectory(prefix="autoplan-bench-") as tmp:
         err_console.print("exporting the fp32 baseline ...")
-        arts = [("baseline", export_baseline(loaded, Path(tmp) / "baseline"))]
+        arts = [("baseline", CpuArtifact.load(export_baseline(loaded, Path(tmp) / "baseline")))]
         decisions: dict[str, dict] = {"baseline": {}}
         if plan is not None:
             decisions["plan"] = plan.decisions
             err_console.print("applying the plan ...")
-            from autoplan.cli.apply import _plan_calibration
-
-            arts.append(("plan", apply_plan_cpu(loaded, plan, Path(tmp) / "plan",
-                                                calibration=_plan_calibration(plan, loaded))))
+            batches = plan_calibration(plan.full, loaded) if plan.full is not None else None
+            arts.append(("plan", CpuArtifact.load(apply_plan(loaded, plan, Path(tmp) / "plan",
+                                                             calibration=batches))))
         elif artifact:
             art = CpuArtifact.load(artifact)
             arts.append(("plan", art))
@@ -116,7 +119,7 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
                            bandwidth=bandwidth, threads=threads,
                            progress=None if as_json else lambda m: err_console.print(m))
         # On this CPU the linear layers are predicted from measured ORT kernel times
-        # (timed once per machine and shape, then cached): see autoplan.bench.predict.
+        # (timed once per machine and shape, then cached): see autoplan.backends.cpu.predict.
         report.predicted = prediction_block(
             loaded.spec, get_target("local"), report.workload, decisions,
             {s.name: s for s in report.sides}, artifacts=dict(arts), threads=threads,

@@ -14,7 +14,7 @@ from autoplan.cost.measured import load_cost_table
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
 from autoplan.runtimes import default_runtime, runtime_names, supports
-from autoplan.targets import get_target
+from autoplan.backends.registry import resolve_target as get_target
 from autoplan.workload import Workload
 
 # (label, Metrics attribute, unit scale, format, higher is better)

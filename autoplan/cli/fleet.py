@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from autoplan.bench.planfile import read_plan
+from autoplan.plan.io import read_plan
 from autoplan.cli._output import console, emit_json, json_option
 from autoplan.cost import CostModel, resolve_config
 from autoplan.cost.model import USABLE_MEMORY
@@ -14,7 +14,7 @@ from autoplan.errors import UserInputError
 from autoplan.fleet import FleetSizing, size_fleet
 from autoplan.formats import Choice
 from autoplan.search.space import load_space_file
-from autoplan.targets import get_target
+from autoplan.backends.registry import resolve_target as get_target
 from autoplan.workload import Workload
 
 

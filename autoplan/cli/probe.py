@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from autoplan.backends.base import ProbeResult, backend_names, get_backend
+from autoplan.backends.base import ProbeResult
+from autoplan.backends.registry import backend_names, get_backend
 from autoplan.cli._output import console, emit_json, err_console, json_option
 
 

@@ -35,8 +35,8 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     from autoplan.models._cache import cache_root
     from autoplan.quality.text import load_text_dataset
     from autoplan.sensitivity import build_profile, calibration_key
-    from autoplan.sensitivity.targets import profile_scope
-    from autoplan.targets import get_target
+    from autoplan.search.scope import profile_scope
+    from autoplan.backends.registry import resolve_target as get_target
 
     t0 = time.perf_counter()
     tgt = get_target(target)

@@ -6,9 +6,7 @@ import click
 from rich.table import Table
 
 from autoplan.cli._output import console, emit_json, json_option
-from autoplan.targets import Figure, Target, load_catalog
-
-_VENDORS = ("nvidia", "amd", "intel", "arm")
+from autoplan.targets import Figure, Target, Vendor, load_catalog, measured_target_names
 _DTYPES = ("fp32", "bf16", "fp8", "int8", "int4", "fp4")
 
 
@@ -32,11 +30,13 @@ def _sparse(target: Target) -> str:
 def _table(targets: list[Target]) -> Table:
     table = Table(title="autoplan targets (dense peaks in TFLOPS/TOPS; ~ = uncertain)")
     table.add_column("name", no_wrap=True)
+    table.add_column("source", no_wrap=True)
     for col in ("aliases", "family", "mem GB", "BW GB/s", "dense peaks", "2:4", "TDP W", "$/h"):
         table.add_column(col, overflow="fold")
     for t in targets:
         table.add_row(
             t.name,
+            "measured" if t.measured else "catalog",
             ", ".join(t.aliases),
             t.family,
             _cell(t.memory_gb),
@@ -50,13 +50,17 @@ def _table(targets: list[Target]) -> Table:
 
 
 @click.command("targets")
-@click.option("--vendor", type=click.Choice(_VENDORS), help="Only this vendor's targets.")
+@click.option("--vendor", type=click.Choice(Vendor.values()), help="Only this vendor's targets.")
 @json_option
 def command(vendor: str | None, as_json: bool) -> None:
-    """List the hardware catalog (`local` is this machine: see `autoplan probe`)."""
-    targets = [t for t in load_catalog().values() if vendor in (None, t.vendor)]
+    """List the hardware catalog and the targets measured on this machine (`local`: probed
+    now, or read from its cache; `autoplan probe --refresh` measures again)."""
+    from autoplan.backends.registry import load_backends, resolve_target
+
+    load_backends()
+    targets = [*load_catalog().values(), *map(resolve_target, measured_target_names())]
+    targets = [t for t in targets if vendor in (None, t.vendor)]
     if as_json:
         emit_json([t.model_dump(mode="json") for t in targets])
         return
     console.print(_table(targets))
-    console.print("local: this machine, measured on first use (autoplan probe)")

@@ -1,6 +1,6 @@
 """ggml mat-mul worker: times (and computes) ggml_mul_mat through the ggml shared libraries
 that llama-cpp-python installs. Runs in the llama.cpp engine's venv, started by
-``autoplan.backends.cpu.ggml_microbench``; imports only the standard library, numpy and
+``autoplan.engines.ggml_microbench``; imports only the standard library, numpy and
 ctypes (not llama_cpp's Python layer, not autoplan).
 
 The graph runs on the ggml CPU backend (``ggml_backend_cpu_init``,

@@ -9,7 +9,7 @@ naming ``autoplan engines install llama.cpp``), speaking JSON lines:
   every position's logits. Arrays travel through ``.npy`` files in a private temp folder
   (a 256-token block of logits is 50 MB of float32).
 * ``GgmlWorker`` (ggml_worker.py): ggml_mul_mat through the ggml shared libraries, timed
-  (backends/cpu/ggml_microbench.py) or computed once (tests compare it with the simulation).
+  (autoplan/engines/ggml_microbench.py) or computed once (tests compare it with the simulation).
 """
 
 from __future__ import annotations

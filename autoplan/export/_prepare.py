@@ -28,7 +28,8 @@ from autoplan.plan.schema import Plan
 from autoplan.prune import PruneScore
 from autoplan.quant import HessianAccumulator, SimulatedLinear, nvfp4_global_scale
 from autoplan.runtimes import get_runtime, listing, refusals
-from autoplan.targets import Target, get_target
+from autoplan.backends.registry import resolve_target as get_target
+from autoplan.targets import Target
 
 UNQUANTIZED = frozenset(s.precision for s in registered_formats() if not s.quantized)
 _SHOWN = 4  # offending layers named in a refusal before "and N more"
@@ -85,14 +86,19 @@ def pick_runtime(plan: Plan, runtimes: Sequence[str]) -> str:
 
 
 def check_runtime(fmt: str, target: Target, runtime: str, choices: Mapping[str, Choice]) -> None:
-    """Refuse layers whose choice ``runtime`` cannot serve on ``target``, naming them."""
+    """Refuse layers whose choice ``runtime`` cannot serve on ``target``, naming them.
+
+    The answer is ``autoplan.runtimes.supports`` (the runtime matrix) alone, the one search
+    uses, so export and apply accept exactly the plans search can make.
+    """
     refused = refusals(target, runtime, choices)
     if refused:
         why, names = next(iter(refused.items()))
+        total = sum(len(v) for v in refused.values())
         raise UnsupportedFormatError(
-            f"--format {fmt} is served by {runtime}, which cannot serve {len(names)} layer(s) "
-            f"planned {why}: {_listing(names)}; re-plan with --runtime {runtime} or pick "
-            "another --format")
+            f"--format {fmt} is served by {runtime}, which cannot serve {total} planned "
+            f"layer(s) on {target.name}; {len(names)} are {why}: {_listing(names)}; re-plan "
+            f"with --runtime {runtime} or pick another --format")
 
 
 def check_fused_groups(loaded: Any, choices: Mapping[str, Choice]) -> None:

@@ -9,19 +9,16 @@ tensor in every safetensors file, as stored.
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from safetensors import safe_open
 
 from autoplan import __version__
+from autoplan.atomic import atomic_dir as _atomic_dir
+from autoplan.atomic import json_text
 from autoplan.compress import tensor_digest
-from autoplan.errors import AutoplanError, UserInputError
 from autoplan.plan.schema import Plan
 
 PLAN_FILE = "autoplan_plan.json"
@@ -30,41 +27,13 @@ AUDIT_VERSION = 1
 
 
 def _dump(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    path.write_text(json_text(data))  # inside the temp folder: the folder rename is atomic
 
 
-@contextmanager
-def atomic_dir(target: str | Path) -> Iterator[Path]:
-    """Yield an empty temp folder that replaces ``target`` only if the block succeeds.
-
-    Raises:
-        UserInputError: ``target`` exists, is not empty and is not an autoplan export.
-    """
-    target = Path(target)
-    if target.exists() and (not target.is_dir() or (any(target.iterdir())
-                                                    and not (target / AUDIT_FILE).is_file())):
-        raise UserInputError(f"'{target}' exists and is not an autoplan export: choose a new "
-                             "--out folder or remove it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = target.with_name(f".{target.name}.old") if target.exists() else None
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-        target.rename(old)
-    try:
-        tmp.rename(target)
-    except OSError as err:
-        if old is not None:
-            old.rename(target)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise AutoplanError(f"cannot move the export into '{target}': {err}") from err
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def atomic_dir(target: str | Path):  # noqa: ANN201 - a context manager
+    """A temp folder that replaces ``target`` only if the block succeeds (``autoplan.atomic``);
+    an existing ``target`` is replaced only when it is an autoplan export (holds the audit)."""
+    return _atomic_dir(target, is_ours=lambda d: (d / AUDIT_FILE).is_file())
 
 
 def tensor_digests(folder: Path) -> dict[str, dict[str, str]]:

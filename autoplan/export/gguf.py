@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +36,7 @@ import numpy as np
 import torch
 
 from autoplan import __version__
+from autoplan.atomic import replace_files
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
 from autoplan.export._prepare import Prepared
 from autoplan.export._write import AUDIT_FILE, PLAN_FILE, atomic_dir, write_sidecars
@@ -272,18 +271,16 @@ def _write_file(prep: Prepared, out: Path, fmt: str, layers: dict[str, str]) -> 
         raise UserInputError(f"'{out}' exists and is not an autoplan export: choose a new --out "
                              "or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        audit = write_gguf(prep, tmp / GGUF_FILE)
-        write_sidecars(tmp, prep.plan, fmt, prep.runtime, layers, {"gguf_tensors": audit})
-        # the GGUF goes last: a sidecar without its file is never mistaken for an export
-        os.replace(tmp / PLAN_FILE, plan_path)
-        os.replace(tmp / AUDIT_FILE, audit_path)
-        os.replace(tmp / GGUF_FILE, out)
-    except OSError as err:
-        raise AutoplanError(f"cannot write the export to '{out}': {err}") from err
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as name:
+        tmp = Path(name)
+        try:
+            audit = write_gguf(prep, tmp / GGUF_FILE)
+            write_sidecars(tmp, prep.plan, fmt, prep.runtime, layers, {"gguf_tensors": audit})
+            # the GGUF goes last: a sidecar without its file is never mistaken for an export
+            replace_files({tmp / PLAN_FILE: plan_path, tmp / AUDIT_FILE: audit_path,
+                           tmp / GGUF_FILE: out})
+        except OSError as err:
+            raise AutoplanError(f"cannot write the export to '{out}': {err}") from err
     return out
 
 

@@ -10,11 +10,14 @@ rename as the model.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from autoplan.errors import AutoplanError
 from autoplan.export._prepare import Prepared
 from autoplan.export._write import AUDIT_FILE, PLAN_FILE
+from autoplan.formats import Choice, Precision
 
 
 class OnnxExporter:
@@ -47,4 +50,18 @@ class OnnxExporter:
         return Path(out_dir)
 
 
-__all__ = ["OnnxExporter"]
+def write_decisions(loaded: Any, decisions: Mapping[str, Choice], out_dir: str | Path,
+                    sims: Mapping[str, Any], plan_text: str) -> Path:
+    """Write a decisions-only plan (no Plan, no audit to check) with its compressed layers
+    ``sims``; the plan file travels as ``plan.json`` in the same atomic rename."""
+    from autoplan.backends.cpu.onnx_export import export_cpu_model
+
+    weights = {name: sim.weight for name, sim in sims.items()}
+    quantized = {name: sim.quantized for name, sim in sims.items()
+                 if sim.choice.precision is not Precision.FP32}
+    return export_cpu_model(loaded.model, loaded.tokenizer, dict(decisions), out_dir,
+                            weights=weights, quantized=quantized,
+                            extra_files={"plan.json": plan_text}).path
+
+
+__all__ = ["OnnxExporter", "write_decisions"]

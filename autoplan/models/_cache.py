@@ -7,14 +7,13 @@ never leaves a half file or half folder that a later run would trust.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from autoplan.atomic import atomic_new_dir
+from autoplan.atomic import write_json_atomic as write_json_atomic_
 
 
 def cache_root() -> Path:
@@ -28,40 +27,15 @@ def models_dir() -> Path:
     return cache_root() / "models"
 
 
-@contextlib.contextmanager
-def atomic_dir(dest: Path) -> Iterator[Path]:
-    """Yield a temporary folder that becomes ``dest`` only if the block finishes.
-
-    The temporary folder sits beside ``dest`` (same filesystem, so the rename is atomic). If
-    another process finished the same folder first, ours is discarded: both hold the same
-    content by construction (the name carries a content hash).
-    """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
-    try:
-        yield tmp
-        try:
-            tmp.rename(dest)
-        except OSError:
-            if not (dest / "config.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+def atomic_dir(dest: Path):  # noqa: ANN201 - a context manager
+    """A temp folder that becomes ``dest`` if the block finishes; if another process finished
+    the same folder first, ours is discarded (the name carries a content hash)."""
+    return atomic_new_dir(dest, complete=lambda d: (d / "config.json").is_file())
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as sorted-key JSON through a temp file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write ``data`` as sorted-key JSON atomically (``autoplan.atomic``)."""
+    write_json_atomic_(path, data, indent=None)
 
 
 def read_json(path: Path) -> Any:

@@ -1,6 +1,7 @@
-"""Plan files: schema and atomic, version-checked I/O."""
+"""Plan files: schema and atomic, version-checked I/O (the one plan reader)."""
 
-from autoplan.plan.io import load_plan, save_plan, write_json_atomic
+from autoplan.plan.io import PlanInput, load_plan, read_plan, save_plan, write_json_atomic
 from autoplan.plan.schema import SCHEMA_VERSION, Plan
 
-__all__ = ["SCHEMA_VERSION", "Plan", "load_plan", "save_plan", "write_json_atomic"]
+__all__ = ["SCHEMA_VERSION", "Plan", "PlanInput", "load_plan", "read_plan", "save_plan",
+           "write_json_atomic"]

@@ -1,40 +1,30 @@
 """Reading and writing plan files: JSON with sorted keys, written atomically,
-schema-version checked on load (older migrated, newer refused)."""
+schema-version checked on load (older migrated, newer refused).
+
+The one plan reader: ``load_plan`` validates a full plan; ``read_plan`` also accepts what
+``apply``, ``bench`` and ``fleet`` take besides a full plan -- a minimal
+``{"decisions": {layer: "sparsity+precision"}}`` (with an optional "target" and "model") or
+a bare ``{layer: "sparsity+precision"}`` mapping.
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from autoplan.atomic import write_json_atomic
 from autoplan.errors import PlanError
+from autoplan.formats import Choice
 from autoplan.plan.schema import SCHEMA_VERSION, Plan
 
 # from_version -> function upgrading a raw dict by one version. Empty until schema 2 exists;
 # load_plan applies them in order, so a v1 plan keeps loading after every future bump.
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON so that readers see the old file or the complete new one, never a part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
@@ -59,17 +49,26 @@ def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def load_plan(path: str | Path) -> Plan:
-    """Read and validate a plan file; errors are one line and name the problem."""
+def _read_object(path: str | Path) -> tuple[str, dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         raise PlanError(f"no plan file at '{path}'")
     try:
-        raw = json.loads(p.read_text())
+        text = p.read_text()
+        raw = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PlanError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise PlanError(f"{path} is not an autoplan plan (expected a JSON object)")
+    return text, raw
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan file; errors are one line and name the problem."""
+    return _validate(_read_object(path)[1], path)
+
+
+def _validate(raw: dict[str, Any], path: str | Path) -> Plan:
     try:
         return Plan.model_validate(migrate(raw))
     except ValidationError as exc:
@@ -78,4 +77,56 @@ def load_plan(path: str | Path) -> Plan:
         raise PlanError(f"{path} is not a valid plan: {where}: {first['msg']}") from None
 
 
-__all__ = ["MIGRATIONS", "load_plan", "migrate", "save_plan", "write_json_atomic"]
+@dataclass(frozen=True)
+class PlanInput:
+    """What apply, bench and fleet need from a plan file, full or minimal.
+
+    Attributes:
+        decisions: layer -> Choice.
+        target: the plan's target name, or None when a minimal plan does not say.
+        model_id: the model the plan names, when it names one (never opened as a path:
+            only paths the user passes on the command line are read).
+        content_hash: the model content hash a full plan was made for.
+        text: the file as read, copied into artifacts for the audit trail.
+        full: the validated Plan of a full plan file, else None.
+    """
+
+    decisions: dict[str, Choice]
+    target: str | None
+    model_id: str | None
+    content_hash: str | None
+    text: str
+    full: Plan | None = None
+
+
+def read_plan(path: str | Path) -> PlanInput:
+    """Read a full or minimal plan file; PlanError (exit 2) names what is wrong."""
+    text, raw = _read_object(path)
+    if "schema_version" in raw:
+        plan = _validate(raw, path)
+        return PlanInput(_choices(plan.decisions, path), plan.target.name, plan.model.id,
+                         plan.model.content_hash, text, plan)
+    mapping = raw.get("decisions", raw)
+    target = raw.get("target") if "decisions" in raw else None
+    if isinstance(target, dict):
+        target = target.get("name")
+    model = raw.get("model") if "decisions" in raw else None
+    if isinstance(model, dict):
+        model = model.get("id")
+    return PlanInput(_choices(mapping, path), target, model, None, text)
+
+
+def _choices(mapping: Any, path: str | Path) -> dict[str, Choice]:
+    if not isinstance(mapping, dict) or not mapping:
+        raise PlanError(f"{path} has no decisions: expected {{\"decisions\": {{layer: "
+                        "\"sparsity+precision\"}}}")
+    out: dict[str, Choice] = {}
+    for layer, text in mapping.items():
+        if not isinstance(text, str):
+            raise PlanError(f"{path}: decision for '{layer}' must be a string like 'dense+int8'")
+        out[str(layer)] = Choice.parse(text)
+    return out
+
+
+__all__ = ["MIGRATIONS", "PlanInput", "load_plan", "migrate", "read_plan", "save_plan",
+           "write_json_atomic"]

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from autoplan.formats import Sparsity
 from autoplan.prune.patterns import select_keep, validate_shape
-from autoplan.quant.hessian import inverse_hessian_cholesky, prepare_hessian
+from autoplan.calib_stats import inverse_hessian_cholesky, prepare_hessian
 
 
 def _block_width(blocksize: int, sparsity: Sparsity) -> int:

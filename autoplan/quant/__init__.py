@@ -31,7 +31,7 @@ from autoplan.formats.elements import (
     round_to_fp16,
 )
 from autoplan.quant.gptq import gptq_quantize
-from autoplan.quant.hessian import HessianAccumulator, hessian_from_inputs, inverse_hessian_cholesky
+from autoplan.calib_stats import HessianAccumulator, hessian_from_inputs, inverse_hessian_cholesky
 from autoplan.formats.schemes import nvfp4_global_scale
 from autoplan.quant.simulated_linear import SimulatedLinear
 from autoplan.quant.methods import QuantMethod

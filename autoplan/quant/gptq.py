@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from autoplan.quant.hessian import inverse_hessian_cholesky, prepare_hessian
+from autoplan.calib_stats import inverse_hessian_cholesky, prepare_hessian
 from autoplan.formats.schemes import QParams, Scheme
 
 

@@ -10,6 +10,7 @@ from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.quant.activations import quantize_activation
 from autoplan.formats.gguf_blocks import q8_1_min_correction
+from autoplan.prune import compute_mask
 from autoplan.quant.weights import QuantizedWeight, quantize_weight
 
 
@@ -85,10 +86,6 @@ class SimulatedLinear(nn.Module):
                 f"{tuple(linear.weight.shape)}"
             )
         if mask is None and choice.sparsity.kind != "dense":
-            # Imported here: autoplan.prune uses autoplan.quant.hessian, so a module-level
-            # import would be circular.
-            from autoplan.prune import compute_mask
-
             score = "sparsegpt" if hessian is not None else "magnitude"
             pruned = compute_mask(w, choice.sparsity, score=score, hessian=hessian)
             mask, w = pruned.mask, pruned.weight

@@ -42,7 +42,7 @@ from autoplan.search.study import StudyConfig, run_study
 from autoplan.search.tables import build_tables
 from autoplan.search.verify import Measurement, Verifier
 from autoplan.sensitivity import build_profile, calibration_key
-from autoplan.targets import get_target
+from autoplan.backends.registry import resolve_target as get_target
 from autoplan.workload import Workload
 
 SAFETY = 0.9  # aim the surrogate limit 10% inside the calibrated budget
@@ -126,8 +126,8 @@ def parse_choices(texts: tuple[str, ...] | None) -> list[Choice] | None:
 
 
 # Runtimes whose kernels --measure-kernels times on this machine, and what times them.
-KERNEL_TABLES = {"onnxruntime": ("ONNX Runtime", "autoplan.bench.predict"),
-                 "llama.cpp": ("llama.cpp (ggml)", "autoplan.backends.cpu.ggml_microbench")}
+KERNEL_TABLES = {"onnxruntime": ("ONNX Runtime", "autoplan.backends.cpu.predict"),
+                 "llama.cpp": ("llama.cpp (ggml)", "autoplan.engines.ggml_microbench")}
 
 
 def _measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:

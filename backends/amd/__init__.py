@@ -4,26 +4,25 @@ matrix (block-sparse runs on autoplan's Triton kernel in triton_bsr.py)."""
 from __future__ import annotations
 
 from autoplan.backends.amd.probe import probe_amd
-from autoplan.backends.base import ProbeResult, register_backend
-from autoplan.formats import Choice
-from autoplan.runtimes import Support, backend_supports
-from autoplan.targets import Target
+from autoplan.backends.base import (Backend, KernelEntry, ProbeResult, named_by_format,
+                                    register_backend)
 
 
 @register_backend("amd")
-class AmdBackend:
+class AmdBackend(Backend):
     """AMD Instinct GPUs (amdsmi is imported only inside probe())."""
 
     name = "amd"
     platforms = ("amd-gpu",)
+    exporters = ("compressed-tensors",)
+    kernels = (
+        KernelEntry("triton_bsr", (named_by_format("triton_bsr"),)),
+        KernelEntry("torch.linear", (named_by_format("torch.linear"),)),
+    )
 
     def probe(self) -> ProbeResult:
-        """Find AMD GPUs; never raises."""
+        """Find the GPUs; never raises."""
         return probe_amd()
-
-    def supports(self, target: Target, runtime: str, choice: Choice) -> Support:
-        """Whether `runtime` accelerates `choice` on an AMD target (runtime matrix)."""
-        return backend_supports(self.name, self.platforms, target, runtime, choice)
 
 
 __all__ = ["AmdBackend"]

@@ -3,9 +3,11 @@ describes it as the `local` target. torch is imported only when measuring."""
 
 from __future__ import annotations
 
-from autoplan.backends.base import ProbeResult, register_backend
-from autoplan.formats import Choice
-from autoplan.runtimes import Support, backend_supports
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from autoplan.backends.base import Backend, KernelEntry, ProbeResult, Row, register_backend
+from autoplan.formats import Choice, OrtNode, format_spec
 from autoplan.targets import Target
 
 
@@ -46,20 +48,51 @@ def probe_cpu(refresh: bool = False) -> ProbeResult:
     return ProbeResult("cpu", True, reason, (device,), details)
 
 
+def _ort_op(op: str) -> Callable[[Choice], str]:
+    """Requirement: the choice's FormatSpec names ONNX Runtime node ``op``, on a layer the
+    export stores dense (masks are applied to the weights; ORT has no sparse GEMM)."""
+
+    def check(choice: Choice) -> str:
+        node = format_spec(choice.precision).onnx
+        if not isinstance(node, OrtNode) or node.op != op:
+            return f"{choice.precision.value} is not stored as an ORT {op} node"
+        return ""
+
+    return check
+
+
 @register_backend("cpu")
-class CpuBackend:
-    """The host CPU, always present."""
+class CpuBackend(Backend):
+    """The host CPU, always present; runs ONNX Runtime (and llama.cpp through its engine)."""
 
     name = "cpu"
     platforms = ("cpu",)
+    exporters = ("onnx", "gguf")
+    kernels = (
+        KernelEntry("ort.MatMulNBits", (_ort_op("MatMulNBits"),)),
+        KernelEntry("ort.DynamicQuantizeMatMul", (_ort_op("MatMulInteger"),)),
+        KernelEntry("ort.MatMul", (_ort_op("MatMul"),)),
+    )
 
     def probe(self) -> ProbeResult:
         """Probe the host CPU (cached measurement)."""
         return probe_cpu()
 
-    def supports(self, target: Target, runtime: str, choice: Choice) -> Support:
-        """Whether `runtime` accelerates `choice` on a CPU target (runtime matrix)."""
-        return backend_supports(self.name, self.platforms, target, runtime, choice)
+    def measured_targets(self) -> dict[str, Callable[[], Target]]:
+        """`local`: this machine, measured on first use and cached (local_target.py)."""
+        return {"local": _local}
+
+    def microbench(self, rows: Iterable[Row]) -> dict[str, Any]:
+        """Time GEMM rows in ONNX Runtime as the ONNX export runs them (cached per machine)."""
+        from autoplan.backends.cpu.ort_microbench import measure_rows
+
+        return measure_rows(list(rows))
+
+
+def _local() -> Target:
+    from autoplan.backends.cpu.local_target import local_target
+
+    return local_target()
 
 
 __all__ = ["CpuBackend", "probe_cpu"]

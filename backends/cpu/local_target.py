@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from autoplan.atomic import write_json_atomic
 from autoplan.backends.cpu.probe import (
     BF16_FLAGS,
     INT8_AVX2_FLAGS,
@@ -25,6 +25,7 @@ from autoplan.backends.cpu.probe import (
     measure_bandwidth,
     measure_matmul,
 )
+from autoplan.models._cache import cache_root
 from autoplan.targets import Figure, Target
 
 # Bump when the measurement or the Target schema changes, so old cache files are redone.
@@ -37,7 +38,7 @@ ASSUMED_WATTS_PER_CORE = 10.0
 
 def cache_dir() -> Path:
     """Where autoplan caches measurements: `$AUTOPLAN_CACHE` or ~/.cache/autoplan."""
-    return Path(os.environ.get("AUTOPLAN_CACHE") or Path.home() / ".cache" / "autoplan")
+    return cache_root()
 
 
 def cache_path(info: CpuInfo) -> Path:
@@ -142,12 +143,8 @@ def _load(path: Path) -> Target | None:
 
 
 def _save(path: Path, target: Target) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"version": CACHE_VERSION, "target": target.model_dump(mode="json")}
-    # Atomic write: parallel workers may read the cache while one process writes it.
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        json.dump(payload, tmp, indent=2, sort_keys=True)
-    os.replace(tmp.name, path)
+    # Atomic: parallel workers may read the cache while one process writes it.
+    write_json_atomic(path, {"version": CACHE_VERSION, "target": target.model_dump(mode="json")})
 
 
 def local_target(refresh: bool = False) -> Target:

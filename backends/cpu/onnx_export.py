@@ -11,8 +11,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +20,10 @@ import numpy as np
 import onnx
 import torch
 
+from autoplan.atomic import atomic_dir
 from autoplan.backends.cpu.onnx_graph import OPSET, build_decoder
 from autoplan.backends.cpu.ort_quant import QuantizedNode, ort_node, quantize_graph, tensor_sha256
-from autoplan.errors import AutoplanError, UserInputError
+from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 
 MANIFEST = "manifest.json"
@@ -91,7 +90,7 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
 
     This writer packs any format that has an ONNX name; whether ONNX Runtime *accelerates*
     it is the runtime matrix's question, asked by `autoplan apply` and `autoplan export`
-    (ort_quant.check_cpu_choices) before they call here.
+    (autoplan.export._prepare.check_runtime) before they call here.
     """
     _check_sparsity(model, decisions, {**(weights or {}), **(masks or {})})
     proto = build_decoder(model, masks=masks, weights=weights,
@@ -180,37 +179,10 @@ def _init_bytes(tensor: onnx.TensorProto) -> int:
     return int(np.prod(tensor.dims)) * itemsize
 
 
-class _atomic_dir:  # noqa: N801 - used as a context manager like tempfile's helpers
-    """Write into a sibling temp folder; on success swap it into place, on failure delete it."""
-
-    def __init__(self, target: Path) -> None:
-        self.target = target
-        if target.exists() and any(target.iterdir()) and not (target / MANIFEST).is_file():
-            raise UserInputError(f"'{target}' exists and is not an autoplan artifact: choose a "
-                                 "new --out folder or remove it")
-
-    def __enter__(self) -> Path:
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", dir=self.target.parent))
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        old = None
-        if self.target.exists():
-            old = self.target.with_name(f".{self.target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            self.target.rename(old)
-        try:
-            self.tmp.rename(self.target)
-        except OSError as err:
-            if old is not None:
-                old.rename(self.target)
-            raise AutoplanError(f"cannot move the export into '{self.target}': {err}") from err
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+def _atomic_dir(target: Path):  # noqa: ANN202 - a context manager
+    # An existing folder is replaced only when it is an autoplan artifact (holds a manifest).
+    return atomic_dir(target, is_ours=lambda d: (d / MANIFEST).is_file(),
+                      what="autoplan artifact")
 
 
 __all__ = ["CpuArtifact", "MANIFEST", "export_cpu_model"]

@@ -4,7 +4,7 @@ Each planned linear layer is one `MatMul` node named after the layer (see onnx_e
 This module rewrites that node in place, so the layer -> node mapping stays exact. Which
 node a format becomes is its FormatSpec's ``onnx`` name (autoplan.formats); which formats
 ONNX Runtime *accelerates* is the runtime matrix's answer (autoplan.runtimes.supports,
-``check_cpu_choices``), asked by apply and export -- this writer itself packs any format
+checked by ``autoplan.export._prepare.check_runtime``), asked by apply and export -- this writer itself packs any format
 that has an ONNX name, so benchmarks can also time the ones the matrix refuses.
 
 - `int8` (W8A8): the pattern ORT's own `quantize_dynamic` emits,
@@ -49,8 +49,6 @@ from autoplan.backends.cpu.onnx_graph import FUSED_KEY
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.formats import DENSE, Choice, OrtNode, Precision, format_spec
 from autoplan.quant import QuantizedWeight, quantize_weight
-from autoplan.runtimes import listing, refusals
-from autoplan.targets import Target
 
 MS_DOMAIN = "com.microsoft"
 RUNTIME = "onnxruntime"
@@ -80,24 +78,6 @@ class QuantizedNode:
     node: str
     tensors: dict[str, str]  # role (weight, scale, zero_point) -> initializer name
     columns: tuple[int, int] | None = None  # this layer's output columns in a packed node
-
-
-def check_cpu_choices(decisions: Mapping[str, Choice], target: Target) -> None:
-    """Raise UnsupportedFormatError unless ONNX Runtime runs every layer fast on `target`.
-
-    The answer is autoplan.runtimes.supports (runtimes.toml) alone, the one search uses, so
-    apply accepts exactly the plans search can make; the message names the first refused
-    choice, the matrix's reason and its layers.
-    """
-    refused = refusals(target, RUNTIME, decisions)
-    if refused:
-        why, names = next(iter(refused.items()))
-        total = sum(len(v) for v in refused.values())
-        raise UnsupportedFormatError(
-            f"ONNX Runtime on {target.name} does not accelerate {total} planned layer(s); "
-            f"{len(names)} are {why}: {listing(names)}; re-plan with --runtime onnxruntime "
-            "for a CPU target"
-        )
 
 
 # ---- packing (numpy; ONNX MatMul's B is [K, N] = the torch weight transposed) ---------------
@@ -367,7 +347,7 @@ def tensor_sha256(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
 
 
 __all__ = [
-    "RUNTIME", "LayerCodes", "QuantizedNode", "check_cpu_choices",
+    "RUNTIME", "LayerCodes", "QuantizedNode",
     "dequantized_weights", "ort_node", "pack_nbits", "quantize_graph", "quantize_layer",
     "records_from_manifest", "tensor_sha256", "unpack_nbits",
 ]

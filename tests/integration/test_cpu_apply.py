@@ -10,7 +10,13 @@ import torch
 
 from autoplan.backends.cpu.ort_quant import dequantized_weights, records_from_manifest
 from autoplan.backends.cpu.ort_runtime import OrtGenerator
-from autoplan.bench import apply_plan_cpu, read_plan
+from autoplan.backends.cpu.onnx_export import CpuArtifact
+from autoplan.export.apply import apply_plan
+from autoplan.plan import read_plan
+
+
+def apply_plan_cpu(loaded, plan, out):  # noqa: ANN001, ANN201
+    return CpuArtifact.load(apply_plan(loaded, plan, out))
 
 pytestmark = pytest.mark.slow
 # Logit tolerance vs the PyTorch model holding the ONNX weights (fp32 math, 30 layers,

@@ -36,7 +36,7 @@ def _plan(loaded, decisions):
 def test_source_types_are_lossless_and_exported_byte_for_byte(loaded, tmp_path):
     from gguf import GGUFReader
 
-    from autoplan.backends.cpu.ggml_microbench import source_decisions
+    from autoplan.engines.ggml_microbench import source_decisions
     from autoplan.export._prepare import prepare
     from autoplan.export.gguf import write_gguf
     from autoplan.models.graph import get_linear
@@ -78,7 +78,7 @@ def test_every_gguf_type_equals_gguf_quants_on_real_weights(loaded):
 
 @needs_engine
 def test_ggml_mul_mat_equals_the_simulated_layer_for_every_gguf_type(loaded):
-    from autoplan.backends.cpu.ggml_microbench import GGML_TYPE_IDS
+    from autoplan.engines.ggml_microbench import GGML_TYPE_IDS
     from autoplan.engines.llamacpp import GgmlWorker
     from autoplan.formats import Choice
     from autoplan.models.graph import get_linear

@@ -11,20 +11,26 @@ import torch
 from autoplan.backends.cpu.ort_runtime import GenerationResult
 from click.testing import CliRunner
 
-from autoplan.bench import (
-    apply_plan_cpu,
-    check_cpu_plan,
-    export_baseline,
-    ort_side,
-    read_plan,
-    run_bench,
-    torch_side,
-)
+from autoplan.backends.cpu.onnx_export import CpuArtifact
+from autoplan.bench import ort_side, run_bench, torch_side
 from autoplan.bench.report import summarize
 from autoplan.cli import cli
 from autoplan.errors import PlanError, UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice
+from autoplan.export import apply as apply_mod
 from autoplan.modelspec import ModelSpec
+from autoplan.plan import read_plan
+
+check_cpu_plan = apply_mod.apply_format  # `apply` refuses by the default format's runtime
+
+
+def apply_plan_cpu(loaded, plan, out, **kw):  # noqa: ANN001, ANN003, ANN201
+    """`autoplan apply` on a CPU target: the ONNX artifact (export's default format)."""
+    return CpuArtifact.load(apply_mod.apply_plan(loaded, plan, out, **kw))
+
+
+def export_baseline(loaded, out):  # noqa: ANN001, ANN201
+    return CpuArtifact.load(apply_mod.export_baseline(loaded, out))
 
 transformers = pytest.importorskip("transformers")
 
@@ -188,7 +194,7 @@ def test_full_gptq_plan_exports_the_plans_own_codes(tmp_path):
 
 
 def test_prediction_block_sets_predicted_measured_and_ratio(loaded, tmp_path):
-    from autoplan.bench.predict import artifact_decisions, predict_side, prediction_block
+    from autoplan.backends.cpu.predict import artifact_decisions, predict_side, prediction_block
     from autoplan.cost import CostModel
     from autoplan.targets import get_target
     from autoplan.workload import Workload
@@ -232,7 +238,7 @@ def test_search_kernel_table_times_the_non_gemm_step_at_batch_1(loaded, monkeypa
     timed (the rows themselves are stubbed: timing them is test_ort_microbench's job)."""
     from autoplan.backends.cpu import ort_microbench as OM
 
-    from autoplan.bench.predict import search_kernel_table
+    from autoplan.backends.cpu.predict import search_kernel_table
     from autoplan.search.space import build_space
     from autoplan.targets import get_target
     from autoplan.workload import Workload

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from autoplan.backends.cpu import ggml_microbench as gm
+from autoplan.engines import ggml_microbench as gm
 from autoplan.backends.cpu.cost_cache import cached_table, row_key
 from autoplan.engines import engine_status
 from autoplan.errors import UserInputError

@@ -25,7 +25,7 @@ import torch
 from autoplan.backends.cpu.onnx_export import CpuArtifact, export_cpu_model
 from autoplan.backends.cpu.onnx_graph import build_decoder
 from autoplan.backends.cpu.ort_quant import (
-    check_cpu_choices, dequantized_weights, ort_node, pack_nbits, quantize_graph, quantize_layer,
+    dequantized_weights, ort_node, pack_nbits, quantize_graph, quantize_layer,
     unpack_nbits,
 )
 from autoplan.backends.cpu.ort_runtime import OrtGenerator, TorchGenerator
@@ -267,9 +267,10 @@ def test_unknown_layer_and_gpu_formats_fail_loudly(tiny):
 
 
 def test_cpu_capability_is_the_runtime_matrix():
-    """check_cpu_choices answers what autoplan.runtimes.supports answers, and nothing else:
+    """check_runtime answers what autoplan.runtimes.supports answers, and nothing else:
     dense int8 and int8_wo (ORT holds them, runtimes.toml refuses them) are refused with
     the matrix's reason; so is 2:4; the a8 and uint4 formats pass."""
+    from autoplan.export._prepare import check_runtime
     from autoplan.runtimes import supports
     from autoplan.targets import get_target
 
@@ -278,10 +279,10 @@ def test_cpu_capability_is_the_runtime_matrix():
         choice = Choice.parse(text)
         reason = supports(cpu, "onnxruntime", choice).reason
         with pytest.raises(UnsupportedFormatError) as err:
-            check_cpu_choices({"lm_head": choice}, cpu)
+            check_runtime("onnx", cpu, "onnxruntime", {"lm_head": choice})
         assert reason in str(err.value) and "\n" not in str(err.value)
-    check_cpu_choices({n: Choice.parse(n) for n in ("fp32", "int8a8_g128", "int4a8_g32",
-                                                    "uint4a8_g64", "uint4_g128")}, cpu)
+    check_runtime("onnx", cpu, "onnxruntime", {n: Choice.parse(n) for n in (
+        "fp32", "int8a8_g128", "int4a8_g32", "uint4a8_g64", "uint4_g128")})
 
 
 def test_export_writes_artifact_atomically_and_runs(tiny, spec, tmp_path):

@@ -112,7 +112,7 @@ def test_cost_model_shares_packed_rows_without_extra_overhead():
 
 
 def test_kernel_rows_follow_the_manifest():
-    from autoplan.bench.predict import kernel_rows
+    from autoplan.backends.cpu.predict import kernel_rows
 
     spec = ModelSpec.from_config(_TOY_CFG)
     layers = {l.name: {"node": l.fuse_group, "columns": [0, 1]} if l.role in ("q", "k", "v")
@@ -145,7 +145,7 @@ def test_measured_non_gemm_replaces_fixed_decode_terms():
 def test_search_kernel_table_times_every_unit_choice_at_packed_width(monkeypatch):
     from types import SimpleNamespace
 
-    from autoplan.bench import predict
+    from autoplan.backends.cpu import predict
     from autoplan.search.space import build_space
 
     spec = ModelSpec.from_config(_TOY_CFG)

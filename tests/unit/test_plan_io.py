@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,8 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Mon
     def broken(*_a, **_k) -> None:  # noqa: ANN002, ANN003
         raise OSError("disk full")
 
-    monkeypatch.setattr(json, "dump", broken)
+    # fails after the bytes are written, before the rename: the old file must survive
+    monkeypatch.setattr(os, "fsync", broken)
     with pytest.raises(OSError, match="disk full"):
         save_plan(sample_plan(objective="latency"), path)
     assert path.read_bytes() == before

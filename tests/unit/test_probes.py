@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from autoplan.backends.amd import probe as amd_probe
-from autoplan.backends.base import backend_names, get_backend
+from autoplan.backends.registry import backend_names, get_backend
 from autoplan.backends.cpu import local_target as lt
 from autoplan.cli import cli
 from autoplan.formats import Choice

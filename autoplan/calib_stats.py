@@ -1,4 +1,8 @@
-"""Layer Hessians for GPTQ and SparseGPT: H = 2 X^T X / n from calibration inputs.
+"""Calibration statistics shared by quantization and pruning: layer Hessians for GPTQ and
+SparseGPT, H = 2 X^T X / n from calibration inputs.
+
+They live below both `autoplan.quant` and `autoplan.prune` so neither imports the other to
+get them.
 
 The profiler streams calibration batches through a layer; ``HessianAccumulator`` keeps the
 running mean the way the GPTQ reference does, so the result does not depend on how the

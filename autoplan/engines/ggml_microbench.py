@@ -231,9 +231,9 @@ def non_gemm_decode(loaded: Any, workload: Any, threads: int | None = None,
 def search_kernel_table(loaded: Any, space: Any, workload: Any, threads: int | None = None,
                         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measured ggml rows for every (layer, choice) a llama.cpp search may pick, at the
-    workload's decode and prefill shapes (bench.predict.kernel_rows, unpacked), plus the
+    workload's decode and prefill shapes (backends.cpu.predict.kernel_rows, unpacked), plus the
     measured non-GEMM decode step when the model came from a GGUF and the batch is 1."""
-    from autoplan.bench.predict import kernel_rows
+    from autoplan.backends.cpu.predict import kernel_rows
 
     wl = {"concurrency": workload.batch, "input_len": workload.input_len,
           "output_len": workload.output_len}

@@ -1,5 +1,8 @@
 """The cost model's prediction for each bench side, on the measured `local` target.
 
+It lives with the CPU backend, not in `autoplan.bench`: bench only measures, and this is the
+CPU backend's measured-kernel prediction (its microbenchmarks replacing the roofline).
+
 Bench exists to check the planner: every ONNX side is predicted by the same CostModel the
 search used (`local` target, Workload(batch=concurrency, input_len, output_len)) and the
 report shows predicted next to measured with their ratio. The baseline is predicted as
@@ -180,10 +183,11 @@ def search_kernel_table(loaded: Any, space: Any, workload: Any, threads: int | N
                          spinning=spinning)
     non_gemm = None
     if workload.batch == 1:
-        from autoplan.bench.artifacts import export_baseline
+        from autoplan.backends.cpu.onnx_export import export_cpu_model
 
         with tempfile.TemporaryDirectory(prefix="autoplan-nongemm-") as tmp:
-            art = export_baseline(loaded, Path(tmp) / "baseline")
+            # the dense fp32 export, as bench's baseline (nothing in `decisions`)
+            art = export_cpu_model(loaded.model, loaded.tokenizer, {}, Path(tmp) / "baseline")
             non_gemm = _time_non_gemm(art.model_path, wl, threads, progress, spinning)
     return {**table, "non_gemm_decode_s": non_gemm}
 

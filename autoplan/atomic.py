@@ -1,0 +1,157 @@
+"""Atomic writes: the one place autoplan writes files and folders that others may read.
+
+Every writer goes through a temporary sibling (same filesystem) and one ``os.replace`` or
+``rename``, so a reader -- a server loading an export, a worker reading a cache, a user
+reading a plan -- sees the old file or the complete new one, never a part. A failure or a
+kill leaves the old content in place and removes the temporary sibling.
+
+This module imports only the standard library and ``autoplan.errors``: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from autoplan.errors import AutoplanError, UserInputError
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, fsync: bool = True) -> Path:
+    """Write ``text`` to ``path`` through a temp sibling and ``os.replace``.
+
+    Args:
+        path: the file to write; its folder is created.
+        text: the content.
+        fsync: flush to disk before the rename (plans, caches that must survive a crash).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def json_text(data: Any, indent: int | None = 2) -> str:
+    """JSON with sorted keys and a final newline."""
+    return json.dumps(data, indent=indent, sort_keys=True) + "\n"
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any, *, indent: int | None = 2) -> Path:
+    """Write ``data`` as sorted-key JSON atomically (see ``write_text_atomic``)."""
+    return write_text_atomic(path, json_text(data, indent))
+
+
+def replace_files(files: Mapping[Path, Path]) -> None:
+    """Move finished temp files onto their destinations, in the mapping's order.
+
+    Each move is atomic; callers order them so that the file a reader looks for first (the
+    one that marks the set complete) goes last.
+    """
+    for src, dest in files.items():
+        os.replace(src, dest)
+
+
+def check_writable_dir(target: str | os.PathLike[str], flag: str = "--out") -> Path:
+    """Refuse early (before any work) a destination autoplan could not create or replace.
+
+    The destination itself may not exist yet; its nearest existing ancestor must be a
+    writable folder, and the destination, when it exists, a folder or a plain file.
+
+    Raises:
+        UserInputError: one line naming the flag and the fix.
+    """
+    target = Path(target)
+    if target.exists() and not (target.is_dir() or target.is_file()):
+        raise UserInputError(f"{flag} '{target}' is neither a folder nor a file: pick another path")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserInputError(f"{flag} '{target}': '{parent}' is not a folder: pick another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserInputError(f"{flag} '{target}': folder '{parent}' is not writable: pick a "
+                             "writable path")
+    return target
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike[str], *, is_ours: Callable[[Path], bool],
+               what: str = "autoplan export") -> Iterator[Path]:
+    """Yield an empty temp folder that replaces ``target`` only if the block succeeds.
+
+    A previous folder at ``target`` is replaced only when ``is_ours(target)`` says autoplan
+    wrote it (or it is empty); it is moved aside under a fresh unique name, never a fixed
+    one, so nothing autoplan did not create is ever deleted.
+
+    Raises:
+        UserInputError: ``target`` is a file, or a folder autoplan did not write.
+        AutoplanError: the finished folder cannot be moved into place (the old one is kept).
+    """
+    target = Path(target)
+    if target.exists() and (not target.is_dir()
+                            or (any(target.iterdir()) and not is_ours(target))):
+        raise UserInputError(f"'{target}' exists and is not an {what}: choose a new --out "
+                             "folder or remove it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    try:
+        if target.exists():
+            # rename(2) may replace an empty folder: the unique name is ours alone.
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old",
+                                        dir=target.parent))
+            target.rename(old)
+        tmp.rename(target)
+    except OSError as err:
+        if old is not None and not target.exists():
+            old.rename(target)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise AutoplanError(f"cannot move the {what} into '{target}': {err}") from err
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_new_dir(dest: Path, *, complete: Callable[[Path], bool]) -> Iterator[Path]:
+    """Yield a temp folder that becomes ``dest`` if the block finishes (content-addressed).
+
+    For caches whose name carries a content hash: if another process finished ``dest``
+    first (``complete(dest)``), ours is discarded, since both hold the same content.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        yield tmp
+        try:
+            tmp.rename(dest)
+        except OSError:
+            if not complete(dest):
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+__all__ = ["atomic_dir", "atomic_new_dir", "check_writable_dir", "json_text", "replace_files",
+           "write_json_atomic", "write_text_atomic"]

@@ -1,0 +1,94 @@
+"""Bad input to `autoplan export` / `autoplan apply` (issue 13): one line, exit 2, before the
+model is loaded, nothing written -- and a plan file never makes autoplan open a path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autoplan.cli import cli
+from autoplan.errors import UserInputError
+from autoplan.export.calibration import plan_calibration
+from autoplan.plan import save_plan
+from tests.unit.test_export_common import layer_names, make_plan, tiny_loaded
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("inputs")
+    loaded = tiny_loaded(tmp)
+    plan = make_plan(loaded, {n: "dense+int8a8_g128" for n in layer_names(loaded)},
+                     target="xeon-8480", runtime="onnxruntime")
+    path = tmp / "plan.json"
+    save_plan(plan, path)
+    return loaded, plan, path
+
+
+def _one_line_exit_2(result) -> str:  # noqa: ANN001
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if not line.startswith("loading ")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output  # progress aside
+    return errors[0]
+
+
+@pytest.mark.parametrize("command", [["export", "--format", "onnx"], ["apply"]])
+def test_out_under_a_file_fails_before_loading(command, setup, tmp_path) -> None:
+    _, _, plan = setup
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / "art"
+    result = CliRunner().invoke(cli, [*command, str(plan), "--model", "no-such-model",
+                                      "--out", str(out)])
+    assert "not a folder" in _one_line_exit_2(result)  # not "no-such-model": checked first
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zero-byte", "garbage"])
+@pytest.mark.parametrize("command", [["export", "--format", "onnx"], ["apply"]])
+def test_an_unreadable_safetensors_is_one_line(command, damage, setup, tmp_path) -> None:
+    loaded, _, plan = setup
+    folder = tmp_path / "broken"
+    shutil.copytree(loaded.path, folder)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes({"truncated": data[: len(data) // 2], "zero-byte": b"",
+                         "garbage": b"\x00garbage" * 64}[damage])
+    result = CliRunner().invoke(cli, [*command, str(plan), "--model", str(folder),
+                                      "--out", str(tmp_path / "out")])
+    assert "model.safetensors" in _one_line_exit_2(result)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", [["export", "--format", "onnx"], ["apply"]])
+def test_a_plans_model_id_is_not_opened_as_a_path(command, setup, tmp_path) -> None:
+    loaded, plan, _ = setup
+    doc = plan.model_dump(mode="json")
+    doc["model"]["id"] = str(loaded.path)  # a path someone else's plan points at
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(doc))
+    result = CliRunner().invoke(cli, [*command, str(path), "--out", str(tmp_path / "out")])
+    assert "pass --model" in _one_line_exit_2(result)
+
+
+def test_a_plans_calibration_file_is_not_opened(setup, tmp_path) -> None:
+    loaded, plan, _ = setup
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for autoplan " * 200)
+    gptq = plan.model_copy(update={
+        "compression": plan.compression.model_copy(update={"quant_method": "gptq"}),
+        "audit": plan.audit.model_copy(update={"calibration_source": str(secret)})})
+    with pytest.raises(UserInputError, match="pass --calibration"):
+        plan_calibration(gptq, loaded)
+
+
+def test_targets_lists_local_as_measured() -> None:
+    result = CliRunner().invoke(cli, ["targets", "--json"])
+    assert result.exit_code == 0, result.output
+    local = [t for t in json.loads(result.output) if t["name"] == "local"]
+    assert len(local) == 1 and local[0]["measured"] and local[0]["vendor"] == "cpu-local"
+    table = CliRunner().invoke(cli, ["targets", "--vendor", "cpu-local"]).output
+    assert "local" in table and "measured" in table
