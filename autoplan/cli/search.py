@@ -36,8 +36,8 @@ from autoplan.workload import Workload
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--storage", default=None, help="Optuna storage URL (default: journal file beside --out).")
 @click.option("--study", default=None, help="Study name (default: derived from all settings).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("plan.json"),
-              show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=Path("plan.json"),
+              show_default=True, help="Plan file to write (checked writable before the search).")
 @click.option("--multi-objective", is_flag=True, help="Also report the Pareto front of objective vs predicted KL.")
 @click.option("--prune-score", type=click.Choice(PruneScore.values()), default=PruneScore.WANDA.value,
               show_default=True)
