@@ -283,3 +283,14 @@ def test_cpu_search_refuses_an_architecture_the_onnx_export_lacks(arch, platform
     monkeypatch.chdir(tmp_path)
     _refused(_search(model, tmp_path / "plan.json", *platform),
              "supports model_type llama, mistral, qwen2", tmp_path)
+
+
+def test_safetensors_check_passes_a_whole_file_and_names_trailing_bytes(tiny_model, tmp_path):
+    from autoplan.models.check import check_safetensors
+
+    whole = tiny_model / "model.safetensors"
+    check_safetensors(whole)
+    padded = tmp_path / "padded.safetensors"
+    padded.write_bytes(whole.read_bytes() + b"\x00" * 7)
+    with pytest.raises(UserInputError, match="7 bytes follow the last tensor"):
+        check_safetensors(padded)

@@ -211,3 +211,15 @@ def test_bad_inputs_are_user_errors(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match="budget"):
         run_search(_request(model_dir, tmp_path / "p.json", budget="kl<0.1"))
     assert not (tmp_path / "p.json").exists()
+
+
+def test_the_plan_note_says_where_speed_figures_come_from() -> None:
+    from autoplan.search.build import SpeedSource
+
+    head, tail = "speed figures are cost-model predictions", "; quality is measured"
+    assert SpeedSource().note() == head + tail
+    assert SpeedSource(cost_table="t.json").note() == \
+        f"{head} using measured GEMM times from t.json{tail}"
+    assert SpeedSource(kernels="ONNX Runtime", non_gemm_decode=True).note() == \
+        f"{head} using this machine's measured ONNX Runtime kernel times and non-GEMM decode " \
+        f"step{tail}"
