@@ -10,10 +10,12 @@ from autoplan.cli._args import finite_non_negative
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._plan_view import render
 from autoplan.cli._progress import RichReporter
-from autoplan.cost.measured import load_cost_table
+from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
+from autoplan.search.budget import QualityBudget
+from autoplan.search.request import CostTable, ExecutionSettings, parse_choices
 from autoplan.search.run import SearchRequest, run_search
 from autoplan.workload import Workload
 
@@ -34,8 +36,8 @@ from autoplan.workload import Workload
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--storage", default=None, help="Optuna storage URL (default: journal file beside --out).")
 @click.option("--study", default=None, help="Study name (default: derived from all settings).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("plan.json"),
-              show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=Path("plan.json"),
+              show_default=True, help="Plan file to write (checked writable before the search).")
 @click.option("--multi-objective", is_flag=True, help="Also report the Pareto front of objective vs predicted KL.")
 @click.option("--prune-score", type=click.Choice(PruneScore.values()), default=PruneScore.WANDA.value,
               show_default=True)
@@ -74,18 +76,19 @@ def command(model, target, runtime, budget, objective, batch, input_len, output_
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
-    # Refused here, before minutes of loading and profiling, not when the cost model is built.
-    finite_non_negative("price-per-hour", price_per_hour)
-    load_cost_table(cost_table)
+    # Every option is parsed and checked here, before minutes of loading and profiling.
     req = SearchRequest(
-        model=model, target=target, runtime=runtime, budget=budget, objective=objective,
-        workload=workload, trials=trials, seed=seed, storage=storage, study=study, out=out,
-        multi_objective=multi_objective, prune_score=prune_score, quant_method=quant_method,
-        text=text, protect_first_block=protect_first, protect_last_block=protect_last,
-        price_per_hour=price_per_hour, trust_remote_code=trust_remote_code, cost_table=cost_table,
-        measure_kernels=measure_kernels, threads=threads,
-        choices=None if choices is None else tuple(c.strip() for c in choices.split(",")
-                                                   if c.strip()))
+        model=model, target=target, runtime=runtime, budget=QualityBudget.parse(budget),
+        objective=Objective(objective), workload=workload, trials=trials, seed=seed,
+        storage=storage, study=study, out=out, multi_objective=multi_objective,
+        settings=CompressionSettings(prune_score, quant_method), text=text,
+        protect_first_block=protect_first, protect_last_block=protect_last,
+        price_per_hour=finite_non_negative("price-per-hour", price_per_hour),
+        trust_remote_code=trust_remote_code,
+        cost_table=CostTable.load(cost_table) if cost_table else None,
+        measure_kernels=measure_kernels, execution=ExecutionSettings(threads=threads),
+        choices=None if choices is None else parse_choices(
+            tuple(c.strip() for c in choices.split(",") if c.strip())))
     with RichReporter(quiet=quiet or as_json) as reporter:
         outcome = run_search(req, reporter)
     if as_json:

@@ -38,6 +38,14 @@ class QualityBudget:
 
     @classmethod
     def parse(cls, text: str) -> QualityBudget:
+        budget = cls._parse(text)
+        if not math.isfinite(budget.limit):  # e.g. kl<=1e999: the plan file would hold Infinity
+            raise UserInputError(f"budget '{text}' has no finite limit: use a number such as "
+                                 "kl<=0.05")
+        return budget
+
+    @classmethod
+    def _parse(cls, text: str) -> QualityBudget:
         t = text.strip()
         if m := _KL.match(t):
             return cls(t, "kl", float(m["v"]))

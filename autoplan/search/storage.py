@@ -13,7 +13,6 @@ in the search's time goal.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
 from autoplan.errors import UserInputError
+from autoplan.search.writable import check_writable_file
 
 _JOURNAL_PREFIX = "journal:"
 
@@ -62,12 +62,9 @@ def check_storage(url: str) -> None:
             installed (the message names the package), or the database cannot be opened.
     """
     if _is_journal(url):
-        path = Path(url.removeprefix(_JOURNAL_PREFIX)).expanduser()
-        folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-        if path.is_dir() or folder is None or not folder.is_dir() \
-                or not os.access(folder, os.W_OK | os.X_OK):
-            raise UserInputError(f"cannot write the study journal {path}: pass a writable "
-                                 "--storage journal:PATH (or --out in a writable folder)")
+        check_writable_file(url.removeprefix(_JOURNAL_PREFIX), "study journal",
+                            "pass a writable --storage journal:PATH (or --out in a writable "
+                            "folder)")
         return
     _rdb_driver(url)
     open_storage(url)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import optuna
+from optuna.samplers import BaseSampler
+from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.cost.model import CostModel
@@ -25,13 +27,18 @@ from autoplan.search.tables import Tables
 
 @dataclass(frozen=True)
 class StudyConfig:
+    """One study. `storage` and `sampler` may be Optuna objects, as `optuna.create_study`
+    takes them; a storage given as text is a URL (`open_storage`), None keeps no record, and
+    a sampler of None is the default (ExchangeSampler, or NSGA-II when multi-objective)."""
+
     objective: Objective
     n_trials: int
     seed: int
     study_name: str
-    storage_url: str | None
+    storage: BaseStorage | str | None
     multi_objective: bool = False
     population: int = 40
+    sampler: BaseSampler | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,9 @@ class StudyResult:
     resumed: int  # trials loaded from storage
 
 
-def _sampler(cfg: StudyConfig, tables: Tables, limit: float) -> optuna.samplers.BaseSampler:
+def _sampler(cfg: StudyConfig, tables: Tables, limit: float) -> BaseSampler:
+    if cfg.sampler is not None:
+        return cfg.sampler
     if cfg.multi_objective:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -66,8 +75,9 @@ def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
     directions = [direction, "minimize"] if cfg.multi_objective else [direction]
     units = tables.space.units
     persist = None
-    if cfg.storage_url:
-        persist = load_or_create(open_storage(cfg.storage_url), cfg.study_name, directions)
+    if cfg.storage is not None:
+        storage = open_storage(cfg.storage) if isinstance(cfg.storage, str) else cfg.storage
+        persist = load_or_create(storage, cfg.study_name, directions)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     memory = optuna.create_study(directions=directions, sampler=_sampler(cfg, tables, limit))
     done = [t for t in persist.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))] \

@@ -356,3 +356,7 @@ def _assemble(g: _Graph, cfg, logits: str, head_dim: int) -> onnx.ModelProto:
 
 
 __all__ = ["FUSED_KEY", "OPSET", "SUPPORTED_TYPES", "build_decoder"]
+
+# Public for `autoplan search --runtime onnxruntime`, which refuses a model this export cannot
+# build before profiling it (a plan `autoplan apply` could never use).
+check_supported = _check_supported

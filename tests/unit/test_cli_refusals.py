@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -174,3 +175,122 @@ def test_journal_check_creates_nothing_and_refuses_a_file_as_folder(tmp_path):
 def test_sqlite_storage_opens(tmp_path):
     check_storage(f"sqlite:///{tmp_path / 'study.db'}")
     assert (tmp_path / "study.db").is_file()
+
+
+# ---- search: refused before any work (issue 13 item 1; autoplan/search/preflight.py) --------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from tests.unit._tiny import save_tiny_folder
+
+    return save_tiny_folder(tmp_path_factory.mktemp("refusals-tiny"))
+
+
+def _search(model: Path | str, out: Path, *extra: str) -> list[str]:
+    return ["search", "--model", str(model), "--out", str(out), "--trials", "5", *extra]
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--seed", "-1"], "--seed must be an integer from 0"),
+    (["--seed", "4294967296"], "--seed must be an integer from 0"),
+    (["--budget", "kl<=inf"], "cannot read budget"),
+    (["--budget", "kl<=nan"], "cannot read budget"),
+    (["--budget", "kl<=1e999"], "no finite limit"),
+    (["--budget", "ppl<=+" + "9" * 400], "no finite limit"),
+])
+def test_search_arguments_refused_before_the_model_is_looked_up(extra, needle, tmp_path,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default journal would be created beside --out
+    _refused(_search(tmp_path / "nope", tmp_path / "plan.json", *extra), needle, tmp_path)
+
+
+def test_search_out_must_be_writable_before_the_search(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    _refused(_search(tiny_model, tmp_path / "afile" / "plan.json"), "is not a folder", tmp_path)
+    _refused(_search(tiny_model, tmp_path / "adir"), "it is a folder", tmp_path)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_search_out_in_a_read_only_folder(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ro").mkdir(mode=0o555)
+    _refused(_search(tiny_model, tmp_path / "ro" / "plan.json"), "is not writable", tmp_path)
+
+
+@pytest.mark.parametrize(("storage", "needle"), [
+    ("postgresql://user:hunter2@127.0.0.1:1/optuna", "autoplan[postgres]"),  # driver missing
+    ("postgresql+psycopg2://user:hunter2@127.0.0.1:1/optuna", "psycopg2"),
+    ("nosuchdb://user:hunter2@host/db", "cannot read storage"),
+    ("sqlite:///{tmp}/afile/study.db", "cannot open storage"),
+    ("journal:{tmp}/afile/study.journal", "cannot write the study journal"),
+])
+def test_search_storage_is_validated_and_opened_first(storage, needle, tiny_model, tmp_path,
+                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # not installed, whatever this venv has
+    monkeypatch.setitem(sys.modules, "psycopg2", None)
+    (tmp_path / "afile").write_text("")
+    url = storage.format(tmp=tmp_path)
+    _refused(_search(tiny_model, tmp_path / "plan.json", "--storage", url), needle, tmp_path)
+    result = CliRunner().invoke(cli, _search(tiny_model, tmp_path / "p.json", "--storage", url))
+    assert "hunter2" not in result.output
+
+
+def _broken_copy(tiny_model: Path, folder: Path, weights: bytes) -> Path:
+    folder.mkdir()
+    for f in tiny_model.iterdir():
+        if f.suffix != ".safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    (folder / "model.safetensors").write_bytes(weights)
+    return folder
+
+
+@pytest.mark.parametrize("damage", ["zero-byte", "truncated", "garbage", "header-only"])
+def test_search_refuses_broken_safetensors_before_loading(damage, tiny_model, tmp_path,
+                                                          monkeypatch):
+    whole = (tiny_model / "model.safetensors").read_bytes()
+    weights = {"zero-byte": b"", "truncated": whole[: len(whole) // 2],
+               "garbage": b"\x89PNG\r\n\x1a\n" + b"\x00" * 4096,
+               "header-only": whole[: 8 + int.from_bytes(whole[:8], "little")]}[damage]
+    model = _broken_copy(tiny_model, tmp_path / "model", weights)
+    monkeypatch.chdir(tmp_path)
+    _refused(_search(model, tmp_path / "plan.json"), "not a valid safetensors file", tmp_path)
+
+
+_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256}
+_NOT_EXPORTED = {
+    "qwen3": {"model_type": "qwen3", **_TINY},
+    "gemma2": {"model_type": "gemma2", **_TINY},
+    "gemma3": {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", **_TINY}},
+}
+
+
+@pytest.mark.parametrize("arch", sorted(_NOT_EXPORTED))
+@pytest.mark.parametrize("platform", [["--target", "local", "--runtime", "onnxruntime"],
+                                      ["--target", "xeon-8480", "--runtime", "onnxruntime",
+                                       "--no-measure-kernels"]])
+def test_cpu_search_refuses_an_architecture_the_onnx_export_lacks(arch, platform, tmp_path,
+                                                                  monkeypatch):
+    """Refused from config.json alone: before loading, profiling or timing kernels, and
+    never a plan `autoplan apply` cannot use (the folder holds no weights at all)."""
+    model = tmp_path / arch
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(_NOT_EXPORTED[arch]))
+    monkeypatch.chdir(tmp_path)
+    _refused(_search(model, tmp_path / "plan.json", *platform),
+             "supports model_type llama, mistral, qwen2", tmp_path)
+
+
+def test_safetensors_check_passes_a_whole_file_and_names_trailing_bytes(tiny_model, tmp_path):
+    from autoplan.models.check import check_safetensors
+
+    whole = tiny_model / "model.safetensors"
+    check_safetensors(whole)
+    padded = tmp_path / "padded.safetensors"
+    padded.write_bytes(whole.read_bytes() + b"\x00" * 7)
+    with pytest.raises(UserInputError, match="7 bytes follow the last tensor"):
+        check_safetensors(padded)

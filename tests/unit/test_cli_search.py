@@ -35,6 +35,18 @@ def plan_file(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     return out, result
 
 
+def _check_compressed_by_search(plan) -> None:  # noqa: ANN001
+    """The plan is a searched candidate that passed verification and compresses the model:
+    a fallback to a uniform recipe or the baseline also meets the budget, so budget_met
+    alone would pass if every searched candidate failed."""
+    assert plan.search.outcome == "plan"
+    assert any(v["passed"] for r in plan.search.rounds for v in r["verified"])
+    assert any(c != "dense+bf16" for c in plan.decisions.values())
+    assert plan.audit.tensors  # a compressed layer's weights are audited
+    assert plan.predicted["plan"].weight_gb < plan.predicted["baseline"].weight_gb
+    assert plan.predicted["plan"].tokens_per_s > plan.predicted["baseline"].tokens_per_s
+
+
 def _one_error_line(result: Result) -> str:
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and result.exception is not None
@@ -52,6 +64,7 @@ def test_search_writes_a_plan(plan_file: tuple[Path, Result]) -> None:
     assert plan.search.trials == 100 and plan.target.name == "h100-sxm"
     assert plan.runtime.name == "vllm"  # the target's usual engine
     assert plan.quality.budget_met
+    _check_compressed_by_search(plan)
     assert result.stdout == ""  # --quiet: nothing on stdout
     assert f"plan written to {out}" in result.stderr
     assert out.with_name("p.optuna.journal").is_file()  # default storage beside the plan

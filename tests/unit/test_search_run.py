@@ -1,5 +1,6 @@
 """run_search end to end on a tiny Llama folder: plan round trip, audit, predictions, the
-verification fallbacks, resume through the default journal, and no password in the plan."""
+verification fallbacks (stage by stage), resume through the default journal, a sampler and a
+storage passed in as objects, and no password in the plan or in any message."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import optuna
 import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
@@ -15,12 +17,16 @@ from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.modelspec import ModelSpec
 from autoplan.plan.io import load_plan
-from autoplan.search import run as search_run
-from autoplan.search import study as search_study
+from autoplan.search.build import build_plan
+from autoplan.search.choose import Outcome, certify, choose
+from autoplan.search.preflight import preflight
+from autoplan.search.prepare import prepare
+from autoplan.search.reporter import Reporter
+from autoplan.search.rounds import Rounds
 from autoplan.search.run import SearchOutcome, SearchRequest, run_search
 from autoplan.search.space import load_space_file
 from autoplan.search.storage import redact
-from autoplan.search.study import Candidate, StudyResult
+from autoplan.search.study import Candidate
 from autoplan.targets import get_target
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, shared_dirs  # noqa: F401
 
@@ -145,48 +151,58 @@ def test_impossible_budget_falls_back_and_still_meets_it(model_dir: Path, tmp_pa
     _check_plan_file(outcome, tmp_path / "p.json")
 
 
-def test_failing_candidates_fall_back_to_a_passing_uniform(
-        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The study proposes only the harshest plan, which fails when measured."""
-    def harsh_study(tables, limit, cost, cfg, warm=(), on_trial=None):  # noqa: ANN001, ANN202
-        picks = tuple(len(u.choices) - 1 for u in tables.space.units)  # int4 everywhere
-        cand = Candidate(picks, 1e9, tables.surrogate(picks), 0)
-        return StudyResult((cand,), (), cfg.n_trials, 0)
-
-    monkeypatch.setattr(search_run, "run_study", harsh_study)
-    outcome = run_search(_request(model_dir, tmp_path / "p.json", budget="kl<=0.001",
-                                  trials=10))
-    plan = outcome.plan
-    verified = plan.search.rounds[0]["verified"]
-    assert verified and not verified[0]["passed"]  # the searched plan failed the budget
+def test_failing_candidates_fall_back_to_a_passing_uniform(model_dir: Path,
+                                                           tmp_path: Path) -> None:
+    """The rounds end with one searched candidate, the harshest plan, which fails when
+    measured: `choose` returns the best passing uniform recipe, and the plan says so."""
+    req = _request(model_dir, tmp_path / "p.json", budget="kl<=0.001", trials=10)
+    prep = prepare(req, preflight(req), Reporter())
+    harsh = tuple(len(u.choices) - 1 for u in prep.space.units)  # int4 everywhere
+    failed = prep.verifier.measure(harsh, "round1-candidate1")
+    assert not failed.passed
+    rounds = Rounds(limit=1e-4, chosen=None, trials=10,
+                    best_searched=Candidate(harsh, prep.value(harsh), failed.surrogate, 0),
+                    log=[{"round": 1, "surrogate_limit": 1e-4, "trials": 10,
+                          "resumed_trials": 0, "verified": [{"label": failed.label,
+                                                             "passed": False}]}])
+    chosen = choose(prep, rounds, Reporter())
+    assert chosen.outcome is Outcome.UNIFORM and chosen.measurement.passed
+    plan = build_plan(prep, rounds, chosen, certify(prep, rounds, Reporter()), 0.0)
     assert plan.search.outcome == "uniform-fallback"
     assert plan.quality.budget_met and plan.quality.kl <= 0.001
     assert plan.search.best_uniform is not None
     uniform = plan.search.best_uniform.removeprefix("uniform ")
-    assert uniform in set(plan.decisions.values())
+    assert uniform in set(plan.decisions.values()) and uniform != _baseline(plan)
+    assert plan.predicted["plan"].weight_gb < plan.predicted["baseline"].weight_gb
     _check_audit(plan)
 
 
-def test_ppl_budget_finds_a_plan_and_never_writes_the_password(
-        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    url = "postgresql://autoplan:s3cret-pw@db.example:5432/optuna"
-    journal = tmp_path / "stand-in.journal"
-    seen: list[str] = []
-
-    def fake_open(u: str):  # noqa: ANN202 - no database here: a journal stands in
-        seen.append(u)
-        return JournalStorage(JournalFileBackend(str(journal)))
-
-    monkeypatch.setattr(search_study, "open_storage", fake_open)
+def test_ppl_budget_with_a_sampler_and_storage_passed_in(model_dir: Path, tmp_path: Path) -> None:
+    storage = JournalStorage(JournalFileBackend(str(tmp_path / "mine.journal")))
+    sampler = optuna.samplers.RandomSampler(seed=1)
     out = tmp_path / "p.json"
-    outcome = run_search(_request(model_dir, out, budget="ppl<=+50%", storage=url))
+    outcome = run_search(_request(model_dir, out, budget="ppl<=+50%", storage=storage,
+                                  sampler=sampler))
     plan = outcome.plan
-    assert seen and seen[0] == url  # the real URL reached the storage layer
-    assert plan.search.storage == redact(url) and "s3cret" not in plan.search.storage
-    assert "s3cret" not in out.read_text()
+    assert plan.search.sampler == "RandomSampler (passed in)"
+    assert plan.search.storage == "JournalStorage (passed in)"
+    study = optuna.load_study(study_name=plan.search.study, storage=storage)
+    assert len(study.trials) == plan.search.rounds[0]["trials"] == 200  # kept in OUR storage
+    assert not out.with_name("p.optuna.journal").exists()  # and in no default journal
     assert plan.search.outcome == "plan" and plan.quality.budget_met
     assert plan.budget.metric == "ppl"
     assert any(c != "dense+bf16" for c in plan.decisions.values())
+
+
+def test_storage_url_is_opened_before_work_and_its_password_never_shown(
+        model_dir: Path, tmp_path: Path) -> None:
+    url = "postgresql://autoplan:s3cret-pw@127.0.0.1:1/optuna"  # nothing listens on port 1
+    out = tmp_path / "p.json"
+    with pytest.raises(UserInputError, match="storage") as info:
+        preflight(_request(model_dir, out, storage=url))
+    assert "s3cret" not in str(info.value) and "\n" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []  # no plan, no journal
+    assert "s3cret" not in redact(url)
 
 
 def test_bad_inputs_are_user_errors(model_dir: Path, tmp_path: Path) -> None:
@@ -195,3 +211,15 @@ def test_bad_inputs_are_user_errors(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match="budget"):
         run_search(_request(model_dir, tmp_path / "p.json", budget="kl<0.1"))
     assert not (tmp_path / "p.json").exists()
+
+
+def test_the_plan_note_says_where_speed_figures_come_from() -> None:
+    from autoplan.search.build import SpeedSource
+
+    head, tail = "speed figures are cost-model predictions", "; quality is measured"
+    assert SpeedSource().note() == head + tail
+    assert SpeedSource(cost_table="t.json").note() == \
+        f"{head} using measured GEMM times from t.json{tail}"
+    assert SpeedSource(kernels="ONNX Runtime", non_gemm_decode=True).note() == \
+        f"{head} using this machine's measured ONNX Runtime kernel times and non-GEMM decode " \
+        f"step{tail}"

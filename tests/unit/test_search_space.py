@@ -137,23 +137,27 @@ def test_repeated_choices_are_searched_once() -> None:
     from autoplan.search.run import parse_choices
 
     got = parse_choices(("int4a8_g32", "dense+int4a8_g32", "int8a8_g128"))
-    assert got == [Choice.parse("int4a8_g32"), Choice.parse("int8a8_g128")]
+    assert got == (Choice.parse("int4a8_g32"), Choice.parse("int8a8_g128"))
     assert parse_choices(None) is None
     with pytest.raises(Exception, match="empty"):
         parse_choices(())
 
 
 def test_kernels_are_measured_by_default_only_when_planning_for_this_machine() -> None:
-    from autoplan.search.run import SearchRequest, _measures_kernels
+    from autoplan.search.preflight import measures_kernels
+    from autoplan.search.request import CostTable, SearchRequest
 
-    assert _measures_kernels(SearchRequest(target="local"), "local", "onnxruntime")
-    assert _measures_kernels(SearchRequest(target="local"), "local", "llama.cpp")
-    assert not _measures_kernels(SearchRequest(target="local"), "local", "vllm")
-    assert not _measures_kernels(SearchRequest(target="xeon-8480"), "xeon-8480", "onnxruntime")
-    assert not _measures_kernels(SearchRequest(target="local", measure_kernels=False), "local",
-                                 "onnxruntime")
-    assert not _measures_kernels(SearchRequest(target="local", cost_table="t.json"), "local",
-                                 "onnxruntime")
+    local = SearchRequest(target="local")
+    assert measures_kernels(local, "local", "onnxruntime")
+    assert measures_kernels(local, "local", "llama.cpp")
+    assert not measures_kernels(local, "local", "vllm")
+    assert not measures_kernels(SearchRequest(target="xeon-8480"), "xeon-8480", "onnxruntime")
+    assert not measures_kernels(SearchRequest(target="local", measure_kernels=False), "local",
+                                "onnxruntime")
+    table = CostTable("t.json", {"rows": [{"m": 1, "n": 1, "k": 1, "choice": "dense+fp8",
+                                           "median_us": 1.0}]})
+    assert not measures_kernels(SearchRequest(target="local", cost_table=table), "local",
+                                "onnxruntime")
 
 
 def test_llama_cpp_decides_every_projection_on_its_own() -> None:

@@ -1,0 +1,122 @@
+"""Stage 5: the Plan -- decisions, predicted metrics beside the baseline and the best uniform
+recipe, the measured quality, the search record with its certificate, and the audit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from autoplan import __version__
+from autoplan.cost.report import Objective
+from autoplan.plan import schema as ps
+from autoplan.runtimes import get_runtime
+from autoplan.search.choose import Chosen
+from autoplan.search.preflight import KERNEL_TABLES
+from autoplan.search.prepare import CALIB_BATCH, Prepared
+from autoplan.search.rounds import Rounds
+
+
+@dataclass(frozen=True)
+class SpeedSource:
+    """Where the plan's speed figures come from (quality is always measured)."""
+
+    cost_table: str | None = None  # measured GEMM times read from this file
+    kernels: str | None = None  # this machine's kernels, timed (e.g. "ONNX Runtime")
+    non_gemm_decode: bool = False  # the timed table includes the non-GEMM decode step
+
+    @classmethod
+    def of(cls, prep: Prepared) -> SpeedSource:
+        if prep.platform.measure_kernels:
+            return cls(kernels=KERNEL_TABLES[prep.platform.runtime][0],
+                       non_gemm_decode=bool((prep.kernel_times or {}).get("non_gemm_decode_s")))
+        return cls(cost_table=prep.req.cost_table.source if prep.req.cost_table else None)
+
+    def note(self) -> str:
+        """The plan's `search.note`."""
+        parts = ["speed figures are cost-model predictions"]
+        if self.cost_table:
+            parts.append(f" using measured GEMM times from {self.cost_table}")
+        if self.kernels:
+            parts.append(f" using this machine's measured {self.kernels} kernel times"
+                         + (" and non-GEMM decode step" if self.non_gemm_decode else ""))
+        return "".join(parts) + "; quality is measured"
+
+
+def _predicted(prep: Prepared, label: str, picks) -> ps.Predicted:  # noqa: ANN001
+    est = prep.cost.evaluate(prep.verifier.decisions(picks))
+    m = est.metrics
+    return ps.Predicted(label=label, tokens_per_s=m.throughput, ttft_s=m.ttft_s,
+                        tpot_s=m.tpot_s, request_latency_s=m.request_latency_s,
+                        memory_gb=est.memory.total_bytes / 1e9, fits=est.memory.fits,
+                        energy_j_per_token=m.energy, usd_per_1m_tokens=m.cost,
+                        weight_gb=est.memory.weights_bytes / 1e9)
+
+
+def _predictions(prep: Prepared, chosen: Chosen) -> tuple[dict[str, ps.Predicted], float | None]:
+    """Predicted metrics of the plan, the baseline and the best uniform recipe, and the
+    plan's gain over that recipe (decode speed for TPOT, end-to-end tokens/s otherwise)."""
+    preds = {"plan": _predicted(prep, "plan", chosen.measurement.picks),
+             "baseline": _predicted(prep, "baseline", prep.baseline_picks)}
+    uniform = chosen.best_uniform
+    if uniform is None:
+        return preds, None
+    preds["best_uniform"] = best = _predicted(prep, uniform.label, uniform.picks)
+    gain = (best.tpot_s / preds["plan"].tpot_s if prep.req.objective is Objective.TPOT
+            else preds["plan"].tokens_per_s / best.tokens_per_s)
+    return preds, gain
+
+
+def _search_meta(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate,
+                 gain: float | None, wall_time_s: float) -> ps.SearchMeta:
+    req, uniform = prep.req, chosen.best_uniform
+    if req.sampler is not None:
+        sampler = f"{type(req.sampler).__name__} (passed in)"
+    else:
+        sampler = "NSGAIISampler" if req.multi_objective else "ExchangeSampler (optuna)"
+    return ps.SearchMeta(
+        sampler=sampler, seed=req.seed, trials=rounds.trials, wall_time_s=wall_time_s,
+        study=prep.study_name, storage=prep.platform.storage_label,
+        real_evaluations=prep.verifier.count, rounds=rounds.log, certificate=certificate,
+        gain_over_best_uniform=gain, best_uniform=uniform.label if uniform else None,
+        best_uniform_kl=uniform.quality.kl if uniform else None,
+        outcome=chosen.outcome.value, note=SpeedSource.of(prep).note())
+
+
+def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate,
+               wall_time_s: float) -> ps.Plan:
+    """The plan file's content (not written here)."""
+    req, loaded, cost, budget = prep.req, prep.loaded, prep.cost, prep.req.budget
+    target, rt = prep.platform.target, get_runtime(prep.platform.runtime)
+    m = chosen.measurement
+    q = m.quality
+    preds, gain = _predictions(prep, chosen)
+    return ps.Plan(
+        autoplan_version=__version__, created=datetime.now(timezone.utc).isoformat(),
+        model=ps.ModelRef(id=loaded.model_id, content_hash=loaded.content_hash,
+                          model_type=loaded.spec.model_type, n_layers=loaded.spec.n_layers,
+                          params=loaded.spec.total_params),
+        target=ps.TargetRef(name=target.name, price_per_hour=cost.price_per_hour,
+                            price_source="user" if req.price_per_hour is not None
+                            else target.price_per_hour.source),
+        runtime=ps.RuntimeRef(name=rt.name, version=rt.version),
+        workload=req.workload.model_dump(), objective=req.objective.value,
+        budget=ps.Budget(text=budget.text, metric=budget.metric, limit=budget.limit,
+                         suite_file=str(budget.suite_file) if budget.suite_file else None),
+        compression=ps.Compression(prune_score=req.settings.prune_score,
+                                   quant_method=req.settings.quant_method),
+        decisions={n: str(c) for n, c in sorted(prep.verifier.decisions(m.picks).items())},
+        predicted=preds,
+        quality=ps.Quality(kl=q.kl, ppl=q.ppl, ppl_ref=q.ppl_ref, suite_score=q.suite_score,
+                           suite_ref=q.suite_score_ref, surrogate_kl=m.surrogate,
+                           budget_met=m.passed, eval_tokens=q.n_tokens),
+        search=_search_meta(prep, rounds, chosen, certificate, gain, wall_time_s),
+        audit=ps.Audit(calibration_source=prep.data.source,
+                       calibration_hash=prep.data.content_hash,
+                       calibration=ps.CalibrationSettings(
+                           seq_len=req.seq_len, n_calib=req.calib_blocks,
+                           n_eval=req.eval_blocks, seed=req.seed, batch_size=CALIB_BATCH),
+                       tensors=m.audit),
+    )
+
+
+__all__ = ["SpeedSource", "build_plan"]

@@ -1,0 +1,107 @@
+"""Checks a search runs before any work: everything that would otherwise fail only after
+minutes of loading, profiling and kernel timing, or after the whole search (the plan file).
+
+`preflight` resolves the platform (target, runtime, whether this machine's kernels are
+timed), checks that the plan and the study can be written and opened, and that the model
+can be loaded and, for ONNX Runtime, exported: each refusal is one line naming the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from optuna.storages import BaseStorage
+
+from autoplan.errors import UserInputError
+from autoplan.runtimes import default_runtime, get_runtime
+from autoplan.search.request import SearchRequest
+from autoplan.search.storage import check_storage, default_storage_url, redact
+from autoplan.search.writable import check_writable_file
+from autoplan.backends.registry import resolve_target as get_target
+from autoplan.targets import Target
+
+# Runtimes whose kernels --measure-kernels times on this machine, and what times them.
+KERNEL_TABLES = {"onnxruntime": ("ONNX Runtime", "autoplan.backends.cpu.predict"),
+                 "llama.cpp": ("llama.cpp (ggml)", "autoplan.engines.ggml_microbench")}
+# Plans for this runtime become artifacts through autoplan's own ONNX export (`apply`).
+ONNX_RUNTIME = "onnxruntime"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the request resolves to once checked."""
+
+    target: Target
+    runtime: str
+    measure_kernels: bool
+    storage: BaseStorage | str  # an Optuna storage object, or a URL checked and reachable
+    storage_label: str  # for the plan: the URL without its password, or the object's type
+
+
+def measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:
+    """Whether this machine's kernels are timed: as asked, else exactly when planning for it."""
+    if req.measure_kernels is not None:
+        return req.measure_kernels
+    return target == "local" and runtime in KERNEL_TABLES and req.cost_table is None
+
+
+def _check_kernel_timing(target: Target, runtime: str) -> None:
+    if target.name != "local" or runtime not in KERNEL_TABLES:
+        raise UserInputError("--measure-kernels times this machine's kernels: use it with "
+                             "--target local and --runtime onnxruntime or llama.cpp")
+    if runtime == "llama.cpp":
+        from autoplan.engines import engine_python
+
+        engine_python("llama.cpp")  # a missing engine is refused before any work
+
+
+def _storage(req: SearchRequest) -> tuple[BaseStorage | str, str]:
+    if isinstance(req.storage, BaseStorage):
+        return req.storage, f"{type(req.storage).__name__} (passed in)"
+    url = req.storage or default_storage_url(req.out)
+    check_storage(url)  # validated and opened: a bad URL or a missing driver fails now
+    return url, redact(url)
+
+
+def check_model(model: str, runtime: str) -> None:
+    """Refuse, from its config and file headers alone, a model the search could not finish.
+
+    For ONNX Runtime the architecture must be one autoplan's ONNX export builds, or the
+    search would profile and time kernels for minutes and write a plan `apply` cannot use.
+    """
+    from autoplan.models.check import check_weights_folder
+    from autoplan.models.loader import load_spec
+    from autoplan.models.registry import resolve_model_arg
+
+    if runtime == ONNX_RUNTIME:
+        from autoplan.backends.cpu.onnx_graph import SUPPORTED_TYPES
+
+        model_type = load_spec(model).model_type
+        if model_type not in SUPPORTED_TYPES:
+            raise UserInputError(
+                f"--runtime onnxruntime plans are applied through autoplan's ONNX export, which "
+                f"supports model_type {', '.join(SUPPORTED_TYPES)}, not '{model_type}': plan "
+                "this model for another runtime or target")
+    source = resolve_model_arg(model)
+    if source.kind == "hf":
+        check_weights_folder(source.path)
+
+
+def preflight(req: SearchRequest) -> Platform:
+    """Resolve and check everything that can be checked before loading the model.
+
+    Raises:
+        UserInputError: one line naming the fix.
+    """
+    target = get_target(req.target)
+    runtime = get_runtime(req.runtime).name if req.runtime else default_runtime(target)
+    measure = measures_kernels(req, target.name, runtime)
+    if measure:
+        _check_kernel_timing(target, runtime)
+    check_writable_file(req.out, "plan", "pass --out FILE in a writable folder")
+    check_model(req.model, runtime)
+    storage, label = _storage(req)  # last: opening an SQLite URL creates its file
+    return Platform(target, runtime, measure, storage, label)
+
+
+__all__ = ["KERNEL_TABLES", "Platform", "check_model", "measures_kernels", "preflight"]

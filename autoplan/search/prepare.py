@@ -1,0 +1,137 @@
+"""Stage 1 of a search: everything the study needs, built once from a checked request.
+
+model -> decision space -> calibration/evaluation tokens -> sensitivity profile (cached)
+-> this machine's kernel times (when measured) -> cost model -> per-unit tables ->
+the verifier that measures candidates on the real model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from autoplan.cost.model import CostModel
+from autoplan.cost.report import DIRECTION, Objective
+from autoplan.models import LoadedModel, load_model
+from autoplan.models._cache import cache_root
+from autoplan.quality.evaluator import QualityEvaluator
+from autoplan.quality.suite import load_suite
+from autoplan.quality.text import TextDataset, load_text_dataset
+from autoplan.search.preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform
+from autoplan.search.reporter import Reporter
+from autoplan.search.request import SearchRequest
+from autoplan.search.space import SearchSpace, build_space
+from autoplan.search.tables import Tables, build_tables
+from autoplan.search.verify import Verifier
+from autoplan.sensitivity import SensitivityProfile, build_profile, calibration_key
+
+CALIB_BATCH = 2  # calibration blocks per forward pass (part of the audit: it changes rounding)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The inputs of every later stage."""
+
+    req: SearchRequest
+    platform: Platform
+    loaded: LoadedModel
+    space: SearchSpace
+    data: TextDataset
+    profile: SensitivityProfile
+    kernel_times: dict[str, Any] | None  # measured rows the cost model uses, if any
+    cost: CostModel
+    tables: Tables
+    verifier: Verifier
+    study_name: str
+
+    @property
+    def sign(self) -> float:
+        """-1 when the objective is maximized, so `sign * value` is always minimized."""
+        return -1.0 if DIRECTION[self.req.objective] == "maximize" else 1.0
+
+    @cached_property
+    def uniform(self) -> dict[str, list[int]]:
+        """Each choice applied wherever it is allowed (its uniform recipe), by name."""
+        return {str(c): p for c in self.space.all_choices if (p := self.tables.uniform_picks(c))}
+
+    @cached_property
+    def baseline_picks(self) -> tuple[int, ...]:
+        """Every unit left at the baseline choice (the uncompressed model)."""
+        return tuple(self.tables.picks_of({}))
+
+    def value(self, picks) -> float:  # noqa: ANN001 - any sequence of choice indices
+        """The objective metric of a pick, from the cost model."""
+        return self.cost.metric_from_times(*self.tables.times(picks), self.req.objective)
+
+
+def study_name(req: SearchRequest, platform: Platform, model_hash: str, calib_hash: str) -> str:
+    """A name derived from every setting that changes the study, so a re-run resumes it."""
+    choices = None if req.choices is None else tuple(str(c) for c in req.choices)
+    key = "|".join(map(str, (
+        model_hash, req.target, platform.runtime, req.workload.model_dump_json(),
+        req.objective.value, req.budget.text, req.settings.prune_score.value,
+        req.settings.quant_method.value, req.seed, calib_hash, req.multi_objective,
+        req.protect_first_block, req.protect_last_block, choices, platform.measure_kernels,
+        req.cost_table.source if req.cost_table else None)
+        + ((req.threads,) if req.threads is not None else ())))
+    return f"autoplan-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
+                  space: SearchSpace, rep: Reporter) -> dict[str, Any] | None:
+    if not platform.measure_kernels:
+        return req.cost_table.document if req.cost_table else None
+    label, module = KERNEL_TABLES[platform.runtime]
+    rep.stage(f"timing {label} kernels")
+    return importlib.import_module(module).search_kernel_table(
+        loaded, space, req.workload, threads=req.threads, progress=rep.note)
+
+
+def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
+    """Load, profile and time everything the study and the verifier need."""
+    torch.manual_seed(req.seed)
+    rep.stage("loading model")
+    loaded = load_model(req.model, trust_remote_code=req.trust_remote_code)
+    if platform.runtime == ONNX_RUNTIME:  # what the config alone could not show (window, act)
+        from autoplan.backends.cpu.onnx_graph import check_supported
+
+        check_supported(loaded.model.config)
+    space = build_space(loaded.spec, platform.target, platform.runtime,
+                        protect_first_block=req.protect_first_block,
+                        protect_last_block=req.protect_last_block,
+                        candidates=list(req.choices) if req.choices else None)
+    data = load_text_dataset(req.text, tokenizer=loaded.tokenizer, seq_len=req.seq_len,
+                             n_calib=req.calib_blocks, n_eval=req.eval_blocks, seed=req.seed)
+    calib = list(data.calib.split(CALIB_BATCH))
+
+    rep.stage("profiling sensitivity")
+    choices = [c for c in space.all_choices if c != space.baseline]
+    layers = [la.name for u in space.units for la in u.layers]
+    profile = build_profile(
+        loaded.model, layers, choices, calib, model_hash=loaded.content_hash,
+        calib_hash=calibration_key(calib), settings=req.settings,
+        cache_dir=cache_root() / "profiles", seed=req.seed,
+        on_progress=lambda d, t: rep.progress("profile", d, t))
+
+    kernel_times = _kernel_times(req, platform, loaded, space, rep)
+    cost = CostModel(loaded.spec, platform.target, req.workload,
+                     price_per_hour=req.price_per_hour, measured=kernel_times,
+                     baseline=space.baseline)
+    tables = build_tables(space, cost, profile,
+                          prefill_weight=0.0 if req.objective is Objective.TPOT else 1.0)
+    budget = req.budget
+    suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
+    rep.stage("measuring the original model")
+    evaluator = QualityEvaluator(loaded.model, data.eval, suite=suite)
+    verifier = Verifier(loaded.model, space, tables, evaluator, budget, req.settings, calib)
+    name = req.study or study_name(req, platform, loaded.content_hash, data.content_hash)
+    return Prepared(req, platform, loaded, space, data, profile, kernel_times, cost, tables,
+                    verifier, name)
+
+
+__all__ = ["CALIB_BATCH", "Prepared", "prepare", "study_name"]

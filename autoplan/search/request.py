@@ -1,0 +1,160 @@
+"""`SearchRequest`: everything a search takes, as typed objects, checked when it is built.
+
+The CLI builds one from its options, so every mistake that can be seen in the arguments
+alone (a budget of `kl<=inf`, `--seed -1`, an unknown format, a malformed cost table) is
+refused here, in milliseconds, before a model is resolved or a study journal is created.
+Text is accepted for the parsed fields (budget, objective, choices, cost table) and parsed
+in `__post_init__`, as `CompressionSettings` does, so library callers may write either.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optuna.samplers import BaseSampler
+from optuna.storages import BaseStorage
+
+from autoplan.compress import CompressionSettings
+from autoplan.cost.measured import load_cost_table
+from autoplan.cost.report import Objective
+from autoplan.errors import UserInputError
+from autoplan.formats import Choice
+from autoplan.search.budget import QualityBudget
+from autoplan.workload import Workload
+
+if TYPE_CHECKING:
+    from autoplan.sensitivity.executor import Executor
+
+# Seeds reach torch, numpy (RandomState takes 0 <= seed < 2**32) and Optuna's samplers, and
+# each later round adds its index: a 31-bit range is valid for all of them.
+MAX_SEED = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Measured GEMM times replacing the analytic ones (`--cost-table FILE`)."""
+
+    source: str  # the file it was read from, named in the plan
+    document: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def load(cls, path: str) -> CostTable:
+        """Read and validate the whole file (UserInputError naming the problem)."""
+        return cls(str(path), load_cost_table(str(path)))
+
+
+@dataclass(frozen=True)
+class ExecutionSettings:
+    """How the search's measurements run on this machine (not what is searched).
+
+    Device, dtype and streaming settings for profiling and verification belong here too, so
+    that adding one does not change the study's identity or the stages' signatures.
+    """
+
+    threads: int | None = None  # engine threads the measured kernels are timed with
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise UserInputError(f"--threads must be a positive integer, got {self.threads}")
+
+
+def parse_choices(texts: tuple[str | Choice, ...] | None) -> tuple[Choice, ...] | None:
+    """`--choices` as distinct Choices in the given order (None: the platform's space)."""
+    if texts is None:
+        return None
+    choices = tuple(dict.fromkeys(c if isinstance(c, Choice) else Choice.parse(c) for c in texts))
+    if not choices:
+        raise UserInputError("--choices is empty: list formats, e.g. int4a8_g32,int8a8_g128")
+    return choices
+
+
+def _objective(value: Objective | str) -> Objective:
+    try:
+        return Objective(value)
+    except ValueError:
+        raise UserInputError(f"unknown objective '{value}': use one of "
+                             f"{', '.join(o.value for o in Objective)}") from None
+
+
+def _at_least(flag: str, value: int, low: int) -> None:
+    if value < low:
+        raise UserInputError(f"--{flag} must be at least {low}, got {value}")
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """Everything `autoplan search` takes; defaults suit the embedded model on a laptop CPU.
+
+    `sampler` and `storage` may be Optuna objects, as `optuna.create_study` takes them: a
+    sampler given here samples every round (default: ExchangeSampler, or NSGA-II with
+    `multi_objective`); a storage object holds the study (default: the URL in `storage`, or
+    a journal file beside `out`). `executor` is where verification candidates will run
+    (None: this process).
+    """
+
+    model: str = "smollm2-135m"
+    target: str = "h100-sxm"
+    runtime: str | None = None
+    budget: QualityBudget = QualityBudget.parse("kl<=0.05")
+    objective: Objective = Objective.THROUGHPUT
+    workload: Workload = field(default_factory=lambda: Workload(batch=32, input_len=512,
+                                                                output_len=128))
+    trials: int = 2000
+    seed: int = 0
+    storage: str | BaseStorage | None = None
+    study: str | None = None
+    out: Path = Path("plan.json")
+    multi_objective: bool = False
+    settings: CompressionSettings = field(default_factory=CompressionSettings)
+    text: str | None = None
+    seq_len: int = 256
+    calib_blocks: int = 4
+    eval_blocks: int = 6
+    protect_first_block: bool | None = None
+    protect_last_block: bool | None = None
+    verify_top: int = 2
+    max_rounds: int = 3
+    price_per_hour: float | None = None
+    trust_remote_code: bool = False
+    cost_table: CostTable | None = None
+    # Time this machine's kernels (ONNX Runtime's, or ggml's for llama.cpp) for every
+    # candidate and plan with them. None: yes exactly when planning for this machine
+    # (--target local with --runtime onnxruntime or llama.cpp), where the analytic model is
+    # 1.1-1.9x pessimistic (docs/benchmarks.md, CPU section).
+    measure_kernels: bool | None = None
+    choices: tuple[Choice, ...] | None = None  # candidate formats (default: the space file's)
+    execution: ExecutionSettings = field(default_factory=ExecutionSettings)
+    sampler: BaseSampler | None = None
+    executor: Executor | None = None
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        if isinstance(self.budget, str):
+            put("budget", QualityBudget.parse(self.budget))
+        put("objective", _objective(self.objective))
+        put("choices", parse_choices(self.choices))
+        if isinstance(self.cost_table, str | Path):
+            put("cost_table", CostTable.load(str(self.cost_table)))
+        put("out", Path(self.out))
+        _at_least("trials", self.trials, 1)
+        _at_least("verify-top", self.verify_top, 1)
+        _at_least("max-rounds", self.max_rounds, 1)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise UserInputError(f"--seed must be an integer from 0 to {MAX_SEED}, got {self.seed}")
+        if self.price_per_hour is not None and not 0 <= self.price_per_hour < math.inf:
+            raise UserInputError("--price-per-hour must be a finite number >= 0, got "
+                                 f"{self.price_per_hour}")
+        if self.measure_kernels and self.cost_table is not None:
+            raise UserInputError("pass --measure-kernels or --cost-table, not both")
+
+    @property
+    def threads(self) -> int | None:
+        return self.execution.threads
+
+
+__all__ = ["MAX_SEED", "CostTable", "ExecutionSettings", "SearchRequest", "parse_choices"]

@@ -1,0 +1,107 @@
+"""Stage 2: rounds of (study on the surrogate -> verify the best candidates for real).
+
+Each round searches under a surrogate limit, measures its best unmeasured candidates on the
+real model, and stops once the best passing measurement is the round's best searched plan
+(or beats it). Otherwise the surrogate-to-measured slope is re-fitted from every
+measurement, the limit tightened, and a shorter study continues from the stored trials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autoplan.search.owl import lagrangian_allocations, owl_allocations
+from autoplan.search.prepare import Prepared
+from autoplan.search.reporter import Reporter
+from autoplan.search.study import Candidate, StudyConfig, StudyResult, run_study
+from autoplan.search.verify import Measurement
+
+SAFETY = 0.9  # aim the surrogate limit 10% inside the calibrated budget
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """What the rounds found, for `choose`, `certify` and the plan's search record."""
+
+    limit: float  # the last surrogate limit
+    chosen: Measurement | None  # the best measured candidate that passed, if any
+    best_searched: Candidate | None  # the last round's best surrogate-feasible trial
+    trials: int  # trials over all rounds
+    log: list[dict] = field(default_factory=list)  # per round: limit, trials, verified
+    front: list[dict] = field(default_factory=list)  # Pareto front (multi-objective)
+
+
+def _warm_starts(prep: Prepared, limit: float) -> list:
+    tables = prep.tables
+    warm = [p for p in prep.uniform.values() if tables.surrogate(p) <= limit]
+    warm += owl_allocations(tables, prep.profile) + lagrangian_allocations(tables, limit)
+    return warm + [list(m.picks) for m in prep.verifier.measured.values()
+                   if m.surrogate <= limit]
+
+
+def _study_config(prep: Prepared, k: int) -> StudyConfig:
+    req = prep.req
+    return StudyConfig(req.objective, req.trials if k == 0 else max(req.trials // 4, 1),
+                       req.seed + k, prep.study_name if k == 0 else f"{prep.study_name}-r{k}",
+                       prep.platform.storage, req.multi_objective, sampler=req.sampler)
+
+
+def _verify(prep: Prepared, result: StudyResult, k: int, rep: Reporter) -> list[Measurement]:
+    """Measure the round's best candidates not measured yet, in this process.
+
+    The place for `SearchRequest.executor`: each measurement is independent of the others.
+    """
+    verifier = prep.verifier
+    todo = [c for c in result.candidates if c.picks not in verifier.measured]
+    todo = todo[:prep.req.verify_top]
+    rep.progress("verify", 0, len(todo))
+    checked = []
+    for i, cand in enumerate(todo):
+        checked.append(verifier.measure(cand.picks, f"round{k + 1}-candidate{i + 1}"))
+        rep.progress("verify", i + 1, len(todo))
+    return checked
+
+
+def _front(prep: Prepared, result: StudyResult) -> list[dict]:
+    return [{"value": c.value, "surrogate_kl": c.surrogate,
+             "decisions": {u: str(ch) for u, ch in prep.tables.choices_of(c.picks).items()}}
+            for c in result.front]
+
+
+def run_rounds(prep: Prepared, rep: Reporter) -> Rounds:
+    """Search and verify until a measured plan is the best the surrogate offers."""
+    budget, verifier, sign = prep.req.budget, prep.verifier, prep.sign
+    limit = budget.limit / budget.prior_slope * SAFETY
+    log: list[dict] = []
+    front: list[dict] = []
+    chosen: Measurement | None = None
+    best: Candidate | None = None
+    trials = 0
+    for k in range(prep.req.max_rounds):
+        rep.stage(f"search round {k + 1}: surrogate KL <= {limit:.4g}")
+        result = run_study(prep.tables, limit, prep.cost, _study_config(prep, k),
+                           _warm_starts(prep, limit),
+                           on_trial=lambda d, t: rep.progress("trials", d, t))
+        trials += result.n_trials
+        front = _front(prep, result) or front
+        best = result.candidates[0] if result.candidates else None
+        rep.stage(f"verifying round {k + 1}")
+        checked = _verify(prep, result, k, rep)
+        log.append({"round": k + 1, "surrogate_limit": limit, "trials": result.n_trials,
+                    "resumed_trials": result.resumed,
+                    "verified": [{"label": m.label, "surrogate_kl": m.surrogate,
+                                  "badness": m.badness, "passed": m.passed} for m in checked]})
+        passing = [m for m in verifier.measured.values() if m.passed]
+        if passing:
+            chosen = min(passing, key=lambda m: sign * prep.value(m.picks))
+            if best is None or chosen.picks == best.picks or \
+                    sign * prep.value(chosen.picks) <= sign * prep.value(best.picks):
+                break
+        new_limit = budget.limit / verifier.slope(budget.prior_slope) * SAFETY
+        limit = new_limit if new_limit < limit else limit * 0.5
+        if not checked:
+            break
+    return Rounds(limit, chosen, best, trials, log, front)
+
+
+__all__ = ["SAFETY", "Rounds", "run_rounds"]
