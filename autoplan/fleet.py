@@ -106,8 +106,15 @@ def size_fleet(*, weight_bytes: float, kv_bytes_per_token: float, node_memory_by
         price_per_hour: $ per node-hour.
         max_replicas: cap on model copies per node (None: memory alone decides).
     """
-    if min(weight_bytes, node_memory_bytes, ttft_s, qps, p99_s) <= 0 or tpot_s < 0:
-        raise UserInputError("fleet sizing needs positive weights, memory, TTFT, qps and SLA")
+    named = {"qps": qps, "p99": p99_s, "TTFT": ttft_s, "weights": weight_bytes,
+             "node memory": node_memory_bytes}
+    for name, value in named.items():
+        if not 0 < value < math.inf:  # also refuses NaN, which every comparison lets through
+            raise UserInputError(f"fleet sizing needs a finite {name} > 0, got {value}")
+    if not 0 <= tpot_s < math.inf:
+        raise UserInputError(f"fleet sizing needs a finite TPOT >= 0, got {tpot_s}")
+    if max_replicas is not None and max_replicas < 1:
+        raise UserInputError(f"max_replicas must be >= 1 or None, got {max_replicas}")
     steps: list[Step] = []
 
     def step(label: str, formula: str, value: float, unit: str = "") -> float:

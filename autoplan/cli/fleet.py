@@ -3,9 +3,12 @@ baseline vs plan, with every step of the arithmetic shown (autoplan/fleet.py).""
 
 from __future__ import annotations
 
+import math
+
 import click
 from rich.table import Table
 
+from autoplan.cli._args import positive_int
 from autoplan.plan.io import read_plan
 from autoplan.cli._output import console, emit_json, json_option
 from autoplan.cost import CostModel, resolve_config
@@ -46,6 +49,19 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _check_args(*, qps: float, p99_ms: float, input_len: int, output_len: int, batch: int,
+                max_replicas: int) -> None:
+    """One line naming the first bad flag, before the plan or the model is read."""
+    for flag, value in (("qps", qps), ("p99-ms", p99_ms)):
+        if not 0 < value < math.inf:  # also False for NaN
+            raise UserInputError(f"--{flag} must be a finite number > 0, got {value}")
+    for flag, count in (("input-len", input_len), ("output-len", output_len), ("batch", batch)):
+        positive_int(flag, count)
+    if max_replicas < 0:
+        raise UserInputError(f"--max-replicas must be >= 0 (0: as many as memory allows), "
+                             f"got {max_replicas}")
+
+
 @click.command("fleet")
 @click.option("--plan", "plan_path", required=True, help="Plan JSON (full or minimal).")
 @click.option("--model", default=None, help="Model (default: the plan's).")
@@ -62,8 +78,8 @@ def _fmt(value, spec: str) -> str:
 def command(plan_path: str, model: str | None, node: str, qps: float, input_len: int,
             output_len: int, batch: int, p99_ms: float, max_replicas: int, as_json: bool) -> None:
     """Size a fleet for a plan and its baseline on one node type, showing the arithmetic."""
-    if qps <= 0 or p99_ms <= 0 or min(input_len, output_len, batch) < 1 or max_replicas < 0:
-        raise UserInputError("--qps and --p99-ms must be > 0; lengths and --batch >= 1")
+    _check_args(qps=qps, p99_ms=p99_ms, input_len=input_len, output_len=output_len,
+                batch=batch, max_replicas=max_replicas)
     plan = read_plan(plan_path)
     model = model or plan.model_id
     if not model:

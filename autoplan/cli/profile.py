@@ -7,9 +7,11 @@ import time
 import click
 from rich.table import Table
 
+from autoplan.cli._args import positive_int
 from autoplan.cli._output import console, emit_json
 from autoplan.cli._progress import RichReporter
 from autoplan.compress import CompressionSettings
+from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
@@ -38,6 +40,12 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     from autoplan.search.scope import profile_scope
     from autoplan.backends.registry import resolve_target as get_target
 
+    # argument checks first: a bad count fails here, not after the model is loaded
+    positive_int("calib-blocks", calib_blocks)
+    if seq_len < 2:  # a block predicts its tokens from the ones before: 2 at least
+        raise UserInputError(f"--seq-len must be >= 2, got {seq_len}")
+    if seed < 0:
+        raise UserInputError(f"--seed must be >= 0, got {seed}")
     t0 = time.perf_counter()
     tgt = get_target(target)
     settings = CompressionSettings(prune_score, quant_method)

@@ -33,6 +33,7 @@ from autoplan.formats.schemes import (
     MxFp4Scheme,
     NvFp4Scheme,
     RoundScheme,
+    TokenInt8ActScheme,
     scale_dtype_for,
 )
 
@@ -119,8 +120,10 @@ register_format(FormatSpec(
 register_format(FormatSpec(
     Precision.INT8, PrecisionInfo(8, 0.0, "int8", 1, 0, False),
     weight=_int8_weights,
-    # vLLM clamps activation codes to the full int8 range; dynamic scales never reach -128.
-    activation=lambda static_scale=None: IntScheme(-128, 127, 127.0),
+    # Dynamic: vLLM's per-token kernel, x * (127 / amax). Static: its x / scale kernel,
+    # codes clamped to the full int8 range.
+    activation=lambda static_scale=None: (TokenInt8ActScheme() if static_scale is None
+                                          else IntScheme(-128, 127, 127.0)),
     compressed_tensors=CompressedTensorsName(preset="W8A8"), modelopt=Refused(_MO_ONLY),
     onnx=OrtNode("MatMulInteger"), kernels={"block": "triton_bsr"},
     summary="INT8 weights per channel (symmetric), dynamic per-token INT8 inputs",
@@ -184,7 +187,7 @@ for _group in GROUPS:
 # ---- FP4 (W4A4) ----------------------------------------------------------------------------
 register_format(FormatSpec(
     Precision.NVFP4, PrecisionInfo(4, 8 / 16, "fp4", 0.5625, 16, False),
-    weight=lambda dtype, per_channel: NvFp4Scheme(),
+    weight=lambda dtype, per_channel: NvFp4Scheme(zero_scale=0.125),
     activation=lambda static_scale=None: NvFp4Scheme(static_scale),
     compressed_tensors=CompressedTensorsName(preset="NVFP4"), modelopt=Refused(_MO_ONLY),
     onnx=Refused(_ORT_ONLY), kernels={"dense": "torch._scaled_mm_fp4"},

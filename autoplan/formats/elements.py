@@ -86,16 +86,27 @@ def decode_e2m1(codes: Tensor) -> Tensor:
     return table[(codes & 0xF).long()]
 
 
-def mx_shared_exponent(amax: Tensor, emax_elem: int = E2M1_EMAX) -> Tensor:
-    """OCP MX shared exponent ``floor(log2(amax)) - emax_elem`` as float32 (NaN if not finite).
+def mx_shared_exponent(amax: Tensor, emax_elem: int = E2M1_EMAX, *, rounding: str = "floor"
+                       ) -> Tensor:
+    """MX shared exponent of a block's ``amax``, as float32 (NaN if not finite).
 
-    frexp gives the exponent exactly; ``log2`` in float can round a value just below a power
-    of two up to it and pick the wrong binade. A zero block gives -inf, which the E8M0
-    encoding clamps to its smallest scale 2**-127.
+    ``rounding="floor"`` is the OCP MX v1.0 spec: ``floor(log2(amax)) - emax_elem``.
+    ``rounding="even"`` is what compressed-tensors (``generate_mxfp4_scales``) and vLLM's MXFP4
+    reference (``qdq_mxfp4_torch``, ``scale_calculation_mode="even"``) compute, and so what a
+    checkpoint vLLM loads holds: amax is first rounded to a power of two by adding half an
+    E2M1 ulp to its mantissa bits and truncating, i.e. up to the next power of two when its
+    mantissa is >= 1.75 (values the floor scale would saturate at 6 then land on 4 of the
+    next binade). frexp gives the exponent and mantissa exactly; ``log2`` in float can round
+    a value just below a power of two up to it and pick the wrong binade. A zero block gives
+    -inf, which the E8M0 encoding clamps to its smallest scale 2**-127.
     """
+    if rounding not in ("floor", "even"):
+        raise ValueError(f"rounding must be 'floor' or 'even', got {rounding!r}")
     a = amax.float()
-    _, exp = torch.frexp(a)
+    mant, exp = torch.frexp(a)  # a = mant * 2**exp, mant in [0.5, 1)
     e = (exp - 1).float() - emax_elem
+    if rounding == "even":
+        e = e + (mant.abs() >= 0.875).float()  # mantissa 1.75 in [1, 2) is 0.875 in [0.5, 1)
     e = torch.where(a == 0, torch.full_like(e, float("-inf")), e)
     return torch.where(torch.isfinite(a), e, torch.full_like(e, float("nan")))
 

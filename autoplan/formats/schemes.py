@@ -52,7 +52,6 @@ from autoplan.formats.elements import (
     mx_shared_exponent,
 )
 
-_F32_EPS = torch.finfo(torch.float32).eps  # compressed-tensors' floor for integer scales
 # vLLM's floor for dynamic per-token FP8 scales (min_scaling_factor = 1 / (fmax * 512)).
 FP8_ACT_MIN_SCALE = 1.0 / (E4M3_MAX * 512.0)
 
@@ -133,14 +132,25 @@ class RoundScheme(Scheme):
 
 
 class AbsmaxScheme(Scheme):
-    """Scale = amax / ``divisor`` per row (or per tensor), floored at ``min_scale``."""
+    """Scale = amax / ``divisor`` per row (or per tensor).
+
+    With ``min_scale`` None (weights), a scale that is exactly 0 in its storage dtype becomes
+    that dtype's eps and any other scale is kept, however small: compressed-tensors 0.20's
+    ``calculate_qparams`` (step 5, ``_get_dtype_eps``). Flooring every scale at fp32 eps,
+    as older releases did, coarsened groups whose amax is below ~1e-6. A ``min_scale``
+    clamps instead (vLLM's floor for dynamic per-token FP8 activations).
+    """
 
     divisor = 1.0
-    min_scale = _F32_EPS
+    min_scale: float | None = None
     scale_dtype = torch.float32
 
     def _from_amax(self, amax: Tensor) -> Tensor:
-        return (amax.float() / self.divisor).clamp(min=self.min_scale).to(self.scale_dtype)
+        s = amax.float() / self.divisor
+        if self.min_scale is not None:
+            return s.clamp(min=self.min_scale).to(self.scale_dtype)
+        s = s.to(self.scale_dtype)
+        return torch.where(s == 0, torch.finfo(self.scale_dtype).eps, s).to(self.scale_dtype)
 
     def prepare(self, w: Tensor) -> Tensor | None:
         return self._from_amax(w.abs().amax().reshape(1)) if self.per_tensor else None
@@ -168,7 +178,7 @@ class IntScheme(AbsmaxScheme):
         group: int = 0,
         per_tensor: bool = False,
         scale_dtype: torch.dtype = torch.float32,
-        min_scale: float = _F32_EPS,
+        min_scale: float | None = None,
     ) -> None:
         self.qmin, self.qmax, self.divisor = qmin, qmax, divisor
         self.group, self.per_tensor = group, per_tensor
@@ -225,7 +235,7 @@ class Fp8Scheme(AbsmaxScheme):
     """FP8 values with an FP32 scale = amax / fmax, per row or per tensor; saturating cast."""
 
     def __init__(
-        self, *, e4m3: bool = True, per_tensor: bool = False, min_scale: float = _F32_EPS
+        self, *, e4m3: bool = True, per_tensor: bool = False, min_scale: float | None = None
     ) -> None:
         self.divisor = E4M3_MAX if e4m3 else E5M2_MAX
         self._cast = cast_fp8_e4m3 if e4m3 else cast_fp8_e5m2
@@ -239,9 +249,15 @@ class Fp8Scheme(AbsmaxScheme):
 
 
 def nvfp4_global_scale(amax: Tensor) -> Tensor:
-    """NVFP4 FP32 tensor scale ``448 * 6 / amax`` (1 for an all-zero tensor)."""
-    a = amax.float().reshape(1)
-    return torch.where(a > 0, (E4M3_MAX * E2M1_MAX) / a, torch.ones_like(a))
+    """NVFP4 FP32 tensor scale ``448 * 6 / amax``, as compressed-tensors' ``generate_gparam``.
+
+    compressed-tensors 0.20 (quantization/utils/helpers.py): amax is clamped to the smallest
+    normal fp32 and a quotient that overflows (amax < 448 * 6 / fp32 max, about 7.9e-36,
+    including an all-zero tensor) or is NaN becomes 1.0, so a tiny tensor never gets an inf
+    global scale whose blocks would then dequantize to NaN.
+    """
+    a = amax.float().reshape(1).clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.nan_to_num((E4M3_MAX * E2M1_MAX) / a, nan=1.0, posinf=1.0, neginf=1.0)
 
 
 class NvFp4Scheme(Scheme):
@@ -250,8 +266,12 @@ class NvFp4Scheme(Scheme):
     group = 16
     code_dtype = torch.uint8
 
-    def __init__(self, static_global: Tensor | None = None) -> None:
+    def __init__(self, static_global: Tensor | None = None, *, zero_scale: float = 0.0) -> None:
         self._static = static_global
+        # compressed-tensors stores a block scale that rounds to 0 in E4M3 as 0.125 (its
+        # ``_get_dtype_eps`` for E4M3), so weights use 0.125; the activation kernels keep 0.
+        # Either way the block's codes are 0 (|x| / (s / g) < 0.05 rounds to 0 in E2M1).
+        self.zero_scale = zero_scale
 
     def prepare(self, w: Tensor) -> Tensor:
         if self._static is not None:
@@ -261,7 +281,10 @@ class NvFp4Scheme(Scheme):
     def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
         # (block_amax / 6) * g lies in [0, 448] by construction; cast_fp8 clamps anyway
         # (a static activation global scale can push it over).
-        return QParams(cast_fp8_e4m3((_amax(slab) / E2M1_MAX) * ctx).to(torch.float8_e4m3fn))
+        s = cast_fp8_e4m3((_amax(slab) / E2M1_MAX) * ctx)
+        if self.zero_scale:
+            s = torch.where(s == 0, self.zero_scale, s)
+        return QParams(s.to(torch.float8_e4m3fn))
 
     def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
         s = qp.scale.float()  # type: ignore[union-attr]
@@ -277,13 +300,24 @@ class NvFp4Scheme(Scheme):
 
 
 class MxFp4Scheme(Scheme):
-    """MXFP4 (OCP MX v1.0): E2M1 values, one E8M0 power-of-two scale per 32 inputs."""
+    """MXFP4: E2M1 values, one E8M0 power-of-two scale per 32 inputs, as vLLM runs it.
+
+    The runtime simulated is vLLM (and SGLang, which reuses its kernels): the block scale is
+    compressed-tensors' / vLLM's "even" rounding (``mx_shared_exponent(rounding="even")``),
+    not the OCP spec's floor, because that is what the checkpoints vLLM loads hold and what
+    its MXFP4 activation quantization computes. ``rounding="floor"`` simulates a runtime
+    that follows the OCP MX spec instead.
+    """
 
     group = 32
     code_dtype = torch.uint8
 
+    def __init__(self, rounding: str = "even") -> None:
+        self.rounding = rounding
+
     def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
-        return QParams(encode_e8m0(mx_shared_exponent(_amax(slab), E2M1_EMAX)))
+        exponent = mx_shared_exponent(_amax(slab), E2M1_EMAX, rounding=self.rounding)
+        return QParams(encode_e8m0(exponent))
 
     def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
         s = decode_e8m0(qp.scale)  # type: ignore[union-attr]  # a power of two: exact x / s, q * s
@@ -294,20 +328,17 @@ class MxFp4Scheme(Scheme):
         return encode_e2m1(codes)
 
 
-class BlockInt8ActScheme(AbsmaxScheme):
-    """Activations as ONNX Runtime's MatMulNBits rounds them at accuracy_level 4.
+class _ReciprocalInt8ActScheme(AbsmaxScheme):
+    """Dynamic int8 activations rounded as ``round_half_even(x * (127 / amax))``.
 
-    MLAS ``QuantizeARow_CompInt8``: per block of ``group`` values along K, stored scale
-    ``amax / 127`` (FP32) and codes ``round_half_even(x * (127 / amax))`` -- the reciprocal is
-    computed from amax in one division, not as ``1 / scale``, which can differ by one ULP and
-    flip a code at a half-integer. An all-zero block gets scale 0 and codes 0.
+    The stored scale is ``amax / 127`` (FP32); the codes multiply by the reciprocal computed
+    from amax in one division, not by ``1 / scale`` and not as ``x / scale``: either can
+    differ by one ULP and flip a code at a half-integer. An all-zero row or block gets scale
+    0 and codes 0 (the kernels' ``0 * inf`` is NaN, which their saturating convert maps to 0).
     """
 
     code_dtype = torch.int8
     divisor = 127.0
-
-    def __init__(self, group: int) -> None:
-        self.group = group
 
     def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
         return QParams(_amax(slab).float() / self.divisor)
@@ -316,8 +347,33 @@ class BlockInt8ActScheme(AbsmaxScheme):
         amax = _amax(x).float()
         live = amax > 0
         inv = torch.where(live, self.divisor / torch.where(live, amax, 1.0), 0.0)
-        q = torch.round(x * inv)  # |x * inv| <= 127 (+1 ulp), so no clamp is needed
+        # |x * inv| <= 127 (+1 ulp); the clamp is the kernels' saturation, for an amax so
+        # small that 127 / amax overflows to inf
+        q = torch.round(x * inv).nan_to_num(0.0).clamp(-128, 127)
         return q * qp.scale.float(), q  # type: ignore[union-attr]
+
+
+class BlockInt8ActScheme(_ReciprocalInt8ActScheme):
+    """Activations as ONNX Runtime's MatMulNBits rounds them at accuracy_level 4.
+
+    MLAS ``QuantizeARow_CompInt8``: per block of ``group`` values along K, stored scale
+    ``amax / 127`` and codes ``round_half_even(x * (127 / amax))``.
+    """
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+
+
+class TokenInt8ActScheme(_ReciprocalInt8ActScheme):
+    """Dynamic per-token INT8 activations of vLLM's W8A8 (``dynamic_scaled_int8_quant``).
+
+    vLLM csrc/quantization/compressed_tensors/int8_quant_kernels.cu: per token,
+    ``scale = absmax / 127.0f`` and ``out = float_to_int8_rn(x * (127.0f / absmax))``
+    (``cvt.rni.sat.s8.f32``: round half to even, saturate to [-128, 127], NaN -> 0).
+    A static per-tensor scale is vLLM's other kernel, ``x / scale``: ``IntScheme``.
+    """
+
+    group = 0
 
 
 def quantize_rows(
@@ -360,6 +416,7 @@ __all__ = [
     "QParams",
     "RoundScheme",
     "Scheme",
+    "TokenInt8ActScheme",
     "nvfp4_global_scale",
     "quantize_rows",
     "scale_dtype_for",

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -86,15 +88,45 @@ def _gguf_tensors(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
             for t in reader.tensors}
 
 
+def gguf_arch(model_type: str):  # noqa: ANN201 - a gguf.MODEL_ARCH member, or None
+    """gguf-py's MODEL_ARCH for an HF ``model_type`` (its tensor name map), or None."""
+    from gguf import MODEL_ARCH_NAMES
+
+    return {v: k for k, v in MODEL_ARCH_NAMES.items()}.get(model_type)
+
+
+def check_name_map(model_type: str, gguf_architecture: str | None = None) -> None:
+    """Refuse, naming the architecture, a model whose GGUF tensor names autoplan cannot map.
+
+    Called on the config alone, before any tensor is dequantized: without a name map the
+    verification would fail only after minutes of conversion and gigabytes of tensors.
+    """
+    if gguf_arch(model_type) is None:
+        named = f"'{gguf_architecture}' (HF model type '{model_type}')" \
+            if gguf_architecture and gguf_architecture != model_type else f"'{model_type}'"
+        raise UserInputError(
+            f"GGUF architecture {named} has no tensor name map in gguf-py, so autoplan "
+            "cannot verify its conversion; convert the model to an HF safetensors folder "
+            "and pass that folder instead")
+
+
+def _gguf_architecture(path: Path) -> str | None:
+    """``general.architecture`` of a GGUF file (header only, no tensor is read)."""
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path)).fields.get("general.architecture")
+        return None if field is None else bytes(field.parts[field.data[0]]).decode()
+    except Exception:  # noqa: BLE001 - only used to word the refusal better
+        return None
+
+
 def hf_to_gguf_names(model: torch.nn.Module, n_layers: int) -> dict[str, str]:
     """HF parameter name -> GGUF tensor name, for every parameter llama.cpp names."""
-    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+    from gguf import get_tensor_name_map
 
-    arch = {v: k for k, v in MODEL_ARCH_NAMES.items()}.get(model.config.model_type)
-    if arch is None:
-        raise UserInputError(f"GGUF architecture '{model.config.model_type}' has no name map; "
-                             "convert the model to an HF safetensors folder instead")
-    name_map = get_tensor_name_map(arch, n_layers)
+    check_name_map(model.config.model_type)
+    name_map = get_tensor_name_map(gguf_arch(model.config.model_type), n_layers)
     out = {}
     for hf_name in model.state_dict():
         stem, _, suffix = hf_name.rpartition(".")
@@ -163,6 +195,65 @@ def verify_against_gguf(model: torch.nn.Module, gguf_path: Path) -> dict[str, in
     return {"tensors": len(ref), "four_bit": four_bit}
 
 
+def _process_start() -> float:
+    """When this process started (psutil if present, else when this module was imported)."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - psutil is optional
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+
+
+def _lock_dir(path: Path, *, wait: bool) -> int | None:
+    """An open fd holding an exclusive flock on folder ``path``; None if another holds it.
+
+    The lock lives as long as the fd (and dies with the process, even on kill -9), which is
+    what tells a live conversion's temp folder from one a killed run left behind.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): nothing is ever judged stale
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale_temps(dest: Path) -> list[Path]:
+    """Delete the temp folders of conversions of ``dest`` that were killed.
+
+    A temp folder (``.NAME.*.tmp`` beside ``dest``, made by ``atomic_dir``) is stale when it
+    is older than this process and no live process holds its lock; a conversion holds the
+    lock on its own temp folder from creation until after the rename. Returns what was
+    removed.
+    """
+    removed = []
+    started = _process_start()
+    for tmp in dest.parent.glob(f".{dest.name}.*.tmp"):
+        try:
+            if not tmp.is_dir() or tmp.is_symlink() or tmp.stat().st_mtime >= started:
+                continue
+        except OSError:
+            continue
+        fd = _lock_dir(tmp, wait=False)
+        if fd is None:
+            continue  # a live conversion (or no flock here): leave it
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | None = None) -> Path:
     """Convert ``gguf_path`` into the HF folder ``dest`` (config, safetensors, tokenizer).
 
@@ -172,9 +263,7 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
         UserInputError: the file is not a readable GGUF of a supported architecture.
         AutoplanError: verification failed.
     """
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers import AutoConfig
 
     src, dest = Path(gguf_path), Path(dest)
     steps = ["read config", "read tokenizer", "dequantize tensors", "verify against GGUF",
@@ -185,7 +274,7 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
         TextColumn("[bold]converting[/] {task.description}"), BarColumn(),
         TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
         console=console, transient=False,
-    ) as bar, atomic_dir(dest) as tmp:
+    ) as bar:
         task = bar.add_task(steps[0], total=len(steps))
 
         def step(i: int) -> None:
@@ -195,38 +284,58 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
             config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
         except (ValueError, OSError, KeyError) as exc:
             raise UserInputError(f"cannot read GGUF '{src}': {exc}".splitlines()[0]) from None
-        step(1)
-        tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-        step(2)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        with _tensor_progress(bar):
-            tensors = load_gguf_checkpoint(str(src), return_tensors=True,
-                                           model_to_load=model)["tensors"]
-        missing, unexpected = model.load_state_dict(tensors, strict=False)
-        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-        if set(missing) - tied or unexpected:
-            raise AutoplanError(f"GGUF tensors do not fit {type(model).__name__}: missing "
-                                f"{sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
-        model.tie_weights()
-        del tensors
-        step(3)
-        counts = verify_against_gguf(model, src)
-        step(4)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        step(5)
-        saved: dict[str, torch.Tensor] = {}
-        for f in sorted(tmp.glob("*.safetensors")):
-            saved.update(load_file(str(f)))
-        for name, value in model.state_dict().items():
-            if name in saved and not torch.equal(saved[name], value):
-                raise AutoplanError(f"{name} did not survive the safetensors round trip")
-        (tmp / "autoplan_source.json").write_text(json.dumps({
-            "gguf": src.name, "gguf_tensors": counts["tensors"], "four_bit_tensors": counts["four_bit"],
-            "convert_seconds": round(time.perf_counter() - t0, 2), "dtype": "float32",
-        }, indent=1, sort_keys=True))
-        step(6)
+        check_name_map(config.model_type, _gguf_architecture(src))  # before any tensor
+        remove_stale_temps(dest)
+        lock = None
+        try:
+            with atomic_dir(dest) as tmp:
+                lock = _lock_dir(tmp, wait=True)  # held until after the rename
+                _convert_into(tmp, src, config, bar, step, t0)
+        finally:
+            if lock is not None:
+                os.close(lock)
     return dest
 
 
-__all__ = ["convert_gguf", "hf_to_gguf_names", "quiet_transformers", "verify_against_gguf"]
+def _convert_into(tmp: Path, src: Path, config, bar: Progress,  # noqa: ANN001 - an HF config
+                  step: Callable[[int], None], t0: float) -> None:
+    """Read the tokenizer and tensors of ``src``, verify them, and write them into ``tmp``."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    step(1)
+    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    step(2)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with _tensor_progress(bar):
+        tensors = load_gguf_checkpoint(str(src), return_tensors=True,
+                                       model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise AutoplanError(f"GGUF tensors do not fit {type(model).__name__}: missing "
+                            f"{sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
+    model.tie_weights()
+    del tensors
+    step(3)
+    counts = verify_against_gguf(model, src)
+    step(4)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    step(5)
+    saved: dict[str, torch.Tensor] = {}
+    for f in sorted(tmp.glob("*.safetensors")):
+        saved.update(load_file(str(f)))
+    for name, value in model.state_dict().items():
+        if name in saved and not torch.equal(saved[name], value):
+            raise AutoplanError(f"{name} did not survive the safetensors round trip")
+    (tmp / "autoplan_source.json").write_text(json.dumps({
+        "gguf": src.name, "gguf_tensors": counts["tensors"], "four_bit_tensors": counts["four_bit"],
+        "convert_seconds": round(time.perf_counter() - t0, 2), "dtype": "float32",
+    }, indent=1, sort_keys=True))
+    step(6)
+
+
+__all__ = ["check_name_map", "convert_gguf", "gguf_arch", "hf_to_gguf_names",
+           "quiet_transformers", "verify_against_gguf"]

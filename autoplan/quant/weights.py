@@ -19,7 +19,9 @@ class QuantizedWeight:
     """A weight as the serving kernel would see it.
 
     Attributes:
-        dequant: the simulated weight, same shape and dtype as the input weight.
+        dequant: the simulated weight as the kernel multiplies it, same shape as the input
+            weight; its dtype is ``kernel_weight_dtype(precision, w.dtype)``: float32 where
+            the kernel applies scales in its fp32 epilogue, else the model's dtype.
         scales: named scale tensors in their storage dtypes, named as compressed-tensors
             checkpoints name them: ``weight_scale`` ([out, 1] per channel, [1] per tensor,
             [out, n_groups] for grouped formats: bf16/fp16/fp32 for INT, float8_e4m3fn for
@@ -36,6 +38,23 @@ class QuantizedWeight:
     scales: dict[str, Tensor] = field(default_factory=dict)
     codes: Tensor | None = None
     precision: Precision = Precision.FP32
+
+
+def kernel_weight_dtype(precision: Precision, dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which the serving kernel holds a dequantized ``precision`` weight.
+
+    Weight-only formats (W4A16/W8A16: vLLM's Marlin and Machete, MatMulNBits level 0)
+    dequantize ``(code - zero) * scale`` into the activation dtype, i.e. the model's 16-bit
+    dtype, before a 16-bit GEMM: rounding the simulated weight to ``dtype`` is their
+    arithmetic. Every other quantized format multiplies the codes themselves (FP8/INT8
+    W8A8 ``cutlass_scaled_mm`` / ``torch._scaled_mm``, the NVFP4/MXFP4 FP4 GEMMs, MatMulNBits
+    level 4, llama.cpp's integer dots) and applies the scales in fp32 (the block scales
+    inside the fp32 accumulation, per-channel and global scales in the fp32 epilogue), so
+    the simulated weight ``code * scale`` stays fp32: rounding it to bf16 would change
+    78-93 % of bf16 weights by ~1.6e-3 rms (issue 13). Unquantized 16-bit formats hold
+    their values exactly in fp32 too.
+    """
+    return dtype if format_spec(precision).info.weight_only else torch.float32
 
 
 def weight_scheme(precision: Precision, dtype: torch.dtype, *, per_channel: bool = True) -> Scheme:
@@ -103,11 +122,11 @@ def quantize_weight(
         deq = torch.where(keep, deq, torch.zeros_like(deq))
         codes = torch.where(keep, codes, torch.zeros_like(codes))
     return QuantizedWeight(
-        dequant=deq.to(w.dtype),
+        dequant=deq.to(kernel_weight_dtype(precision, w.dtype)),
         scales=scheme.scale_dict(params, ctx),
         codes=scheme.store_codes(codes),
         precision=precision,
     )
 
 
-__all__ = ["QuantizedWeight", "quantize_weight", "weight_scheme"]
+__all__ = ["QuantizedWeight", "kernel_weight_dtype", "quantize_weight", "weight_scheme"]
