@@ -25,11 +25,9 @@ from autoplan.cost.model import CostModel
 from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
-from autoplan.models import load_model
 from autoplan.models._cache import cache_root
 from autoplan.plan import schema as ps
 from autoplan.plan.io import save_plan
-from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import load_text_dataset
 from autoplan.runtimes import default_runtime, get_runtime
@@ -41,7 +39,9 @@ from autoplan.search.storage import default_storage_url, redact
 from autoplan.search.study import StudyConfig, run_study
 from autoplan.search.tables import build_tables
 from autoplan.search.verify import Measurement, Verifier
-from autoplan.sensitivity import build_profile, calibration_key
+from autoplan.sensitivity import calibration_key
+from autoplan.streaming import ExecutionSettings, open_model
+from autoplan.streaming.runner import workload_of
 from autoplan.targets import get_target
 from autoplan.workload import Workload
 
@@ -87,6 +87,8 @@ class SearchRequest:
     choices: tuple[str, ...] | None = None  # candidate formats (default: the space file's)
     # Engine threads the measured kernels are timed with (None: physical cores).
     threads: int | None = None
+    # --device / --execution / --offload-dir: where and how the model runs.
+    execution: ExecutionSettings = field(default_factory=ExecutionSettings)
 
 
 class Reporter:
@@ -164,7 +166,14 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     candidates = parse_choices(req.choices)
 
     rep.stage("loading model")
-    loaded = load_model(req.model, trust_remote_code=req.trust_remote_code)
+    runner = open_model(req.model, req.execution, trust_remote_code=req.trust_remote_code,
+                        workload=workload_of(req.seq_len, req.calib_blocks, req.eval_blocks,
+                                             CALIB_BATCH))
+    loaded = runner.loaded
+    rep.note(f"{runner.execution} execution on {runner.device} ({runner.why})")
+    if measure_kernels and runner.execution == "stream":
+        raise UserInputError("--measure-kernels times the model in memory: pass "
+                             "--execution memory")
     space = build_space(loaded.spec, target, runtime, protect_first_block=req.protect_first_block,
                         protect_last_block=req.protect_last_block, candidates=candidates)
     data = load_text_dataset(req.text, tokenizer=loaded.tokenizer, seq_len=req.seq_len,
@@ -174,8 +183,8 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     rep.stage("profiling sensitivity")
     choices = [c for c in space.all_choices if c != space.baseline]
     layers = [la.name for u in space.units for la in u.layers]
-    profile = build_profile(
-        loaded.model, layers, choices, calib, model_hash=loaded.content_hash,
+    profile = runner.build_profile(
+        layers, choices, calib, model_hash=loaded.content_hash,
         calib_hash=calibration_key(calib), settings=settings, cache_dir=cache_root() / "profiles",
         seed=req.seed, on_progress=lambda d, t: rep.progress("profile", d, t))
 
@@ -193,7 +202,7 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
                           prefill_weight=0.0 if objective is Objective.TPOT else 1.0)
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
-    evaluator = QualityEvaluator(loaded.model, data.eval, suite=suite)
+    evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite)
     verifier = Verifier(loaded.model, space, tables, evaluator, budget, settings, calib)
 
     storage_url = req.storage or default_storage_url(req.out)
