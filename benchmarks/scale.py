@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_info  # noqa: E402
 
 SHAPES = {
+    "smoke": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=1024),
     # TinyLlama-1.1B: the 11.9 min / 11.2 GB in-memory baseline
     "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                            num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
@@ -82,33 +84,35 @@ def build_model(shape: str, folder: Path, device: str = "cpu", seed: int = 0) ->
         t = torch.randn(*shape_, generator=gen, device=device, dtype=torch.float32)
         return (t * 0.02).to(torch.bfloat16).cpu()
 
-    shards: list[dict[str, torch.Tensor]] = [{
-        "model.embed_tokens.weight": rand(cfg["vocab_size"], h),
-        "lm_head.weight": rand(cfg["vocab_size"], h),
-        "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}]
     per_shard = max(1, int(2e9 // (2 * (2 * h * h + 2 * h * kv + 3 * h * inter))))
+    n_shards = 1 + -(-L // per_shard)
+    index: dict[str, str] = {}
+    total = 0
+
+    def write(k: int, shard: dict[str, torch.Tensor]) -> None:  # as we go: bounded memory
+        nonlocal total
+        name = f"model-{k + 1:05d}-of-{n_shards:05d}.safetensors"
+        save_file(shard, str(folder / name), metadata={"format": "pt"})
+        for key, t in shard.items():
+            index[key] = name
+            total += t.numel() * t.element_size()
+
+    write(0, {"model.embed_tokens.weight": rand(cfg["vocab_size"], h),
+              "lm_head.weight": rand(cfg["vocab_size"], h),
+              "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)})
+    shard: dict[str, torch.Tensor] = {}
     for i in range(L):
-        if i % per_shard == 0:
-            shards.append({})
         p = f"model.layers.{i}."
-        shards[-1].update({
+        shard.update({
             p + "self_attn.q_proj.weight": rand(h, h), p + "self_attn.k_proj.weight": rand(kv, h),
             p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, h),
             p + "mlp.gate_proj.weight": rand(inter, h), p + "mlp.up_proj.weight": rand(inter, h),
             p + "mlp.down_proj.weight": rand(h, inter),
             p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
             p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16)})
-        if (i + 1) % per_shard == 0 or i == L - 1:  # write as we go: bounded memory
-            pass
-    index: dict[str, str] = {}
-    total = 0
-    for k, shard in enumerate(shards):
-        name = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(folder / name), metadata={"format": "pt"})
-        for key, t in shard.items():
-            index[key] = name
-            total += t.numel() * t.element_size()
-        shard.clear()
+        if (i + 1) % per_shard == 0 or i == L - 1:
+            write(1 + i // per_shard, shard)
+            shard = {}
     (folder / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": index}, indent=1))
     (folder / "done").write_text("ok")
@@ -171,7 +175,8 @@ def dry_runs(env: dict, work: Path) -> dict:
                 str(host), "--json"] + (["--gpu-memory", "80"] if dev == "cuda" else [])
         out = subprocess.run([sys.executable, "-m", "autoplan.cli", *args], env=env,
                              capture_output=True, text=True, check=True).stdout
-        text = subprocess.run([sys.executable, "-m", "autoplan.cli", *args[:-1]], env=env,
+        text = subprocess.run([sys.executable, "-m", "autoplan.cli",
+                               *[a for a in args if a != "--json"]], env=env,
                               capture_output=True, text=True, check=True).stdout
         print(text, flush=True)
         doc = json.loads(out)

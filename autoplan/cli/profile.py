@@ -105,4 +105,4 @@ def _dry_run(model, device, work, gpu_memory, host_memory, as_json) -> None:  # 
         emit_json(report)
         return
     for line in render(report):
-        console.print(line, highlight=False)
+        click.echo(line)  # plain lines: no wrapping, greppable
