@@ -171,9 +171,9 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
                                              CALIB_BATCH))
     loaded = runner.loaded
     rep.note(f"{runner.execution} execution on {runner.device} ({runner.why})")
-    if measure_kernels and runner.execution == "stream":
-        raise UserInputError("--measure-kernels times the model in memory: pass "
-                             "--execution memory")
+    if runner.execution == "stream" and (measure_kernels or budget.suite_file):
+        raise UserInputError(f"{'--measure-kernels' if measure_kernels else 'a suite budget'} "
+                             "needs the model in memory: pass --execution memory")
     space = build_space(loaded.spec, target, runtime, protect_first_block=req.protect_first_block,
                         protect_last_block=req.protect_last_block, candidates=candidates)
     data = load_text_dataset(req.text, tokenizer=loaded.tokenizer, seq_len=req.seq_len,
