@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--execution", default="auto")
     ap.add_argument("--skip-search", action="store_true")
     ap.add_argument("--gpu", action="store_true", help="GPU check: build on the GPU, profile only")
+    ap.add_argument("--plans-only", action="store_true",
+                    help="only (re)write the --dry-run plans into --out")
     ap.add_argument("--models", type=Path, default=None,
                     help="where the random models are kept (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=RESULTS / "scale.json")
@@ -205,6 +207,19 @@ def main(argv: list[str] | None = None) -> None:
                     "note": "random weights: quality figures (KL, ppl) mean nothing here; "
                             "the figures are time and memory",
                     "command": "python benchmarks/scale.py " + " ".join(argv or sys.argv[1:])}
+    def save() -> None:  # after every step: an interrupted run keeps what it measured
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        tmp.replace(args.out)
+
+    if args.plans_only:
+        if args.out.is_file():
+            result = json.loads(args.out.read_text())
+        result["dry_run"] = dry_runs(env, work)
+        save()
+        shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         t0 = time.perf_counter()
         folder = build_model(args.shape, models / args.shape,
@@ -221,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
             prof.update({k: doc[k] for k in ("execution", "device", "tokens")})
             prof["layers"], prof["choices"] = len(doc["layers"]), len(doc["choices"])
         result["profile"] = prof
+        save()
         if not (args.skip_search or args.gpu):
             search = measure("search (profile cached)",
                              ["search", *base, "--out", str(work / "plan.json"), "--json",
@@ -233,14 +249,12 @@ def main(argv: list[str] | None = None) -> None:
                                   "real_evaluations": plan["search"]["real_evaluations"],
                                   "kl_meaningless_random_weights": plan["quality"]["kl"]}
             result["search"] = search
+            save()
         if not args.gpu:
             result["dry_run"] = dry_runs(env, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    tmp.replace(args.out)
+    save()
     print(f"wrote {args.out}")
 
 
