@@ -33,6 +33,8 @@ class HessianAccumulator:
                 f"{self.hessian.shape[0]}: feed the inputs of the layer being quantized"
             )
         x2 = x.reshape(-1, x.shape[-1]).float()
+        if self.hessian.device != x2.device:  # follow the inputs' device (CPU or GPU)
+            self.hessian = self.hessian.to(x2.device)
         b = x2.shape[0]
         total = self.tokens + b
         # Rescale the old mean before adding, as GPTQ does, instead of summing and dividing
@@ -77,7 +79,7 @@ def inverse_hessian_cholesky(h: Tensor, damp: float = 0.01) -> Tensor:
     which happens with few calibration tokens or duplicated input channels.
     """
     diag_mean = h.diagonal().mean()
-    eye = torch.eye(h.shape[0], dtype=h.dtype)
+    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
     for attempt in range(4):
         lower, info = torch.linalg.cholesky_ex(h + (damp * 10**attempt) * diag_mean * eye)
         if int(info) == 0:

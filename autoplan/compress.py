@@ -52,9 +52,10 @@ def observe_inputs(model: nn.Module, layer_names: Iterable[str], batches: Iterab
             observe(name, inputs[0])
 
         handles.append(get_linear(model, name).register_forward_hook(hook))
+    device = next(model.parameters()).device
     try:
         for batch in batches:
-            model(input_ids=batch)
+            model(input_ids=batch.to(device))
     finally:
         for h in handles:
             h.remove()

@@ -307,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU: tests the plumbing only")
     parser.add_argument("--budget-s", type=float, default=420.0, help="global time guard (seconds)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--skip-stream", action="store_true", help="(gpu_check.sh) skip the streamed 8B profile")
     args = parser.parse_args(argv)
 
     guard = TimeGuard(args.budget_s)

@@ -8,7 +8,8 @@ import click
 from rich.table import Table
 
 from autoplan.cli._args import positive_int
-from autoplan.cli._output import console, emit_json
+from autoplan.cli._execution import execution_options, settings_from
+from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
 from autoplan.compress import CompressionSettings
 from autoplan.errors import UserInputError
@@ -28,17 +29,26 @@ from autoplan.quant import QuantMethod
 @click.option("--calib-blocks", type=int, default=4, show_default=True, help="Calibration blocks of --seq-len tokens.")
 @click.option("--seq-len", type=int, default=256, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@execution_options
+@click.option("--dry-run", is_flag=True, help="Print the memory plan (weights, captures, "
+              "activations, peak; host vs device) from config.json alone, and exit.")
+@click.option("--gpu-memory", type=float, default=None, help="GiB of the GPU to plan for "
+              "with --dry-run (default: this machine's GPU, else 80).")
+@click.option("--host-memory", type=float, default=None, help="GiB of host RAM to plan for "
+              "with --dry-run (default: what is available here now).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--quiet", is_flag=True)
 def command(model, target, runtime, choices, prune_score, quant_method, text, calib_blocks,  # noqa: ANN001, PLR0913
-            seq_len, seed, as_json, quiet) -> None:
+            seq_len, seed, device, execution, offload_dir, dry_run, gpu_memory, host_memory,
+            as_json, quiet) -> None:
     """Profile every layer x choice (cached on disk, resumable) and show the table."""
-    from autoplan.models import load_model
     from autoplan.models._cache import cache_root
     from autoplan.quality.text import load_text_dataset
-    from autoplan.sensitivity import build_profile, calibration_key
-    from autoplan.search.scope import profile_scope
     from autoplan.backends.registry import resolve_target as get_target
+    from autoplan.search.scope import profile_scope
+    from autoplan.sensitivity import calibration_key
+    from autoplan.streaming import open_model
+    from autoplan.streaming.runner import workload_of
 
     # argument checks first: a bad count fails here, not after the model is loaded
     positive_int("calib-blocks", calib_blocks)
@@ -47,9 +57,16 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     if seed < 0:
         raise UserInputError(f"--seed must be >= 0, got {seed}")
     t0 = time.perf_counter()
+    work = workload_of(seq_len, calib_blocks, 6)  # eval blocks: `autoplan search`'s default
+    if dry_run:
+        _dry_run(model, device, work, gpu_memory, host_memory, as_json)
+        return
     tgt = get_target(target)
     settings = CompressionSettings(prune_score, quant_method)
-    loaded = load_model(model)
+    runner = open_model(model, settings_from(device, execution, offload_dir), workload=work)
+    loaded = runner.loaded
+    if not (quiet or as_json):
+        err_console.print(f"{runner.execution} execution on {runner.device} ({runner.why})")
     layers, scope, _baseline = profile_scope(loaded.spec, tgt, runtime)
     if choices:
         scope = [Choice.parse(c) for c in choices.split(",") if c.strip()]
@@ -57,7 +74,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
                              n_calib=calib_blocks, n_eval=0, seed=seed)
     with RichReporter(quiet=quiet or as_json) as rep:
         batches = list(data.calib.split(2))
-        prof = build_profile(loaded.model, layers, scope, batches,
+        prof = runner.build_profile(layers, scope, batches,
                              model_hash=loaded.content_hash, calib_hash=calibration_key(batches),
                              settings=settings, cache_dir=cache_root() / "profiles", seed=seed,
                              on_progress=lambda d, t: rep.progress("profile", d, t))
@@ -67,6 +84,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
         emit_json({"model": loaded.model_id, "model_hash": loaded.content_hash,
                    "target": tgt.name, "calibration_hash": data.content_hash,
                    "tokens": prof.tokens, "unit": "KL nats/token (surrogate)",
+                   "execution": runner.execution, "device": str(runner.device),
                    "wall_time_s": wall, "choices": keys,
                    "layers": {n: {k: prof.scores[n][k] for k in keys} for n in layers},
                    "outlier_ratio": {n: prof.outliers.get(n) for n in layers}})
@@ -80,3 +98,16 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
         table.add_row(n, *[f"{prof.scores[n][k] * 1e3:.3f}" for k in keys])
     console.print(table)
     console.print(f"{len(layers)} layers x {len(keys)} choices in {wall:.1f} s")
+
+
+def _dry_run(model, device, work, gpu_memory, host_memory, as_json) -> None:  # noqa: ANN001
+    from autoplan.models import load_spec
+    from autoplan.streaming.dryrun import dry_run, render
+
+    report = dry_run(load_spec(model), device, work, gpu_memory_gb=gpu_memory,
+                     host_memory_gb=host_memory)
+    if as_json:
+        emit_json(report)
+        return
+    for line in render(report):
+        click.echo(line)  # plain lines: no wrapping, greppable

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from autoplan.cli._args import finite_non_negative
+from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._plan_view import render
 from autoplan.cli._progress import RichReporter
@@ -59,13 +60,14 @@ from autoplan.workload import Workload
 @click.option("--threads", type=int, default=None,
               help="Engine threads the measured kernels are timed with (default: physical "
                    "cores); use what the engine will run with.")
+@execution_options
 @click.option("--trust-remote-code", is_flag=True, help="Run the model folder's own code (off by default).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def command(model, target, runtime, budget, objective, batch, input_len, output_len, trials,  # noqa: ANN001, PLR0913
             seed, storage, study, out, multi_objective, prune_score, quant_method, text,
             protect_first, protect_last, price_per_hour, cost_table, measure_kernels, choices,
-            threads, trust_remote_code, as_json, quiet) -> None:
+            threads, device, execution, offload_dir, trust_remote_code, as_json, quiet) -> None:
     """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
     from pydantic import ValidationError
 
@@ -86,7 +88,7 @@ def command(model, target, runtime, budget, objective, batch, input_len, output_
         price_per_hour=finite_non_negative("price-per-hour", price_per_hour),
         trust_remote_code=trust_remote_code,
         cost_table=CostTable.load(cost_table) if cost_table else None,
-        measure_kernels=measure_kernels, execution=ExecutionSettings(threads=threads),
+        measure_kernels=measure_kernels, execution=settings_from(device, execution, offload_dir, threads),
         choices=None if choices is None else parse_choices(
             tuple(c.strip() for c in choices.split(",") if c.strip())))
     with RichReporter(quiet=quiet or as_json) as reporter:

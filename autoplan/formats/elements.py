@@ -82,7 +82,8 @@ def encode_e2m1(values: Tensor) -> Tensor:
 
 def decode_e2m1(codes: Tensor) -> Tensor:
     """Float32 values of 4-bit E2M1 codes (the low nibble of each uint8)."""
-    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
+    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32,
+                         device=codes.device)
     return table[(codes & 0xF).long()]
 
 

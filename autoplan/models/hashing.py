@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import struct
 from pathlib import Path
 
@@ -63,27 +62,18 @@ def _tensor_digests(path: Path) -> dict[str, list]:
             raise UserInputError(f"{path} has a corrupt safetensors header; re-save the model") from None
         base = 8 + n
         out: dict[str, list] = {}
-        size = path.stat().st_size
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else _Empty() as mm:
-            for name, info in header.items():
-                if name == "__metadata__":
-                    continue
-                start, end = info["data_offsets"]
-                h = hashlib.sha256()
-                for off in range(base + start, base + end, _CHUNK):
-                    h.update(mm[off:min(off + _CHUNK, base + end)])
-                out[name] = [info["dtype"], list(info["shape"]), h.hexdigest()]
+        # Plain reads, not mmap: a mapping read end to end stays in this process's
+        # resident set (a 2 GB shard would count 2 GB of peak RSS to a streamed run).
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            h = hashlib.sha256()
+            fh.seek(base + start)
+            for off in range(base + start, base + end, _CHUNK):
+                h.update(fh.read(min(_CHUNK, base + end - off)))
+            out[name] = [info["dtype"], list(info["shape"]), h.hexdigest()]
     return out
-
-
-class _Empty:
-    """Stand-in for mmap of an empty file (mmap refuses length 0)."""
-
-    def __enter__(self) -> bytes:
-        return b""
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def weights_hash(folder: str | Path) -> str:

@@ -109,6 +109,28 @@ def load_spec(spec: str) -> ModelSpec:
     return ModelSpec.from_config(_gguf_config(source.path), name=source.model_id)
 
 
+def _tokenizer(folder: Path, trust_remote_code: bool) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as exc:
+        raise UserInputError(f"no usable tokenizer in '{folder}' ({type(exc).__name__}); save "
+                             "the tokenizer next to the weights with tokenizer.save_pretrained")
+
+
+def open_checkpoint(spec: str, *, trust_remote_code: bool = False
+                    ) -> tuple[Path, ModelSource, Any, ModelSpec, str]:
+    """Everything about a weighted model but its weights: (HF folder, source, tokenizer,
+    ModelSpec from config.json, content hash). Streamed execution reads the weights later,
+    one block at a time."""
+    source = resolve_model_arg(spec)
+    folder = ensure_hf_folder(source)
+    tokenizer = _tokenizer(folder, trust_remote_code)
+    model_spec = dataclasses.replace(ModelSpec.from_path(folder), name=source.model_id)
+    return folder, source, tokenizer, model_spec, weights_hash(folder)
+
+
 def load_model(spec: str, *, trust_remote_code: bool = False,
                dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Load a model argument (alias, HF folder, GGUF file) for measurement.
@@ -122,7 +144,7 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
         UserInputError: config-only input, pickle-only folder, missing tokenizer, or a folder
             whose code must be trusted.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     source = resolve_model_arg(spec)
     folder = ensure_hf_folder(source)
@@ -135,11 +157,7 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
             raise UserInputError(f"'{folder}' needs its own Python code to load; pass "
                                  "trust_remote_code=True (--trust-remote-code) if you trust it") from None
         raise UserInputError(f"cannot load '{folder}': {exc}".splitlines()[0]) from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError) as exc:
-        raise UserInputError(f"no usable tokenizer in '{folder}' ({type(exc).__name__}); save "
-                             "the tokenizer next to the weights with tokenizer.save_pretrained")
+    tokenizer = _tokenizer(folder, trust_remote_code)
     model.eval()
     model_spec = ModelSpec.from_config(model.config.to_dict(), name=source.model_id)
     verify_layer_graph(model, model_spec)
@@ -147,4 +165,5 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
                        source)
 
 
-__all__ = ["LoadedModel", "converted_dir", "ensure_hf_folder", "load_model", "load_spec"]
+__all__ = ["LoadedModel", "converted_dir", "ensure_hf_folder", "load_model", "load_spec",
+           "open_checkpoint"]

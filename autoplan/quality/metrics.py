@@ -56,7 +56,7 @@ def kl_sum(ref_logprobs: torch.Tensor, logprobs: torch.Tensor) -> float:
     return float(torch.where(p > 0, p * (lp - lq), 0.0).sum(-1).double().sum())
 
 
-def _check_tokens(tokens: torch.Tensor) -> torch.Tensor:
+def check_tokens(tokens: torch.Tensor) -> torch.Tensor:
     if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] < 2:
         raise UserInputError("evaluation tokens must be a non-empty [n_blocks, seq_len>=2] tensor; "
                              "build them with load_text_dataset(n_eval>=1)")
@@ -66,7 +66,7 @@ def _check_tokens(tokens: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def reference_pass(model: nn.Module, tokens: torch.Tensor, *, batch_size: int = 4) -> ReferenceLogprobs:
     """Run the original model once and keep what each later comparison needs."""
-    tokens = _check_tokens(tokens)
+    tokens = check_tokens(tokens)
     chunks, nll = [], 0.0
     for i in range(0, tokens.shape[0], batch_size):
         batch = tokens[i:i + batch_size]
@@ -96,4 +96,4 @@ def compare_pass(model: nn.Module, ref: ReferenceLogprobs, *, batch_size: int = 
     return nll / n_targets, kl / tokens.numel()
 
 
-__all__ = ["ReferenceLogprobs", "compare_pass", "kl_sum", "nll_sum", "reference_pass"]
+__all__ = ["ReferenceLogprobs", "check_tokens", "compare_pass", "kl_sum", "nll_sum", "reference_pass"]

@@ -52,7 +52,7 @@ def gptq_quantize(
     if pad:  # padded inputs are dead: zero weight, unit Hessian diagonal, never kept
         W = torch.nn.functional.pad(W, (0, pad))
         h = torch.nn.functional.pad(h, (0, pad, 0, pad))
-        idx = torch.arange(n, n + pad)
+        idx = torch.arange(n, n + pad, device=h.device)
         h[idx, idx] = 1.0
         dead = torch.nn.functional.pad(dead, (0, pad), value=True)
         if keep is not None:

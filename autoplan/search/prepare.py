@@ -17,9 +17,9 @@ import torch
 
 from autoplan.cost.model import CostModel
 from autoplan.cost.report import DIRECTION, Objective
-from autoplan.models import LoadedModel, load_model
+from autoplan.errors import UserInputError
+from autoplan.models import LoadedModel
 from autoplan.models._cache import cache_root
-from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform
@@ -28,7 +28,9 @@ from autoplan.search.request import SearchRequest
 from autoplan.search.space import SearchSpace, build_space
 from autoplan.search.tables import Tables, build_tables
 from autoplan.search.verify import Verifier
-from autoplan.sensitivity import SensitivityProfile, build_profile, calibration_key
+from autoplan.sensitivity import SensitivityProfile, calibration_key
+from autoplan.streaming import open_model
+from autoplan.streaming.runner import ModelRunner, workload_of
 
 CALIB_BATCH = 2  # calibration blocks per forward pass (part of the audit: it changes rounding)
 
@@ -40,6 +42,7 @@ class Prepared:
     req: SearchRequest
     platform: Platform
     loaded: LoadedModel
+    runner: ModelRunner  # where and how the model runs (device; in memory or streamed)
     space: SearchSpace
     data: TextDataset
     profile: SensitivityProfile
@@ -96,7 +99,15 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     """Load, profile and time everything the study and the verifier need."""
     torch.manual_seed(req.seed)
     rep.stage("loading model")
-    loaded = load_model(req.model, trust_remote_code=req.trust_remote_code)
+    runner = open_model(req.model, req.execution, trust_remote_code=req.trust_remote_code,
+                        workload=workload_of(req.seq_len, req.calib_blocks, req.eval_blocks,
+                                             CALIB_BATCH))
+    loaded = runner.loaded
+    rep.note(f"{runner.execution} execution on {runner.device} ({runner.why})")
+    if runner.execution == "stream" and (platform.measure_kernels or req.budget.suite_file):
+        # refused before profiling: both need the whole model in memory
+        raise UserInputError(f"{'--measure-kernels' if platform.measure_kernels else 'a suite budget'} "
+                             "needs the model in memory: pass --execution memory")
     if platform.runtime == ONNX_RUNTIME:  # what the config alone could not show (window, act)
         from autoplan.backends.cpu.onnx_graph import check_supported
 
@@ -112,8 +123,8 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     rep.stage("profiling sensitivity")
     choices = [c for c in space.all_choices if c != space.baseline]
     layers = [la.name for u in space.units for la in u.layers]
-    profile = build_profile(
-        loaded.model, layers, choices, calib, model_hash=loaded.content_hash,
+    profile = runner.build_profile(
+        layers, choices, calib, model_hash=loaded.content_hash,
         calib_hash=calibration_key(calib), settings=req.settings,
         cache_dir=cache_root() / "profiles", seed=req.seed,
         on_progress=lambda d, t: rep.progress("profile", d, t))
@@ -127,10 +138,10 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     budget = req.budget
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
-    evaluator = QualityEvaluator(loaded.model, data.eval, suite=suite)
+    evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite)
     verifier = Verifier(loaded.model, space, tables, evaluator, budget, req.settings, calib)
     name = req.study or study_name(req, platform, loaded.content_hash, data.content_hash)
-    return Prepared(req, platform, loaded, space, data, profile, kernel_times, cost, tables,
+    return Prepared(req, platform, loaded, runner, space, data, profile, kernel_times, cost, tables,
                     verifier, name)
 
 

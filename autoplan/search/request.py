@@ -24,6 +24,7 @@ from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.search.budget import QualityBudget
 from autoplan.workload import Workload
+from autoplan.streaming.runner import ExecutionSettings
 
 if TYPE_CHECKING:
     from autoplan.sensitivity.executor import Executor
@@ -44,21 +45,6 @@ class CostTable:
     def load(cls, path: str) -> CostTable:
         """Read and validate the whole file (UserInputError naming the problem)."""
         return cls(str(path), load_cost_table(str(path)))
-
-
-@dataclass(frozen=True)
-class ExecutionSettings:
-    """How the search's measurements run on this machine (not what is searched).
-
-    Device, dtype and streaming settings for profiling and verification belong here too, so
-    that adding one does not change the study's identity or the stages' signatures.
-    """
-
-    threads: int | None = None  # engine threads the measured kernels are timed with
-
-    def __post_init__(self) -> None:
-        if self.threads is not None and self.threads < 1:
-            raise UserInputError(f"--threads must be a positive integer, got {self.threads}")
 
 
 def parse_choices(texts: tuple[str | Choice, ...] | None) -> tuple[Choice, ...] | None:

@@ -17,6 +17,7 @@ from autoplan.quality.evaluator import QualityEvaluator, QualityResult
 from autoplan.search.budget import QualityBudget
 from autoplan.search.space import SearchSpace
 from autoplan.search.tables import Tables
+from autoplan.streaming.evaluate import StreamedEvaluator
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Verifier:
     model: torch.nn.Module
     space: SearchSpace
     tables: Tables
-    evaluator: QualityEvaluator
+    evaluator: QualityEvaluator | StreamedEvaluator
     budget: QualityBudget
     settings: CompressionSettings
     calib_batches: Sequence[torch.Tensor]
@@ -63,17 +64,27 @@ class Verifier:
         # Calibration statistics are needed only for Wanda/SparseGPT masks and GPTQ.
         needs = self.settings.quant_method == "gptq" or any(
             c.sparsity.kind != "dense" and c != self.space.baseline for c in decisions.values())
-        stats = self._calibration_stats() if needs else None
+        quality, audit = self._evaluate(decisions, needs)
+        badness = self.budget.badness(quality)
+        m = Measurement(key, label, quality, self.tables.surrogate(key), badness,
+                        badness <= self.budget.limit, audit)
+        self.measured[key] = m
+        return m
+
+    def _evaluate(self, decisions: dict[str, Choice], needs_stats: bool
+                  ) -> tuple[QualityResult, dict[str, dict[str, str]]]:
+        if isinstance(self.evaluator, StreamedEvaluator):
+            # Streamed: compressed block by block on the fly, Hessians per resident block.
+            return self.evaluator.evaluate_decisions(decisions, self.settings,
+                                                     baseline=self.space.baseline,
+                                                     needs_stats=needs_stats)
+        stats = self._calibration_stats() if needs_stats else None
         compressed, swapped = compressed_copy(self.model, decisions, stats, self.settings,
                                               baseline=self.space.baseline)
         with torch.no_grad():
             quality = self.evaluator.evaluate(compressed)
         del compressed
-        badness = self.budget.badness(quality)
-        m = Measurement(key, label, quality, self.tables.surrogate(key), badness,
-                        badness <= self.budget.limit, audit_digests(swapped))
-        self.measured[key] = m
-        return m
+        return quality, audit_digests(swapped)
 
     def slope(self, prior: float) -> float:
         """Measured badness per surrogate nat: the largest ratio seen (conservative)."""

@@ -33,6 +33,67 @@ def _input_embeddings(model: nn.Module) -> nn.Module:
     return model.get_input_embeddings()
 
 
+class Recorder:
+    """Hooks that record, for named linears, inputs X (forward) and output gradients G
+    (backward), batch by batch; used on a whole model or on one resident block."""
+
+    def __init__(self, model: nn.Module, layer_names: Iterable[str]) -> None:
+        self.names = list(layer_names)
+        self.xs: dict[str, list[Tensor]] = {n: [] for n in self.names}
+        self.gs: dict[str, list[Tensor]] = {n: [] for n in self.names}
+        self._model = model
+        self._handles: list = []
+
+    def __enter__(self) -> Recorder:
+        for name in self.names:
+            def fwd(_m, inputs, out, name=name):  # noqa: ANN001 - torch hook signature
+                self.xs[name].append(inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float())
+                if out.requires_grad:
+                    out.register_hook(lambda g, name=name: self.gs[name].append(
+                        g.detach().reshape(-1, g.shape[-1]).float()))
+
+            self._handles.append(get_linear(self._model, name).register_forward_hook(fwd))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def result(self, tokens: int) -> Captured:
+        out = Captured(tokens=tokens)
+        shared: dict[tuple[int, ...], Tensor] = {}
+        for name in self.names:
+            # q/k/v (and gate/up) read the same input tensor: keep one copy.
+            key = tuple(t.data_ptr() for t in self.xs[name])
+            if key not in shared:
+                shared[key] = torch.cat(self.xs[name])
+            out.inputs[name] = shared[key]
+            # Backward visits batches in forward order; within a batch hooks fire once each.
+            out.grads[name] = torch.cat(self.gs[name])
+        self.xs.clear()
+        self.gs.clear()
+        return out
+
+
+def sample_labels(logits: Tensor, gen: torch.Generator) -> Tensor:
+    """Labels drawn from the model's own predictive distribution (the Fisher's labels).
+
+    Drawn on the CPU from a CPU generator whatever the device, so the same seed gives the
+    same labels on every device (up to the logits' own rounding)."""
+    with torch.no_grad():
+        probs = torch.softmax(logits.reshape(-1, logits.shape[-1]).float(), dim=-1)
+        labels = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1)
+    return labels.to(logits.device)
+
+
+def fisher_loss(logits: Tensor, gen: torch.Generator) -> Tensor:
+    """Summed cross-entropy against sampled labels."""
+    logits = logits.float()
+    labels = sample_labels(logits, gen)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels, reduction="sum")
+
+
 def capture(
     model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor], *, seed: int = 0
 ) -> Captured:
@@ -41,51 +102,24 @@ def capture(
     Parameters are not trained: gradients flow only to activations (the embedding output
     is made to require grad so the graph is built without parameter gradients).
     """
-    names = list(layer_names)
-    xs: dict[str, list[Tensor]] = {n: [] for n in names}
-    gs: dict[str, list[Tensor]] = {n: [] for n in names}
-    handles = []
-    for name in names:
-        linear = get_linear(model, name)
-
-        def fwd(_m, inputs, out, name=name):  # noqa: ANN001 - torch hook signature
-            xs[name].append(inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float())
-            out.register_hook(lambda g, name=name: gs[name].append(
-                g.detach().reshape(-1, g.shape[-1]).float()))
-
-        handles.append(linear.register_forward_hook(fwd))
-    handles.append(_input_embeddings(model).register_forward_hook(
-        lambda _m, _i, out: out.detach().requires_grad_(True)))
+    emb = _input_embeddings(model).register_forward_hook(
+        lambda _m, _i, out: out.detach().requires_grad_(True))
     requires = [p.requires_grad for p in model.parameters()]
     for p in model.parameters():
         p.requires_grad_(False)
     gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
     tokens = 0
     try:
-        for batch in batches:
-            logits = model(input_ids=batch).logits.float()
-            with torch.no_grad():
-                probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)
-                labels = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels, reduction="sum")
-            loss.backward()
-            tokens += batch.numel()
+        with Recorder(model, layer_names) as rec:
+            for batch in batches:
+                fisher_loss(model(input_ids=batch.to(device)).logits, gen).backward()
+                tokens += batch.numel()
     finally:
-        for h in handles:
-            h.remove()
+        emb.remove()
         for p, r in zip(model.parameters(), requires):
             p.requires_grad_(r)
-    out = Captured(tokens=tokens)
-    shared: dict[tuple[int, ...], Tensor] = {}
-    for name in names:
-        # q/k/v (and gate/up) read the same input tensor: keep one copy.
-        key = tuple(t.data_ptr() for t in xs[name])
-        if key not in shared:
-            shared[key] = torch.cat(xs[name])
-        out.inputs[name] = shared[key]
-        # Backward visits batches in forward order, but within a batch hooks fire once each.
-        out.grads[name] = torch.cat(gs[name])
-    return out
+    return rec.result(tokens)
 
 
-__all__ = ["Captured", "capture"]
+__all__ = ["Captured", "Recorder", "capture", "fisher_loss", "sample_labels"]

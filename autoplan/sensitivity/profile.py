@@ -145,12 +145,46 @@ def score_task(task: ScoreTask) -> ScoreResult:
     return ScoreResult(task.layer, out, _outlier_ratio(linear.weight, stats.act_norm()))
 
 
-def _task(model, name: str, choices: Sequence[Choice], cap: Captured,
-          settings: CompressionSettings) -> ScoreTask:
+def make_task(model, name: str, choices: Sequence[Choice], cap: Captured,
+              settings: CompressionSettings) -> ScoreTask:
+    """The scoring task of layer `name` from its captures (its weight as it is now)."""
     linear = get_linear(model, name)
     return ScoreTask(name, linear.weight.detach(),
                      linear.bias.detach() if linear.bias is not None else None,
                      cap.inputs[name], cap.grads[name], cap.tokens, tuple(choices), settings)
+
+
+class ProfileRun:
+    """The cached profile, what is left to score, and the write-after-every-layer loop that
+    both the in-memory and the streamed calibration feed."""
+
+    def __init__(self, layer_names: Iterable[str], choices: Sequence[Choice], *,
+                 model_hash: str, calib_hash: str, settings: CompressionSettings,
+                 cache_dir: Path, on_progress: Callable[[int, int], None] | None = None,
+                 executor: Executor | None = None) -> None:
+        self.executor = executor or SerialExecutor()
+        self.path = cache_path(cache_dir, model_hash, calib_hash, settings)
+        self.profile = load_cached(self.path, model_hash, calib_hash, settings)
+        todo = {n: [c for c in choices if not self.profile.has(n, c)] for n in layer_names}
+        self.todo = {n: cs for n, cs in todo.items() if cs or n not in self.profile.outliers}
+        self.total = sum(len(cs) for cs in self.todo.values())
+        self.done = 0
+        self.on_progress = on_progress
+        self._report()
+
+    def _report(self) -> None:
+        if self.on_progress:
+            self.on_progress(self.done, self.total)
+
+    def score(self, tasks: Iterable[ScoreTask], tokens: int) -> None:
+        """Run `tasks` on the executor, writing the cache after each finished layer."""
+        self.profile.tokens = tokens
+        for _i, res in self.executor.imap_unordered(score_task, tasks):
+            self.profile.scores.setdefault(res.layer, {}).update(res.scores)
+            self.profile.outliers[res.layer] = res.outlier
+            write_json_atomic(self.path, self.profile.to_json())  # resumable after every layer
+            self.done += len(res.scores)
+            self._report()
 
 
 def build_profile(
@@ -163,35 +197,22 @@ def build_profile(
 
     All layers are captured in one forward+backward pass by default (about 3 GB for
     SmolLM2-135M at 2,048 tokens); `layer_chunk` bounds memory for bigger models at the price
-    of one pass per chunk. `executor` runs the per-layer scoring tasks (serial by default).
+    of one pass per chunk (`autoplan.streaming` bounds it to one block instead). `executor`
+    runs the per-layer scoring tasks (serial by default).
     """
-    executor = executor or SerialExecutor()
-    path = cache_path(cache_dir, model_hash, calib_hash, settings)
-    prof = load_cached(path, model_hash, calib_hash, settings)
-    names = list(layer_names)
-    todo = {n: [c for c in choices if not prof.has(n, c)] for n in names}
-    todo = {n: cs for n, cs in todo.items() if cs or n not in prof.outliers}
-    total = sum(len(cs) for cs in todo.values())
-    done = 0
-    if on_progress:
-        on_progress(done, total)
-    pending = list(todo)
+    run = ProfileRun(layer_names, choices, model_hash=model_hash, calib_hash=calib_hash,
+                     settings=settings, cache_dir=cache_dir, on_progress=on_progress,
+                     executor=executor)
+    pending = list(run.todo)
     while pending:
         step = layer_chunk or len(pending)
         chunk, pending = pending[:step], pending[step:]
         cap = capture(model, chunk, calib_batches, seed=seed)
-        prof.tokens = cap.tokens
-        tasks = (_task(model, name, todo[name], cap, settings) for name in chunk)
-        for _i, res in executor.imap_unordered(score_task, tasks):
-            prof.scores.setdefault(res.layer, {}).update(res.scores)
-            prof.outliers[res.layer] = res.outlier
-            write_json_atomic(path, prof.to_json())  # resumable after every layer
-            done += len(res.scores)
-            if on_progress:
-                on_progress(done, total)
+        run.score((make_task(model, name, run.todo[name], cap, settings) for name in chunk),
+                  cap.tokens)
         del cap
-    return prof
+    return run.profile
 
 
-__all__ = ["OWL_M", "ScoreResult", "ScoreTask", "SensitivityProfile", "build_profile", "cache_path", "calibration_key",
-           "load_cached", "score_task"]
+__all__ = ["OWL_M", "ProfileRun", "ScoreResult", "ScoreTask", "SensitivityProfile", "build_profile",
+           "cache_path", "calibration_key", "load_cached", "make_task", "score_task"]

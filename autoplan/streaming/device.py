@@ -1,0 +1,74 @@
+"""`--device auto|cpu|cuda[:N]`: where the expensive work (calibration passes, scoring,
+evaluation) runs. `auto` takes the first CUDA device when torch sees one (ROCm builds of
+torch expose AMD GPUs as `cuda` too), else the CPU. The format simulation is the same code on
+every device; only where its tensors live changes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from autoplan.errors import UserInputError
+
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+
+
+def resolve_device(text: str | torch.device | None) -> torch.device:
+    """The torch device `text` names, checked to exist here.
+
+    Raises:
+        UserInputError: an unknown device name, or a GPU that this machine does not have.
+    """
+    if isinstance(text, torch.device):
+        return text
+    name = (text or "auto").strip().lower()
+    if name == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    m = re.fullmatch(r"(cuda|rocm|gpu)(?::(\d+))?", name)
+    if not m:
+        raise UserInputError(f"--device '{text}' is not a device: use {DEVICE_CHOICES}")
+    index = int(m.group(2) or 0)
+    if not torch.cuda.is_available():
+        raise UserInputError(f"--device {text}: torch sees no CUDA/ROCm GPU on this machine; "
+                             "use --device cpu (or auto)")
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise UserInputError(f"--device {text}: this machine has {count} GPU(s) "
+                             f"(cuda:0..cuda:{count - 1})")
+    return torch.device("cuda", index)
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory the device has (None for the CPU: see `host_memory`)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return None
+
+
+def host_memory() -> int:
+    """Bytes of RAM available to this process now (what auto-selection compares against)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # psutil comes with most installs; fall back to the POSIX count
+        import os
+
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for a host or GPU allocation failure (torch raises several kinds)."""
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text
+                                              or "can't allocate memory" in text)
+
+
+__all__ = ["DEVICE_CHOICES", "device_memory", "host_memory", "is_out_of_memory",
+           "resolve_device"]

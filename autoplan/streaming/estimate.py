@@ -1,0 +1,145 @@
+"""Memory plan of a profile + verification run, from the model's config alone.
+
+Each part is an estimate from the architecture (no weights read), for the two executions:
+`memory` (the whole model in fp32 on one device, every profiled layer's captures at once,
+a deep copy per verification, every layer's calibration Hessian at once) and `stream` (one
+block resident, block-boundary states on the host). The figures are upper-bound-leaning
+formulas, not measurements; benchmarks/scale.py prints them next to the measured peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autoplan.modelspec import ModelSpec
+
+F32 = 4
+PROCESS_BYTES = 700 * 2**20  # python + torch + transformers, measured ~0.6-0.7 GB on CPU
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Token counts of a run (calibration tokens, tokens per forward batch, evaluation)."""
+
+    calib_tokens: int = 1024
+    calib_batch_tokens: int = 512
+    eval_tokens: int = 1536
+    eval_batch_tokens: int = 1024
+    seq_len: int = 256
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per part and per place; `host`/`device` totals are the peaks of the run."""
+
+    execution: str
+    device: str  # "cpu" or "cuda"
+    host_parts: dict[str, int] = field(default_factory=dict)
+    device_parts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def host(self) -> int:
+        own = sum(self.host_parts.values())
+        return own + (self.device_total if self.device == "cpu" else 0)
+
+    @property
+    def device_total(self) -> int:
+        return sum(self.device_parts.values())
+
+    @property
+    def gpu(self) -> int:
+        return self.device_total if self.device != "cpu" else 0
+
+    def to_json(self) -> dict:
+        return {"execution": self.execution, "device": self.device,
+                "host_bytes": self.host, "device_bytes": self.gpu,
+                "host_parts": self.host_parts, "device_parts": self.device_parts}
+
+
+def _block_dims(spec: ModelSpec) -> tuple[int, int, int, int]:
+    """(params, distinct input features, output features, sum of in^2) of one block."""
+    block = [la for la in spec.layers if la.block == 0]
+    groups = {la.fuse_group: la.in_features for la in block}
+    return (sum(la.params for la in block), sum(groups.values()),
+            sum(la.out_features for la in block), sum(la.in_features ** 2 for la in block))
+
+
+def _activations(spec: ModelSpec, batch_tokens: int, seq_len: int) -> int:
+    """Autograd activations of one block over one batch (norms, attention, MLP)."""
+    q_out = spec.n_heads * spec.head_dim
+    kv_out = spec.n_kv_heads * spec.head_dim
+    per_token = 6 * spec.hidden + 2 * q_out + 4 * kv_out + 4 * spec.intermediate
+    attn = spec.n_heads * seq_len * batch_tokens  # attention probabilities
+    return (per_token * batch_tokens + attn) * F32
+
+
+def _scoring(spec: ModelSpec, tokens: int) -> int:
+    """One ScoreTask: Hessian in^2, ~3 copies of the weight, ~3 [tokens, out] products."""
+    return max(la.in_features ** 2 * F32 + 3 * la.params * F32
+               + 3 * tokens * la.out_features * F32 for la in spec.layers)
+
+
+def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None) -> MemoryPlan:
+    """The memory plan of `execution` ('memory' or 'stream') on `device` ('cpu'/'cuda')."""
+    w = w or Workload()
+    dev = "cpu" if device == "cpu" else "cuda"
+    block_params, block_in, block_out, block_h = _block_dims(spec)
+    t, v, h = w.calib_tokens, spec.vocab, spec.hidden
+    logits = 4 * max(w.calib_batch_tokens, w.eval_batch_tokens) * v * F32
+    reference = w.eval_tokens * v * 2
+    head_capture = t * (h + v) * F32
+    if execution == "memory":
+        weights = spec.total_params * F32
+        parts = {
+            "weights (fp32, whole model)": weights,
+            "captures (all layers)": spec.n_layers * t * (block_in + block_out) * F32
+            + head_capture,
+            "activations (whole model, 1 batch)": spec.n_layers * _activations(
+                spec, w.calib_batch_tokens, w.seq_len) + logits,
+            "scoring (largest layer)": _scoring(spec, t),
+            # verification: the compressed deep copy and every layer's Hessian at once
+            "verification copy + all Hessians": weights + spec.n_layers * block_h * F32
+            + h * h * F32,
+            "reference log-probs": reference,
+        }
+        host = {"process": PROCESS_BYTES}
+        if dev == "cpu":
+            return MemoryPlan(execution, dev, host, parts)
+        return MemoryPlan(execution, dev, host, parts)
+    resident = (spec.embedding_params + (0 if spec.tie_embeddings else v * h)) * F32
+    ckpt_bytes = _DTYPE_BYTES.get(spec.dtype, 2)
+    device_parts = {
+        "resident embeddings + lm_head (fp32)": resident,
+        "one block (fp32)": block_params * F32,
+        "one block's captures": max(t * (block_in + block_out) * F32, head_capture),
+        "activations (one block, 1 batch) + logits": _activations(
+            spec, w.calib_batch_tokens, w.seq_len) + logits,
+        "scoring (largest layer)": _scoring(spec, t),
+        "verification: one block's Hessians": block_h * F32,
+    }
+    host_parts = {
+        "process": PROCESS_BYTES,
+        "block-boundary states": (spec.n_layers + 1) * t * h * F32 + 2 * t * h * F32,
+        "one block read from disk": block_params * ckpt_bytes,
+        "reference log-probs": reference,
+    }
+    return MemoryPlan(execution, dev, host_parts, device_parts)
+
+
+def choose(spec: ModelSpec, device: str, host_available: int, device_memory: int | None,
+           w: Workload | None = None) -> tuple[str, str]:
+    """('memory' | 'stream', why): in memory when it fits comfortably (it is the simpler,
+    slightly faster path: no recomputation), streamed otherwise."""
+    mem = plan(spec, "memory", device, w)
+    if device == "cpu":
+        fits, room = mem.host <= 0.25 * host_available, host_available
+    else:
+        fits, room = device_memory is not None and mem.gpu <= 0.5 * device_memory, device_memory
+    gb = 2**30
+    why = (f"in-memory peak ~{(mem.host if device == 'cpu' else mem.gpu) / gb:.1f} GiB vs "
+           f"{(room or 0) / gb:.1f} GiB {'available RAM' if device == 'cpu' else 'GPU memory'}")
+    return ("memory" if fits else "stream"), why
+
+
+__all__ = ["MemoryPlan", "Workload", "choose", "plan"]

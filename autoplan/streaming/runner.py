@@ -1,0 +1,158 @@
+"""One entry point for both executions: `open_model` loads a model in memory or as a
+streamed skeleton (chosen by `--execution`, `auto` by the memory estimate) on `--device`,
+and the returned `ModelRunner` profiles, evaluates and verifies it the same way either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from autoplan.compress import CompressionSettings
+from autoplan.errors import AutoplanError, UserInputError
+from autoplan.formats import Choice
+from autoplan.models.loader import LoadedModel, load_model, open_checkpoint
+from autoplan.modelspec import ModelSpec
+from autoplan.sensitivity.executor import Executor
+from autoplan.sensitivity.profile import SensitivityProfile, build_profile
+from autoplan.streaming import estimate
+from autoplan.streaming.device import device_memory, host_memory, is_out_of_memory, resolve_device
+
+EXECUTIONS = ("auto", "memory", "stream")
+
+
+@dataclass(frozen=True)
+class ExecutionSettings:
+    """Where and how the expensive work runs on this machine (`--device`, `--execution`,
+    `--offload-dir`, `--threads`): never what is searched, so none of it names a study."""
+
+    device: str = "auto"
+    execution: str = "auto"
+    offload_dir: Path | None = None
+    threads: int | None = None  # engine threads the measured kernels are timed with
+
+    def __post_init__(self) -> None:
+        if self.execution not in EXECUTIONS:
+            raise UserInputError(f"--execution '{self.execution}': use one of "
+                                 f"{', '.join(EXECUTIONS)}")
+        if self.threads is not None and self.threads < 1:
+            raise UserInputError(f"--threads must be a positive integer, got {self.threads}")
+
+
+def pick_execution(spec: ModelSpec, settings: ExecutionSettings, device: torch.device,
+                   w: estimate.Workload) -> tuple[str, str]:
+    """('memory' | 'stream', why)."""
+    if settings.execution != "auto":
+        return settings.execution, "asked for"
+    return estimate.choose(spec, device.type, host_memory(), device_memory(device), w)
+
+
+@dataclass
+class ModelRunner:
+    """A loaded model and the execution it runs under."""
+
+    loaded: LoadedModel
+    execution: str
+    device: torch.device
+    why: str
+    workload: estimate.Workload
+    offload_dir: Path | None = None
+
+    @property
+    def streamed(self) -> Any:
+        return self.loaded.model if self.execution == "stream" else None
+
+    def _oom(self, what: str, tokens: int) -> AutoplanError:
+        w = dataclasses.replace(self.workload, calib_tokens=tokens)
+        p = estimate.plan(self.loaded.spec, self.execution, self.device.type, w)
+        gb = 2**30
+        fix = "use --execution stream, " if self.execution == "memory" else ""
+        return AutoplanError(
+            f"out of memory while {what} on --device {self.device} ({self.execution} execution, "
+            f"{tokens} calibration tokens); the --dry-run estimate is {p.host / gb:.1f} GiB host"
+            f" + {p.gpu / gb:.1f} GiB GPU: {fix}fewer --calib-blocks or another --device (the "
+            "profile cache is kept; rerun resumes)")
+
+    def build_profile(self, layers: Sequence[str], choices: Sequence[Choice],
+                      batches: Sequence[Tensor], *, model_hash: str, calib_hash: str,
+                      settings: CompressionSettings, cache_dir: Path, seed: int = 0,
+                      on_progress: Callable[[int, int], None] | None = None,
+                      executor: Executor | None = None) -> SensitivityProfile:
+        kw = dict(model_hash=model_hash, calib_hash=calib_hash, settings=settings,
+                  cache_dir=cache_dir, seed=seed, on_progress=on_progress, executor=executor)
+        try:
+            if self.execution == "stream":
+                from autoplan.streaming.profile import build_profile_streamed
+
+                return build_profile_streamed(self.loaded.model, layers, choices, batches,
+                                              offload_dir=self.offload_dir, **kw)
+            return build_profile(self.loaded.model, layers, choices,
+                                 [b.to(self.device) for b in batches], **kw)
+        except (RuntimeError, MemoryError) as exc:
+            if is_out_of_memory(exc):
+                raise self._oom("profiling", sum(b.numel() for b in batches)) from None
+            raise
+
+    def evaluator(self, eval_tokens: Tensor, *, calib_batches: Sequence[Tensor] = (),
+                  suite: Any = None) -> Any:
+        """A QualityEvaluator (memory) or StreamedEvaluator (stream) of the original."""
+        try:
+            if self.execution == "stream":
+                from autoplan.streaming.evaluate import StreamedEvaluator
+
+                return StreamedEvaluator(self.loaded.model, eval_tokens,
+                                         calib_batches=calib_batches, suite=suite)
+            from autoplan.quality.evaluator import QualityEvaluator
+
+            return QualityEvaluator(self.loaded.model, eval_tokens.to(self.device), suite=suite)
+        except (RuntimeError, MemoryError) as exc:
+            if is_out_of_memory(exc):
+                raise self._oom("measuring the original model",
+                                sum(b.numel() for b in calib_batches)) from None
+            raise
+
+
+def open_model(model: str, settings: ExecutionSettings | None = None, *,
+               trust_remote_code: bool = False,
+               workload: estimate.Workload | None = None) -> ModelRunner:
+    """Load `model` (alias, HF folder, GGUF) for measurement under `settings`.
+
+    Raises:
+        UserInputError: an unknown device, a GPU that is not there, or what `load_model`
+            refuses.
+    """
+    settings = settings or ExecutionSettings()
+    device = resolve_device(settings.device)  # a missing GPU is refused before any loading
+    w = workload or estimate.Workload()
+    folder, source, tokenizer, spec, content_hash = open_checkpoint(
+        model, trust_remote_code=trust_remote_code)
+    execution, why = pick_execution(spec, settings, device, w)
+    if execution == "memory":
+        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        loaded.model.to(device)
+    else:
+        from autoplan.streaming.skeleton import StreamedModel
+
+        sm = StreamedModel(folder, device=device, trust_remote_code=trust_remote_code)
+        loaded = LoadedModel(sm, tokenizer, spec, source.model_id, content_hash, folder, source)
+    return ModelRunner(loaded, execution, device, why, w, settings.offload_dir)
+
+
+def workload_of(seq_len: int, calib_blocks: int, eval_blocks: int, calib_batch: int = 2,
+                eval_batch: int = 4) -> estimate.Workload:
+    return estimate.Workload(calib_tokens=seq_len * calib_blocks,
+                             calib_batch_tokens=seq_len * min(calib_batch, max(calib_blocks, 1)),
+                             eval_tokens=seq_len * eval_blocks,
+                             eval_batch_tokens=seq_len * min(eval_batch, max(eval_blocks, 1)),
+                             seq_len=seq_len)
+
+
+__all__ = ["EXECUTIONS", "ExecutionSettings", "ModelRunner", "open_model", "pick_execution",
+           "workload_of"]
+

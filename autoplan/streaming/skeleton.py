@@ -1,0 +1,155 @@
+"""A model whose decoder blocks live on disk until needed (sequential onloading).
+
+The module tree is built on the meta device from config.json (accelerate's
+`init_empty_weights`: no parameter memory), then embeddings, final norm and lm_head are
+loaded onto the device and stay there. `resident(i)` reads block i's tensors from the
+safetensors shards, places them on the device in the compute dtype, and returns them to the
+meta device afterwards, so one block is in memory at a time.
+
+Blocks are called with the exact keyword arguments the model's own forward passes them
+(rotary embeddings, mask, positions): they are caught once per batch by a pre-hook on block 0,
+as llm-compressor and GPTQModel do, so no model-specific forward is rewritten here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from autoplan.errors import UserInputError
+from autoplan.streaming.weights import CheckpointReader
+
+
+class _Caught(Exception):
+    """Carries block 0's call arguments out of the model's forward."""
+
+
+def _set_tensor(model: nn.Module, name: str, device: torch.device | str,
+                value: Tensor | None = None) -> None:
+    from accelerate.utils import set_module_tensor_to_device
+
+    set_module_tensor_to_device(model, name, device, value=value)
+
+
+def _base(model: nn.Module) -> nn.Module:
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    if base is None or not isinstance(getattr(base, "layers", None), nn.ModuleList) \
+            or getattr(base, "norm", None) is None:
+        raise UserInputError(f"streamed execution supports decoder models with "
+                             f"model.layers and model.norm (Llama, Mistral, Qwen2, ...), not "
+                             f"{type(model).__name__}: use --execution memory")
+    return base
+
+
+class StreamedModel:
+    """Meta-device skeleton + resident embeddings/norm/lm_head + blocks read on demand.
+
+    Args:
+        folder: an HF safetensors folder.
+        device: where blocks are computed.
+        dtype: compute dtype (float32: the in-memory path's numerics, on every device).
+    """
+
+    def __init__(self, folder: Path, *, device: torch.device, dtype: torch.dtype = torch.float32,
+                 trust_remote_code: bool = False) -> None:
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from autoplan.models.gguf_convert import quiet_transformers
+
+        self.folder, self.device, self.dtype = Path(folder), device, dtype
+        self.reader = CheckpointReader(self.folder)
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(self.folder, trust_remote_code=trust_remote_code)
+            if getattr(config, "final_logit_softcapping", None):
+                raise UserInputError("streamed execution does not apply final logit "
+                                     "soft-capping (Gemma 2): use --execution memory")
+            with init_empty_weights(include_buffers=False):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                         trust_remote_code=trust_remote_code)
+        model.eval()
+        self.model = model
+        self.config = config
+        self.base = _base(model)
+        self.blocks: nn.ModuleList = self.base.layers
+        prefix = next(n for n, m in model.named_modules() if m is self.blocks)
+        keys = list(model.state_dict().keys())
+        self.block_keys: list[list[str]] = [
+            [k for k in keys if k.startswith(f"{prefix}.{i}.")] for i in range(len(self.blocks))]
+        in_blocks = {k for ks in self.block_keys for k in ks}
+        missing = [k for ks in self.block_keys for k in ks if k not in self.reader]
+        if missing:
+            raise UserInputError(f"checkpoint in '{folder}' lacks {missing[0]} "
+                                 f"(+{len(missing) - 1} more); re-save it with save_pretrained")
+        for name, buf in model.named_buffers():  # rotary tables etc.: not in the checkpoint
+            if buf.device.type != "meta":
+                _set_tensor(model, name, device, value=buf)
+        resident = [k for k in keys if k not in in_blocks and k in self.reader]
+        for name, t in self.reader.read(resident).items():
+            _set_tensor(model, name, device, value=t.to(dtype))
+        if getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in self.reader:
+            model.tie_weights()
+        left = [n for n, p in model.named_parameters() if p.device.type == "meta"
+                and n not in in_blocks]
+        if left:
+            raise UserInputError(f"checkpoint in '{folder}' lacks {left[0]}; re-save it with "
+                                 "save_pretrained")
+        for p in model.parameters():
+            p.requires_grad_(False)
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    @contextmanager
+    def resident(self, i: int) -> Iterator[nn.Module]:
+        """Block `i` with its weights on the device; back on the meta device afterwards."""
+        keys = self.block_keys[i]
+        try:
+            for name, t in self.reader.read(keys).items():
+                _set_tensor(self.model, name, self.device, value=t.to(self.dtype))
+            for p in self.blocks[i].parameters():
+                p.requires_grad_(False)
+            yield self.blocks[i]
+        finally:
+            for name in keys:
+                _set_tensor(self.model, name, "meta")
+
+    def block_inputs(self, batch: Tensor) -> tuple[Tensor, dict[str, Any]]:
+        """Block 0's hidden states and keyword arguments for token ids `batch` [b, seq]."""
+        def catch(_m, args, kwargs):  # noqa: ANN001 - torch hook signature
+            raise _Caught(args, kwargs)
+
+        handle = self.blocks[0].register_forward_pre_hook(catch, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                self.base(input_ids=batch.to(self.device), use_cache=False)
+        except _Caught as caught:
+            args, kwargs = caught.args
+        else:  # pragma: no cover - a model without blocks
+            raise UserInputError("the model has no decoder blocks to stream")
+        finally:
+            handle.remove()
+        kwargs = dict(kwargs)
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        return hidden, kwargs
+
+    def run_block(self, i: int, hidden: Tensor, kwargs: dict[str, Any]) -> Tensor:
+        out = self.blocks[i](hidden, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """What the CausalLM computes after the blocks: final norm, then lm_head."""
+        return self.head(self.base.norm(hidden))
+
+
+__all__ = ["StreamedModel"]

@@ -1,0 +1,231 @@
+"""Streamed (block-by-block) execution equals the in-memory one on tiny Llamas: profile
+scores, KL and perplexity, the shared cache; device and execution choice; bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from autoplan.cli import cli
+from autoplan.compress import CompressionSettings, collect_stats, compressed_copy
+from autoplan.errors import AutoplanError, UserInputError
+from autoplan.formats import Choice
+from autoplan.modelspec import ModelSpec
+from autoplan.quality.evaluator import QualityEvaluator
+from autoplan.quality.text import load_text_dataset
+from autoplan.search.space import build_space
+from autoplan.sensitivity import build_profile, profile as profile_mod
+from autoplan.streaming import ExecutionSettings, open_model, resolve_device
+from autoplan.streaming import estimate
+from autoplan.streaming.evaluate import StreamedEvaluator
+from autoplan.streaming.profile import build_profile_streamed
+from autoplan.streaming.skeleton import StreamedModel
+from autoplan.targets import get_target
+from tests.unit._tiny import one_torch_thread, tiny_config, tiny_llama, tiny_spec  # noqa: F401
+from tests.unit.tiny_llama import tiny_tokenizer
+
+CPU = torch.device("cpu")
+
+
+def _folder(path: Path, tied: bool) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    if tied:
+        torch.manual_seed(1)
+        cfg = LlamaConfig(**{k: v for k, v in tiny_config().items()
+                             if k not in ("model_type", "tie_word_embeddings")},
+                          tie_word_embeddings=True, max_position_embeddings=256,
+                          initializer_range=0.15, eos_token_id=1, bos_token_id=1, pad_token_id=0)
+        model = LlamaForCausalLM(cfg).eval()
+    else:
+        model = tiny_llama()
+    model.to(torch.bfloat16).save_pretrained(path)  # a bf16 checkpoint, as users have them
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+class Case:
+    def __init__(self, root: Path, tied: bool) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.folder = _folder(root / "model", tied)
+        self.root = root
+        self.memory = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32).eval()
+        self.streamed = StreamedModel(self.folder, device=CPU)
+        data = load_text_dataset(None, tokenizer=tiny_tokenizer(), seq_len=64, n_calib=4,
+                                 n_eval=3, seed=0)
+        self.data = data
+        self.calib = list(data.calib.split(2))
+        self.space = build_space(ModelSpec.from_path(self.folder), get_target("h100-sxm"),
+                                 "tensorrt-llm")
+        # the space protects lm_head; profile it anyway so the head step is checked too
+        self.layers = [la.name for u in self.space.units for la in u.layers] + ["lm_head"]
+        self.choices = [c for c in self.space.all_choices if c != self.space.baseline]
+
+    def profile(self, streamed: bool, cache: str, settings=CompressionSettings(), **kw):  # noqa: ANN001, ANN003, ANN201, B008
+        args = dict(model_hash="tiny", calib_hash="c", settings=settings,
+                    cache_dir=self.root / cache, seed=0, **kw)
+        if streamed:
+            return build_profile_streamed(self.streamed, self.layers, self.choices, self.calib,
+                                          **args)
+        return build_profile(self.memory, self.layers, self.choices, self.calib, **args)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    return Case(tmp_path_factory.mktemp("stream"), request.param)
+
+
+def _close(a: float, b: float, rel: float) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+
+
+def test_streamed_profile_equals_in_memory(case: Case) -> None:
+    mem = case.profile(False, "mem")
+    st = case.profile(True, "st")
+    assert st.tokens == mem.tokens == 4 * 64
+    assert set(st.scores) == set(mem.scores) == set(case.layers)
+    assert "lm_head" in st.scores  # the head is profiled from the head step
+    for layer in case.layers:
+        for key, ref in mem.scores[layer].items():
+            assert _close(st.scores[layer][key], ref, 1e-5), (layer, key)
+        assert _close(st.outliers[layer], mem.outliers[layer], 1e-5)
+    assert max(v for s in st.scores.values() for v in s.values()) > 0
+
+
+def test_streamed_profile_uses_and_resumes_the_same_cache(case: Case, monkeypatch) -> None:  # noqa: ANN001
+    mem = case.profile(False, "shared")
+    # the streamed run finds everything cached: it computes nothing
+    monkeypatch.setattr(profile_mod, "score_task", lambda _t: pytest.fail("recomputed"))
+    again = case.profile(True, "shared")
+    assert again.scores == mem.scores
+
+
+def test_boundary_states_on_disk_give_the_same_profile(case: Case, tmp_path: Path) -> None:
+    on_disk = case.profile(True, "disk", offload_dir=tmp_path)
+    in_ram = case.profile(True, "st2")
+    assert on_disk.scores == in_ram.scores
+    assert not list(tmp_path.iterdir())  # the state files are removed
+
+
+@pytest.mark.parametrize("settings", [CompressionSettings(),
+                                      CompressionSettings("sparsegpt", "gptq")],
+                         ids=["wanda-rtn", "sparsegpt-gptq"])
+def test_streamed_kl_equals_in_memory(case: Case, settings: CompressionSettings) -> None:
+    base = case.space.baseline
+    sparse, int4 = Choice.parse("2:4+bf16"), Choice.parse("dense+int4_g64")
+    names = case.layers
+    decisions = {n: (sparse if i % 3 == 0 else int4 if i % 3 == 1 else base)
+                 for i, n in enumerate(names)}
+    stats = collect_stats(case.memory, names, case.calib)
+    ref = QualityEvaluator(case.memory, case.data.eval)
+    compressed, _ = compressed_copy(case.memory, decisions, stats, settings, baseline=base)
+    want = ref.evaluate(compressed)
+    sev = StreamedEvaluator(case.streamed, case.data.eval, calib_batches=case.calib)
+    assert _close(sev.ppl_ref, ref.ppl_ref, 1e-6)
+    got, audit = sev.evaluate_decisions(decisions, settings, baseline=base, needs_stats=True)
+    assert want.kl > 1e-4  # the decisions change the model measurably
+    assert _close(got.kl, want.kl, 1e-4)
+    assert _close(got.ppl, want.ppl, 1e-6)
+    assert set(audit) == {n for n, c in decisions.items() if c != base}
+    same, _ = sev.evaluate_decisions({}, settings)
+    assert same.kl == 0.0
+
+
+def test_streamed_model_keeps_one_block_resident(case: Case) -> None:
+    sm = case.streamed
+    on_meta = lambda i: all(p.device.type == "meta" for p in sm.blocks[i].parameters())  # noqa: E731
+    assert on_meta(0) and on_meta(1)
+    with sm.resident(1):
+        assert on_meta(0) and not on_meta(1)
+    assert on_meta(1)
+    assert sm.head.weight.device.type == "cpu"
+
+
+def test_auto_execution_follows_the_memory_estimate(case: Case, monkeypatch) -> None:  # noqa: ANN001
+    from autoplan.streaming import runner
+
+    assert open_model(str(case.folder)).execution == "memory"
+    monkeypatch.setattr(runner, "host_memory", lambda: 10 * 2**20)  # 10 MiB free
+    r = open_model(str(case.folder))
+    assert r.execution == "stream" and isinstance(r.loaded.model, StreamedModel)
+
+
+def test_out_of_memory_names_the_fix_and_leaves_a_valid_cache(case: Case, monkeypatch) -> None:  # noqa: ANN001
+    r = open_model(str(case.folder), ExecutionSettings(execution="stream"))
+    real, calls = profile_mod.score_task, []
+
+    def flaky(task):  # noqa: ANN001, ANN202
+        calls.append(task.layer)
+        if len(calls) == 3:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(task)
+
+    monkeypatch.setattr(profile_mod, "score_task", flaky)
+    cache = case.root / "oom"
+    with pytest.raises(AutoplanError) as err:
+        r.build_profile(case.layers, case.choices, case.calib, model_hash="tiny",
+                        calib_hash="c", settings=CompressionSettings(), cache_dir=cache)
+    msg = str(err.value)
+    assert "--device cpu" in msg and "256 calibration tokens" in msg and "--dry-run" in msg
+    assert "\n" not in msg
+    (path,) = cache.iterdir()
+    assert len(json.loads(path.read_text())["scores"]) == 2  # resumable from here
+    monkeypatch.setattr(profile_mod, "score_task", real)
+    done = r.build_profile(case.layers, case.choices, case.calib, model_hash="tiny",
+                           calib_hash="c", settings=CompressionSettings(), cache_dir=cache)
+    assert set(done.scores) == set(case.layers)
+
+
+def test_device_names() -> None:
+    assert resolve_device("cpu") == CPU
+    assert resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(UserInputError, match="not a device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserInputError, match="no CUDA/ROCm GPU"):
+            resolve_device("cuda:1")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cli_device_cuda_without_gpu_is_one_line_exit_2(case: Case) -> None:
+    res = CliRunner().invoke(cli, ["profile", "--model", str(case.folder), "--device", "cuda"])
+    assert res.exit_code == 2
+    assert res.output.strip().count("\n") == 0 and "--device cpu" in res.output
+
+
+def _llama_config(path: Path, hidden: int, inter: int, layers: int, heads: int) -> Path:
+    path.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": hidden, "intermediate_size": inter,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": 8,
+        "vocab_size": 128256, "torch_dtype": "bfloat16", "tie_word_embeddings": False}))
+    return path
+
+
+def test_dry_run_plans_70b_on_one_80gb_gpu_from_config_alone(tmp_path: Path) -> None:
+    cfg = _llama_config(tmp_path / "config.json", 8192, 28672, 80, 64)
+    res = CliRunner().invoke(cli, ["profile", "--model", str(cfg), "--dry-run", "--device",
+                                   "cuda", "--gpu-memory", "80", "--host-memory", "64", "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output)
+    stream, memory = report["plans"]["stream"], report["plans"]["memory"]
+    assert report["fits"] == {"memory": False, "stream": True}
+    assert report["auto_choice"] == "stream"
+    assert stream["device_bytes"] <= 80 * 2**30 and stream["host_bytes"] <= 64 * 2**30
+    assert memory["device_bytes"] > 280e9  # fp32 weights alone
+    text = CliRunner().invoke(cli, ["profile", "--model", str(cfg), "--dry-run", "--device",
+                                    "cpu", "--host-memory", "24"])
+    assert text.exit_code == 0 and "does NOT fit" in text.output and "peak" in text.output
+
+
+def test_estimate_parts_grow_with_calibration_tokens() -> None:
+    spec = tiny_spec()
+    small = estimate.plan(spec, "stream", "cpu", estimate.Workload(calib_tokens=256))
+    big = estimate.plan(spec, "stream", "cpu", estimate.Workload(calib_tokens=4096))
+    assert big.host > small.host
+    assert estimate.plan(spec, "memory", "cpu").host > 0
