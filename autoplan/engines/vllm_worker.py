@@ -1,5 +1,5 @@
 """vLLM worker: runs in the vLLM engine's own venv (``autoplan engines install vllm``),
-started by ``autoplan.engines.vllm.run_vllm``. It imports only the standard library and
+started by ``autoplan.engines.vllm_engine.run_vllm``. It imports only the standard library and
 vllm (autoplan is not installed in that venv).
 
 Protocol: argv[1] is one JSON object
@@ -41,7 +41,14 @@ def _chosen(entry, token):  # noqa: ANN001, ANN202
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    # this script's folder (autoplan/engines) holds autoplan's own vllm_*.py modules: keep
+    # it off the path so `import vllm` finds the engine
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.get("kv_cache_gib", 1)))
+    # the engine core in this process: its exceptions reach us with vLLM's own text instead
+    # of EngineDeadError, and no second process is left to stop
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     t0 = time.perf_counter()
     try:
         import vllm
