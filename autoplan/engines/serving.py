@@ -39,6 +39,7 @@ from typing import Any
 from autoplan.errors import AutoplanError, UserInputError
 
 HOST = "127.0.0.1"  # servers autoplan starts are never reachable from outside the machine
+VLLM_CLI = Path(__file__).with_name("vllm_cli.py")  # `vllm ...` as the engine's Python runs it
 _LIVE: set[ServerProcess] = set()  # stopped by atexit and by stop_on_signals' handler
 
 
@@ -247,7 +248,7 @@ def bench_command(python: str | Path, base_url: str, model: str, tokenizer: str 
                   backend: str = "openai", endpoint: str = "/v1/completions",
                   max_concurrency: int | None = None) -> list[str]:
     """The ``vllm bench serve`` command line for one rate (random prompts of fixed length)."""
-    cmd = [str(python), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+    cmd = [str(python), str(VLLM_CLI), "bench", "serve",
            "--backend", backend, "--base-url", base_url, "--endpoint", endpoint,
            "--model", model, "--tokenizer", str(tokenizer),
            "--dataset-name", "random", "--random-input-len", str(input_len),
@@ -342,5 +343,5 @@ def max_rate_within_slo(points: Sequence[RatePoint], p99_tpot_ms: float) -> Rate
 
 
 __all__ = ["HOST", "RatePoint", "ServerProcess", "bench_command", "bench_serve", "free_port",
-           "kill_group", "log_tail", "max_rate_within_slo", "parse_bench_result", "port_in_use",
+           "VLLM_CLI", "kill_group", "log_tail", "max_rate_within_slo", "parse_bench_result", "port_in_use",
            "run_group", "stop_on_signals"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoplan.engines.serving import HOST, log_tail, run_group
+from autoplan.engines.serving import HOST, VLLM_CLI, log_tail, run_group
 from autoplan.errors import AutoplanError, UserInputError
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -98,7 +98,7 @@ def serve_command(model_dir: str | Path, port: int, *, served_name: str,
     from autoplan.engines import engine_python
 
     exe = Path(python) if python else engine_python("vllm")
-    return [str(exe), "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
+    return [str(exe), str(VLLM_CLI), "serve", str(model_dir),
             "--host", HOST, "--port", str(port), "--served-model-name", served_name,
             "--dtype", dtype, "--max-model-len", str(max_model_len),
             "--max-num-seqs", str(max_num_seqs), "--seed", "0",

