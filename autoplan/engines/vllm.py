@@ -1,0 +1,113 @@
+"""Run a checkpoint in vLLM (the engine's own venv) and build ``vllm serve`` command lines.
+
+autoplan's environment never imports vllm: ``run_vllm`` starts vllm_worker.py with the vLLM
+engine's interpreter (``engine_python("vllm")``; missing -> one line naming
+``autoplan engines install vllm``), in its own process group so an interrupt also stops the
+engine-core process vLLM forks, and reads the one JSON line it prints.
+
+Public API:
+    run_vllm(model_dir, prompts, *, max_tokens, dtype="bfloat16", ...) -> VllmRun
+    serve_command(model_dir, port, *, served_name, dtype="bfloat16", ...) -> list[str]
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoplan.engines.serving import HOST, log_tail, run_group
+from autoplan.errors import AutoplanError, UserInputError
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+KV_CACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE: vLLM CPU reserves 4 GiB by default
+
+
+@dataclass(frozen=True)
+class VllmRun:
+    """What one vLLM run produced, or vLLM's reason for refusing the checkpoint.
+
+    Attributes:
+        ok: the checkpoint loaded and generated.
+        stage: where it failed ("load" or "generate"); "" when ok.
+        error: vLLM's own exception text (the innermost one), "" when ok.
+        results: per prompt: greedy ``tokens``, their ``logprobs``, and the
+            ``prompt_logprobs`` of each prompt token given the ones before it.
+        load_s: seconds to build the ``LLM`` (load, compile, profile).
+        versions: the engine's package versions.
+    """
+
+    ok: bool
+    stage: str = ""
+    error: str = ""
+    results: list[dict[str, Any]] = field(default_factory=list)
+    load_s: float = 0.0
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+def run_vllm(model_dir: str | Path, prompts: Sequence[Sequence[int]], *, max_tokens: int,
+             dtype: str = "bfloat16", logprobs: int = 1, max_model_len: int = 512,
+             timeout_s: float = 900, python: str | Path | None = None) -> VllmRun:
+    """Load ``model_dir`` with ``vllm.LLM`` and generate greedily from token-id prompts.
+
+    A checkpoint vLLM refuses is not an error here: the run comes back with ``ok=False``
+    and vLLM's words, so callers can tabulate what the engine accepts.
+
+    Raises:
+        UserInputError: the engine is not installed (names the install command), or no
+            checkpoint folder at ``model_dir``.
+        AutoplanError: the worker died without reporting (its stderr's last lines), or ran
+            past ``timeout_s``.
+    """
+    from autoplan.engines import engine_python
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise UserInputError(f"no checkpoint at '{model_dir}' (no config.json): pass the "
+                             "folder `autoplan export --format compressed-tensors` wrote")
+    exe = Path(python) if python else engine_python("vllm")
+    cfg = {"model": str(model_dir.resolve()), "dtype": dtype, "max_model_len": max_model_len,
+           "prompts": [list(map(int, p)) for p in prompts], "max_tokens": int(max_tokens),
+           "logprobs": logprobs, "prompt_logprobs": logprobs, "kv_cache_gib": KV_CACHE_GIB}
+    with tempfile.TemporaryDirectory(prefix="autoplan-vllm-") as tmp:
+        out, log = Path(tmp) / "out.jsonl", Path(tmp) / "stderr.txt"
+        code = run_group([str(exe), str(WORKER), json.dumps(cfg)], log, timeout_s,
+                         what=f"vLLM on '{model_dir.name}'", stdout=out, check=False)
+        lines = [x for x in out.read_text().splitlines() if x.startswith("{")]
+        if not lines:
+            raise AutoplanError(f"vLLM on '{model_dir.name}' exited (code {code}) without "
+                                f"a result: {log_tail(log)}")
+    doc = json.loads(lines[-1])
+    if not doc.get("ok"):
+        return VllmRun(False, doc.get("stage", "load"), doc.get("error", "unknown error"))
+    return VllmRun(True, results=doc["results"], load_s=float(doc["load_s"]),
+                   versions=doc.get("versions", {}))
+
+
+def serve_command(model_dir: str | Path, port: int, *, served_name: str,
+                  dtype: str = "bfloat16", max_model_len: int = 1024, max_num_seqs: int = 16,
+                  python: str | Path | None = None) -> list[str]:
+    """``vllm serve`` for one checkpoint on 127.0.0.1:port (remote code off, no request log).
+
+    Raises:
+        UserInputError: the engine is not installed.
+    """
+    from autoplan.engines import engine_python
+
+    exe = Path(python) if python else engine_python("vllm")
+    return [str(exe), "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
+            "--host", HOST, "--port", str(port), "--served-model-name", served_name,
+            "--dtype", dtype, "--max-model-len", str(max_model_len),
+            "--max-num-seqs", str(max_num_seqs), "--seed", "0",
+            "--disable-log-requests"]
+
+
+def serve_env() -> dict[str, str]:
+    """Environment for ``vllm serve`` on CPU: a KV cache sized for this machine."""
+    return {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)}
+
+
+__all__ = ["KV_CACHE_GIB", "WORKER", "VllmRun", "run_vllm", "serve_command", "serve_env"]
