@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import start_run  # noqa: E402
+from _common import start_run
 
 SWEEP = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -152,7 +152,7 @@ def _plans(args: argparse.Namespace, out: Path) -> dict:
     return plans
 
 
-def _files(plans: dict, loaded, gguf_dir: Path) -> dict[str, Path]:  # noqa: ANN001
+def _files(plans: dict, loaded, gguf_dir: Path) -> dict[str, Path]:
     from llamacpp_plans import _uniform
 
     from autoplan.export import export_plan
@@ -167,8 +167,8 @@ def _files(plans: dict, loaded, gguf_dir: Path) -> dict[str, Path]:  # noqa: ANN
     return files
 
 
-def serve_sweep(files: dict[str, Path], ports: list[int], args, tokenizer: Path,  # noqa: ANN001
-                echo=print) -> dict:  # noqa: ANN001
+def serve_sweep(files: dict[str, Path], ports: list[int], args, tokenizer: Path,
+                echo=print) -> dict:
     """Every served side behind its own llama.cpp server; per rate, `vllm bench serve` drives
     each side in turn. Returns side -> {"points": [...], "load_avg_1m": [...]}."""
     from autoplan.engines.llamacpp_serve import llamacpp_server
@@ -201,7 +201,7 @@ def serve_sweep(files: dict[str, Path], ports: list[int], args, tokenizer: Path,
 def slo_summary(points: list[dict], slo_tpot_ms: float, slo_ttft_ms: float) -> dict:
     """Highest rate within the p99 TPOT SLO; within p99 TPOT and TTFT SLOs; saturated
     throughput (the highest measured request throughput)."""
-    def best(ok) -> float | None:  # noqa: ANN001
+    def best(ok) -> float | None:
         rates = [p["request_rate"] for p in points if ok(p) and p["completed"] > 0]
         return max(rates) if rates else None
 
@@ -252,23 +252,26 @@ def _types(counts: dict[str, int]) -> str:
 
 def tables(doc: dict) -> str:
     sides, q8 = doc["sides"], doc["sides"]["q8_0"]["decode_tok_s"]
-    lines = ["| side | linear tensor types | file MB | KL via llama.cpp | ppl | meets budget | "
-             "decode tok/s (median) | vs q8_0 |", "|---|---|---:|---:|---:|---|---:|---:|"]
+    lines = [("| side | linear tensor types | file MB | KL via llama.cpp | ppl | meets budget | "
+              "decode tok/s (median) | vs q8_0 |"), "|---|---|---:|---:|---:|---|---:|---:|"]
     for name, s in sides.items():
         lines.append(f"| {name} | {_types(s['types'])} | {s['file_mb']:.0f} | {s['kl']:.4f} | "
                      f"{s['ppl']:.3f} | {'yes' if s['meets_budget'] else 'no'} | "
                      f"{s['decode_tok_s']:.1f} | {s['decode_tok_s'] / q8:.2f}x |")
-    lines += ["", "| side | rate req/s | done | req/s | out tok/s | TTFT p50 / p99 ms | "
-              "TPOT p50 / p99 ms | load |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", ("| side | rate req/s | done | req/s | out tok/s | TTFT p50 / p99 ms | "
+                   "TPOT p50 / p99 ms | load |"), "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for side, s in doc["serving"].items():
         for p, load in zip(s["points"], s["load_avg_1m"]):
             lines.append(f"| {side} | {p['request_rate']:g} | {p['completed']} | "
                          f"{p['request_throughput']:.3f} | {p['output_throughput']:.1f} | "
                          f"{p['ttft_p50_ms']:.0f} / {p['ttft_p99_ms']:.0f} | "
                          f"{p['tpot_p50_ms']:.1f} / {p['tpot_p99_ms']:.1f} | {load:.1f} |")
-    lines += ["", "| side | max rate, p99 TPOT SLO | max rate, p99 TPOT + TTFT SLO | "
-              "saturated req/s |", "|---|---:|---:|---:|"]
-    fmt = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
+    lines += ["", ("| side | max rate, p99 TPOT SLO | max rate, p99 TPOT + TTFT SLO | "
+                   "saturated req/s |"), "|---|---:|---:|---:|"]
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3g}"
+
     for side, s in doc["serving"].items():
         slo = s["slo"]
         lines.append(f"| {side} | {fmt(slo['max_rate_tpot_slo'])} | "

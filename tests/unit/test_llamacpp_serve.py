@@ -80,7 +80,7 @@ def gguf(tmp_path: Path) -> Path:
 
 
 def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - localhost
+    with urllib.request.urlopen(url, timeout=5) as resp:
         return json.loads(resp.read())
 
 
