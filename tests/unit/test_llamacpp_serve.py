@@ -43,7 +43,9 @@ _FAKE = {
             # what the real server would load: the default params as patched, at load time
             return {"data": [{"id": m.model_alias}], "host": server_settings.host,
                     "use_extra_bufts": c.llama_model_default_params().use_extra_bufts,
-                    "eog": c.llama_token_is_eog(None, 2), "n_threads": m.n_threads}
+                    "eog": c.llama_token_is_eog(None, 2), "n_threads": m.n_threads,
+                    "interrupt": server_settings.interrupt_requests,
+                    "logits_all": m.logits_all}
     """),
     "uvicorn.py": textwrap.dedent("""
         import json
@@ -93,6 +95,8 @@ def test_launcher_serves_without_extra_buffers_on_localhost(fake_engine, gguf) -
         assert got["data"] == [{"id": "plan"}] and got["host"] == "127.0.0.1"
         assert got["use_extra_bufts"] is False and got["eog"] is False
         assert got["n_threads"] == 1
+        # requests queue instead of cutting each other short; prefill keeps the last logits
+        assert got["interrupt"] is False and got["logits_all"] is False
         pid = server.proc.pid
     assert not port_in_use(server.port)
     with pytest.raises(ProcessLookupError):
