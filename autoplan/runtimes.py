@@ -57,6 +57,10 @@ class Rule(BaseModel):
     platforms: tuple[Platform, ...] = ("*",)
     reason: str = Field(min_length=1)
     source: str = Field(min_length=1)
+    # False: the runtime's own kernels run these choices with vector instructions every CPU
+    # of the platform has (ggml's AVX2 int8 dot products), so no matrix peak of the target
+    # is required; their speed then comes from the measured kernel table.
+    needs_peak: bool = True
 
     @field_validator("sparsity")
     @classmethod
@@ -231,6 +235,9 @@ def supports(target: Target, runtime: str, choice: Choice) -> Support:
     for rule in (*load_matrix().deny, *rt.deny):
         if rule.matches(target, choice):
             return Support(False, rule.reason, rule.source)
+    for rule in rt.accel:
+        if not rule.needs_peak and rule.matches(target, choice):
+            return Support(True, f"{rt.name} {rt.version}: {rule.reason}", rule.source)
     gap = _hardware_gap(target, choice)
     if gap:
         return Support(False, gap, f"target:{target.name}")

@@ -134,6 +134,20 @@ def test_cpu_runtimes():
     assert ok("spr", "vllm", "bf16") and ok("spr", "vllm", "int8")
 
 
+def test_llama_cpp_gguf_types_need_no_int8_peak_on_avx2_cpus():
+    # An AVX2-only CPU (Zen 3: no VNNI, no AVX512-BF16) lists only an fp32 peak; ggml's own
+    # AVX2 kernels still run the GGUF types and F16, the ORT int8 formats stay refused.
+    xeon = get_target("xeon-8480")
+    avx2 = xeon.model_copy(update={"family": "local-avx2", "features": ("avx2", "f16c"),
+                                   "peak_tflops": {"fp32": xeon.peak_tflops["fp32"]}})
+    for precision in ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "fp16"):
+        assert supports(avx2, "llama.cpp", Choice.parse(precision)).ok, precision
+    assert not supports(avx2, "llama.cpp", Choice.parse("bf16")).ok
+    assert not supports(avx2, "onnxruntime", Choice.parse("int8a8_g128")).ok
+    arm = avx2.model_copy(update={"family": "local-arm64"})
+    assert not supports(arm, "llama.cpp", Choice.parse("q4_1")).ok  # deny rules still apply
+
+
 def test_channel_pruning_works_wherever_the_dense_choice_does():
     for runtime in runtime_names():
         for target in load_catalog().values():

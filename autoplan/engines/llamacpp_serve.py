@@ -1,0 +1,76 @@
+"""Serve a GGUF with llama.cpp's OpenAI-compatible server, on 127.0.0.1.
+
+The server is llama-cpp-python's own (``llama_cpp.server``), launched from the llama.cpp
+engine's venv by llamacpp_server.py (see there for what the launcher changes), wrapped in
+``autoplan.engines.serving.ServerProcess``: a port in use is refused before starting, and the
+server and its children are stopped however the caller leaves (exception, Ctrl-C, SIGTERM once
+``serving.stop_on_signals()`` is installed).
+
+Public API:
+    llamacpp_server(gguf, *, port=None, threads=None, n_ctx=2048, alias=None,
+                    ignore_eos=False, extra_bufts=False, log_path=None, python=None)
+        -> ServerProcess (not started: use it as a context manager, or start()/stop())
+    server_argv(...) -> list[str]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autoplan.engines.serving import HOST, ServerProcess, free_port
+from autoplan.errors import UserInputError
+
+LAUNCHER = Path(__file__).with_name("llamacpp_server.py")
+
+
+def server_argv(python: str | Path, gguf: str | Path, *, port: int, threads: int, n_ctx: int,
+                alias: str, ignore_eos: bool = False, extra_bufts: bool = False) -> list[str]:
+    """The launcher's command line (one JSON argument; the host is always 127.0.0.1)."""
+    cfg = {"model": str(gguf), "port": int(port), "threads": int(threads), "n_ctx": int(n_ctx),
+           "alias": alias, "ignore_eos": bool(ignore_eos), "extra_bufts": bool(extra_bufts)}
+    return [str(python), str(LAUNCHER), json.dumps(cfg)]
+
+
+def llamacpp_server(gguf: str | Path, *, port: int | None = None, threads: int | None = None,
+                    n_ctx: int = 2048, alias: str | None = None, ignore_eos: bool = False,
+                    extra_bufts: bool = False, log_path: str | Path | None = None,
+                    python: str | Path | None = None, env: dict[str, str] | None = None,
+                    timeout_s: float = 300) -> ServerProcess:
+    """llama.cpp's server for one GGUF file, ready to start.
+
+    Args:
+        gguf: the model file (``autoplan export --format gguf`` writes one).
+        port: the port on 127.0.0.1 (default: a free one).
+        threads: llama.cpp threads (default: physical cores).
+        n_ctx: context length (prompt + output of one request).
+        alias: the model name the server answers to (default: the file's stem).
+        ignore_eos: run every completion to ``max_tokens`` (load benchmarks).
+        extra_bufts: let llama.cpp repack weights into its extra CPU buffer types.
+        log_path: where the server's output goes (default: a temp file).
+        python: the engine's interpreter (default: the installed llama.cpp engine).
+        env: extra environment variables for the server.
+        timeout_s: how long to wait for the server to answer.
+
+    Raises:
+        UserInputError: the engine is not installed (the message names
+            ``autoplan engines install llama.cpp``), or the file is missing. Checked here,
+            before anything starts; a port in use is refused by ``start()``.
+    """
+    from autoplan.engines import engine_python
+    from autoplan.engines.llamacpp import default_threads
+
+    path = Path(gguf)
+    if not path.is_file():
+        raise UserInputError(f"no GGUF file at '{path}': pass the file "
+                             "`autoplan export --format gguf` wrote")
+    exe = Path(python) if python else engine_python("llama.cpp")
+    port = int(port) if port else free_port()
+    name = alias or path.stem
+    argv = server_argv(exe, path.resolve(), port=port, threads=threads or default_threads(),
+                       n_ctx=n_ctx, alias=name, ignore_eos=ignore_eos, extra_bufts=extra_bufts)
+    return ServerProcess(argv, port=port, what=f"llama.cpp server ({name})",
+                         log_path=log_path, env=env, timeout_s=timeout_s)
+
+
+__all__ = ["HOST", "LAUNCHER", "llamacpp_server", "server_argv"]
