@@ -9,6 +9,7 @@ from rich.table import Table
 
 from autoplan.cli._output import console, emit_json
 from autoplan.cli._progress import RichReporter
+from autoplan.cli._ray import executor_for, ray_option
 from autoplan.compress import CompressionSettings
 from autoplan.formats import Choice
 from autoplan.prune import PruneScore
@@ -28,8 +29,9 @@ from autoplan.quant import QuantMethod
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--quiet", is_flag=True)
+@ray_option
 def command(model, target, runtime, choices, prune_score, quant_method, text, calib_blocks,  # noqa: ANN001, PLR0913
-            seq_len, seed, as_json, quiet) -> None:
+            seq_len, seed, as_json, quiet, ray_address) -> None:
     """Profile every layer x choice (cached on disk, resumable) and show the table."""
     from autoplan.models import load_model
     from autoplan.models._cache import cache_root
@@ -39,6 +41,8 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     from autoplan.targets import get_target
 
     t0 = time.perf_counter()
+    # connected first, so a bad --ray fails before the model loads; closed with the command
+    executor = click.get_current_context().with_resource(executor_for(ray_address))
     tgt = get_target(target)
     settings = CompressionSettings(prune_score, quant_method)
     loaded = load_model(model)
@@ -52,7 +56,8 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
         prof = build_profile(loaded.model, layers, scope, batches,
                              model_hash=loaded.content_hash, calib_hash=calibration_key(batches),
                              settings=settings, cache_dir=cache_root() / "profiles", seed=seed,
-                             on_progress=lambda d, t: rep.progress("profile", d, t))
+                             on_progress=lambda d, t: rep.progress("profile", d, t),
+                             executor=executor)
     wall = time.perf_counter() - t0
     keys = [str(c) for c in scope]
     if as_json:

@@ -42,6 +42,7 @@ from autoplan.search.study import StudyConfig, run_study
 from autoplan.search.tables import build_tables
 from autoplan.search.verify import Measurement, Verifier
 from autoplan.sensitivity import build_profile, calibration_key
+from autoplan.sensitivity.executor import Executor
 from autoplan.targets import get_target
 from autoplan.workload import Workload
 
@@ -136,7 +137,10 @@ def _measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:
     return target == "local" and runtime in KERNEL_TABLES and not req.cost_table
 
 
-def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOutcome:
+def run_search(req: SearchRequest, reporter: Reporter | None = None,
+               executor: Executor | None = None) -> SearchOutcome:
+    """`executor` runs the profile's scoring tasks and each round's candidate verifications
+    (in this process by default; a RayExecutor shards them)."""
     rep = reporter or Reporter()
     t_start = time.perf_counter()
     if req.trials < 1:
@@ -177,7 +181,7 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     profile = build_profile(
         loaded.model, layers, choices, calib, model_hash=loaded.content_hash,
         calib_hash=calibration_key(calib), settings=settings, cache_dir=cache_root() / "profiles",
-        seed=req.seed, on_progress=lambda d, t: rep.progress("profile", d, t))
+        seed=req.seed, on_progress=lambda d, t: rep.progress("profile", d, t), executor=executor)
 
     measured = load_cost_table(req.cost_table)
     if measure_kernels:
@@ -228,12 +232,11 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
         best_searched = result.candidates[0] if result.candidates else None
         rep.stage(f"verifying round {k + 1}")
         to_check = [c for c in result.candidates if c.picks not in verifier.measured]
-        checked = []
         n_check = min(len(to_check), req.verify_top)
         rep.progress("verify", 0, n_check)
-        for i, cand in enumerate(to_check[:n_check]):
-            checked.append(verifier.measure(cand.picks, f"round{k + 1}-candidate{i + 1}"))
-            rep.progress("verify", i + 1, n_check)
+        checked = verifier.measure_many(
+            [(c.picks, f"round{k + 1}-candidate{i + 1}") for i, c in enumerate(to_check[:n_check])],
+            executor, on_done=lambda d: rep.progress("verify", d, n_check))
         passing = [m for m in verifier.measured.values() if m.passed]
         rounds.append({"round": k + 1, "surrogate_limit": limit, "trials": result.n_trials,
                        "resumed_trials": result.resumed,
