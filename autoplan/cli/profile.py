@@ -11,6 +11,7 @@ from autoplan.cli._args import positive_int
 from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
+from autoplan.cli._ray import executor_for, ray_option
 from autoplan.compress import CompressionSettings
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
@@ -38,9 +39,10 @@ from autoplan.quant import QuantMethod
               "with --dry-run (default: what is available here now).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--quiet", is_flag=True)
+@ray_option
 def command(model, target, runtime, choices, prune_score, quant_method, text, calib_blocks,  # noqa: ANN001, PLR0913
             seq_len, seed, device, execution, offload_dir, dry_run, gpu_memory, host_memory,
-            as_json, quiet) -> None:
+            as_json, quiet, ray_address) -> None:
     """Profile every layer x choice (cached on disk, resumable) and show the table."""
     from autoplan.models._cache import cache_root
     from autoplan.quality.text import load_text_dataset
@@ -61,6 +63,8 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     if dry_run:
         _dry_run(model, device, work, gpu_memory, host_memory, as_json)
         return
+    # connected first, so a bad --ray fails before the model loads; closed with the command
+    executor = click.get_current_context().with_resource(executor_for(ray_address))
     tgt = get_target(target)
     settings = CompressionSettings(prune_score, quant_method)
     runner = open_model(model, settings_from(device, execution, offload_dir), workload=work)
@@ -77,7 +81,8 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
         prof = runner.build_profile(layers, scope, batches,
                              model_hash=loaded.content_hash, calib_hash=calibration_key(batches),
                              settings=settings, cache_dir=cache_root() / "profiles", seed=seed,
-                             on_progress=lambda d, t: rep.progress("profile", d, t))
+                             on_progress=lambda d, t: rep.progress("profile", d, t),
+                             executor=executor)
     wall = time.perf_counter() - t0
     keys = [str(c) for c in scope]
     if as_json:

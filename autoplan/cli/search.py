@@ -11,6 +11,7 @@ from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._plan_view import render
 from autoplan.cli._progress import RichReporter
+from autoplan.cli._ray import executor_for, ray_option
 from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
@@ -64,10 +65,12 @@ from autoplan.workload import Workload
 @click.option("--trust-remote-code", is_flag=True, help="Run the model folder's own code (off by default).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
+@ray_option
 def command(model, target, runtime, budget, objective, batch, input_len, output_len, trials,  # noqa: ANN001, PLR0913
             seed, storage, study, out, multi_objective, prune_score, quant_method, text,
             protect_first, protect_last, price_per_hour, cost_table, measure_kernels, choices,
-            threads, device, execution, offload_dir, trust_remote_code, as_json, quiet) -> None:
+            threads, device, execution, offload_dir, trust_remote_code, as_json, quiet,
+            ray_address) -> None:
     """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
     from pydantic import ValidationError
 
@@ -90,7 +93,9 @@ def command(model, target, runtime, budget, objective, batch, input_len, output_
         cost_table=CostTable.load(cost_table) if cost_table else None,
         measure_kernels=measure_kernels, execution=settings_from(device, execution, offload_dir, threads),
         choices=None if choices is None else parse_choices(
-            tuple(c.strip() for c in choices.split(",") if c.strip())))
+            tuple(c.strip() for c in choices.split(",") if c.strip())),
+        # connected now, so a bad --ray fails before the model loads; closed with the command
+        executor=click.get_current_context().with_resource(executor_for(ray_address)))
     with RichReporter(quiet=quiet or as_json) as reporter:
         outcome = run_search(req, reporter)
     if as_json:

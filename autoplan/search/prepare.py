@@ -127,7 +127,7 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
         layers, choices, calib, model_hash=loaded.content_hash,
         calib_hash=calibration_key(calib), settings=req.settings,
         cache_dir=cache_root() / "profiles", seed=req.seed,
-        on_progress=lambda d, t: rep.progress("profile", d, t))
+        on_progress=lambda d, t: rep.progress("profile", d, t), executor=req.executor)
 
     kernel_times = _kernel_times(req, platform, loaded, space, rep)
     cost = CostModel(loaded.spec, platform.target, req.workload,

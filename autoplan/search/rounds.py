@@ -47,19 +47,15 @@ def _study_config(prep: Prepared, k: int) -> StudyConfig:
 
 
 def _verify(prep: Prepared, result: StudyResult, k: int, rep: Reporter) -> list[Measurement]:
-    """Measure the round's best candidates not measured yet, in this process.
-
-    The place for `SearchRequest.executor`: each measurement is independent of the others.
-    """
+    """Measure the round's best candidates not measured yet, on the request's executor (each
+    measurement is independent of the others; None: in this process)."""
     verifier = prep.verifier
     todo = [c for c in result.candidates if c.picks not in verifier.measured]
     todo = todo[:prep.req.verify_top]
     rep.progress("verify", 0, len(todo))
-    checked = []
-    for i, cand in enumerate(todo):
-        checked.append(verifier.measure(cand.picks, f"round{k + 1}-candidate{i + 1}"))
-        rep.progress("verify", i + 1, len(todo))
-    return checked
+    return verifier.measure_many(
+        [(c.picks, f"round{k + 1}-candidate{i + 1}") for i, c in enumerate(todo)],
+        prep.req.executor, on_done=lambda d: rep.progress("verify", d, len(todo)))
 
 
 def _front(prep: Prepared, result: StudyResult) -> list[dict]:

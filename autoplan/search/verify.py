@@ -6,8 +6,9 @@ the calibration between surrogate and measured badness can be re-fitted from all
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -17,6 +18,7 @@ from autoplan.quality.evaluator import QualityEvaluator, QualityResult
 from autoplan.search.budget import QualityBudget
 from autoplan.search.space import SearchSpace
 from autoplan.search.tables import Tables
+from autoplan.sensitivity.executor import Executor, SerialExecutor
 from autoplan.streaming.evaluate import StreamedEvaluator
 
 
@@ -29,6 +31,34 @@ class Measurement:
     badness: float
     passed: bool
     audit: dict[str, dict[str, str]]
+
+
+@dataclass(frozen=True)
+class CandidateContext:
+    """What every candidate's evaluation shares (a distributed executor ships it once)."""
+
+    model: torch.nn.Module
+    evaluator: QualityEvaluator
+    stats: dict | None
+    settings: CompressionSettings
+    baseline: Choice
+
+
+@dataclass(frozen=True)
+class CandidateTask:
+    decisions: dict[str, Choice]
+    use_stats: bool
+
+
+def evaluate_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple[QualityResult, dict]:
+    """Compress a copy of the model to one candidate's decisions and measure it: a pure
+    function of its arguments, so it can run on any worker."""
+    compressed, swapped = compressed_copy(ctx.model, task.decisions,
+                                          ctx.stats if task.use_stats else None, ctx.settings,
+                                          baseline=ctx.baseline)
+    with torch.no_grad():
+        quality = ctx.evaluator.evaluate(compressed)
+    return quality, audit_digests(swapped)
 
 
 @dataclass
@@ -56,35 +86,46 @@ class Verifier:
             self._stats = collect_stats(self.model, names, self.calib_batches)
         return self._stats
 
-    def measure(self, picks: Sequence[int], label: str) -> Measurement:
-        key = tuple(picks)
-        if key in self.measured:
-            return self.measured[key]
+    def _task(self, key: tuple[int, ...]) -> CandidateTask:
         decisions = self.decisions(key)
         # Calibration statistics are needed only for Wanda/SparseGPT masks and GPTQ.
         needs = self.settings.quant_method == "gptq" or any(
             c.sparsity.kind != "dense" and c != self.space.baseline for c in decisions.values())
-        quality, audit = self._evaluate(decisions, needs)
-        badness = self.budget.badness(quality)
-        m = Measurement(key, label, quality, self.tables.surrogate(key), badness,
-                        badness <= self.budget.limit, audit)
-        self.measured[key] = m
-        return m
+        return CandidateTask(decisions, needs)
 
-    def _evaluate(self, decisions: dict[str, Choice], needs_stats: bool
-                  ) -> tuple[QualityResult, dict[str, dict[str, str]]]:
+    def measure(self, picks: Sequence[int], label: str) -> Measurement:
+        return self.measure_many([(picks, label)])[0]
+
+    def measure_many(self, candidates: Sequence[tuple[Sequence[int], str]],
+                     executor: Executor | None = None,
+                     on_done: Callable[[int], None] | None = None) -> list[Measurement]:
+        """Measure each (picks, label) not measured yet, on `executor` (serial by default);
+        returns the measurements in the order given."""
+        keys = [tuple(p) for p, _ in candidates]
+        labels = dict(zip(keys, (lb for _, lb in candidates)))
+        todo = [k for k in dict.fromkeys(keys) if k not in self.measured]
+        tasks = [self._task(k) for k in todo]
         if isinstance(self.evaluator, StreamedEvaluator):
-            # Streamed: compressed block by block on the fly, Hessians per resident block.
-            return self.evaluator.evaluate_decisions(decisions, self.settings,
-                                                     baseline=self.space.baseline,
-                                                     needs_stats=needs_stats)
-        stats = self._calibration_stats() if needs_stats else None
-        compressed, swapped = compressed_copy(self.model, decisions, stats, self.settings,
-                                              baseline=self.space.baseline)
-        with torch.no_grad():
-            quality = self.evaluator.evaluate(compressed)
-        del compressed
-        return quality, audit_digests(swapped)
+            # Streamed: each candidate is compressed block by block on the fly, with
+            # Hessians per resident block, in this process (the skeleton reads the local
+            # checkpoint, so it is not shipped to workers).
+            results = ((i, self.evaluator.evaluate_decisions(
+                t.decisions, self.settings, baseline=self.space.baseline,
+                needs_stats=t.use_stats)) for i, t in enumerate(tasks))
+        else:
+            stats = self._calibration_stats() if any(t.use_stats for t in tasks) else None
+            ctx = CandidateContext(self.model, self.evaluator, stats, self.settings,
+                                   self.space.baseline)
+            results = (executor or SerialExecutor()).imap_unordered(
+                partial(evaluate_candidate, ctx), tasks)
+        for n, (i, (quality, audit)) in enumerate(results, start=1):
+            key = todo[i]
+            badness = self.budget.badness(quality)
+            self.measured[key] = Measurement(key, labels[key], quality, self.tables.surrogate(key),
+                                             badness, badness <= self.budget.limit, audit)
+            if on_done:
+                on_done(n)
+        return [self.measured[k] for k in keys]
 
     def slope(self, prior: float) -> float:
         """Measured badness per surrogate nat: the largest ratio seen (conservative)."""
@@ -92,4 +133,4 @@ class Verifier:
         return max(ratios) if ratios else prior
 
 
-__all__ = ["Measurement", "Verifier"]
+__all__ = ["CandidateContext", "CandidateTask", "Measurement", "Verifier", "evaluate_candidate"]
