@@ -73,9 +73,15 @@ def collect_stats(
 
 def compress_linear(
     linear: nn.Linear, choice: Choice, stats: HessianAccumulator | None,
-    settings: CompressionSettings,
+    settings: CompressionSettings, *, masks: dict | None = None,
 ) -> SimulatedLinear:
-    """Prune (mask first, so scales are calibrated on kept weights) then quantize one layer."""
+    """Prune (mask first, so scales are calibrated on kept weights) then quantize one layer.
+
+    `masks`: a dict kept across calls for the same layer, statistics and settings (the
+    profile scores one layer for several choices): a sparsity pattern's mask (and SparseGPT's
+    reconstructed weight) does not depend on the precision, so 2:4 with bf16, FP8 and INT8
+    prune once.
+    """
     hessian = stats.hessian if stats is not None else None
     weight = None
     mask = None
@@ -83,11 +89,15 @@ def compress_linear(
         score = settings.prune_score
         if stats is None and score is not PruneScore.MAGNITUDE:
             raise UserInputError(f"pruning score '{score}' needs calibration statistics")
-        pruned = compute_mask(
-            linear.weight.detach(), choice.sparsity, score=score,
-            act_norm=stats.act_norm() if stats is not None else None,
-            hessian=hessian if score == "sparsegpt" else None,
-        )
+        pruned = masks.get(choice.sparsity) if masks is not None else None
+        if pruned is None:
+            pruned = compute_mask(
+                linear.weight.detach(), choice.sparsity, score=score,
+                act_norm=stats.act_norm() if stats is not None else None,
+                hessian=hessian if score == "sparsegpt" else None,
+            )
+            if masks is not None:
+                masks[choice.sparsity] = pruned
         mask, weight = pruned.mask, pruned.weight
     return SimulatedLinear.from_linear(
         linear, choice, mask=mask, weight=weight,

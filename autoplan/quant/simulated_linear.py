@@ -8,9 +8,9 @@ from torch import Tensor, nn
 
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
-from autoplan.quant.activations import quantize_activation
 from autoplan.formats.gguf_blocks import q8_1_min_correction
 from autoplan.prune import compute_mask
+from autoplan.quant.activations import quantize_activation
 from autoplan.quant.weights import QuantizedWeight, quantize_weight
 
 
@@ -89,13 +89,15 @@ class SimulatedLinear(nn.Module):
             score = "sparsegpt" if hessian is not None else "magnitude"
             pruned = compute_mask(w, choice.sparsity, score=score, hessian=hessian)
             mask, w = pruned.mask, pruned.weight
-        if mask is None:
-            mask = torch.ones_like(w, dtype=torch.bool)
-        if mask.shape != w.shape:
+        if mask is not None and mask.shape != w.shape:
             raise UserInputError(
                 f"mask shape {tuple(mask.shape)} does not match weight {tuple(w.shape)}"
             )
+        # A dense layer has no mask to apply: quantizing with an all-True one would give the
+        # same bits at the cost of three full-size elementwise passes.
         quantized = quantize_weight(w, choice.precision, method=method, hessian=hessian, mask=mask)
+        if mask is None:
+            mask = torch.ones_like(w, dtype=torch.bool)
         return cls(quantized, mask, linear.bias, choice, act_scale)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 from optuna.storages import BaseStorage
 
+from autoplan.backends.registry import resolve_target as get_target
 from autoplan.errors import UserInputError
 from autoplan.runtimes import default_runtime, get_runtime
 from autoplan.search.request import SearchRequest
 from autoplan.search.storage import check_storage, default_storage_url, redact
 from autoplan.search.writable import check_writable_file
-from autoplan.backends.registry import resolve_target as get_target
+from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
 
 # Runtimes whose kernels --measure-kernels times on this machine, and what times them.
@@ -98,6 +99,7 @@ def preflight(req: SearchRequest) -> Platform:
     measure = measures_kernels(req, target.name, runtime)
     if measure:
         _check_kernel_timing(target, runtime)
+    resolve_device(req.execution.device)  # a GPU that is not there: one line, before any work
     check_writable_file(req.out, "plan", "pass --out FILE in a writable folder")
     check_model(req.model, runtime)
     storage, label = _storage(req)  # last: opening an SQLite URL creates its file

@@ -139,7 +139,9 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
     evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite)
-    verifier = Verifier(loaded.model, space, tables, evaluator, budget, req.settings, calib)
+    verifier = Verifier(loaded.model, space, tables, evaluator, budget, req.settings, calib,
+                        out_of_memory=lambda what: runner.out_of_memory(
+                            what, sum(b.numel() for b in calib)))
     name = req.study or study_name(req, platform, loaded.content_hash, data.content_hash)
     return Prepared(req, platform, loaded, runner, space, data, profile, kernel_times, cost, tables,
                     verifier, name)

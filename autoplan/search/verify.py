@@ -6,7 +6,7 @@ the calibration between surrogate and measured badness can be re-fitted from all
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -19,7 +19,8 @@ from autoplan.search.budget import QualityBudget
 from autoplan.search.space import SearchSpace
 from autoplan.search.tables import Tables
 from autoplan.sensitivity.executor import Executor, SerialExecutor
-from autoplan.streaming.evaluate import StreamedEvaluator
+from autoplan.streaming.device import is_out_of_memory
+from autoplan.streaming.evaluate import StreamedCandidate, StreamedEvaluator
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class Verifier:
     settings: CompressionSettings
     calib_batches: Sequence[torch.Tensor]
     measured: dict[tuple[int, ...], Measurement] = field(default_factory=dict)
+    # what to raise when a measurement runs out of memory (ModelRunner.out_of_memory)
+    out_of_memory: Callable[[str], Exception] | None = None
     _stats: dict | None = None
 
     @property
@@ -93,6 +96,24 @@ class Verifier:
             c.sparsity.kind != "dense" and c != self.space.baseline for c in decisions.values())
         return CandidateTask(decisions, needs)
 
+    def _results(self, tasks: list[CandidateTask], executor: Executor | None
+                 ) -> Iterator[tuple[int, tuple[QualityResult, dict]]]:
+        """(task index, (quality, audit)) per task, in completion order."""
+        if isinstance(self.evaluator, StreamedEvaluator):
+            # Streamed: the candidates are compressed block by block on the fly, all of them
+            # in one pass over the blocks (each block read once, its Hessians taken once), in
+            # this process (the skeleton reads the local checkpoint, so it is not shipped to
+            # workers).
+            yield from enumerate(self.evaluator.evaluate_many(
+                [StreamedCandidate(t.decisions, t.use_stats) for t in tasks], self.settings,
+                baseline=self.space.baseline))
+            return
+        stats = self._calibration_stats() if any(t.use_stats for t in tasks) else None
+        ctx = CandidateContext(self.model, self.evaluator, stats, self.settings,
+                               self.space.baseline)
+        yield from (executor or SerialExecutor()).imap_unordered(
+            partial(evaluate_candidate, ctx), tasks)
+
     def measure(self, picks: Sequence[int], label: str) -> Measurement:
         return self.measure_many([(picks, label)])[0]
 
@@ -105,26 +126,19 @@ class Verifier:
         labels = dict(zip(keys, (lb for _, lb in candidates)))
         todo = [k for k in dict.fromkeys(keys) if k not in self.measured]
         tasks = [self._task(k) for k in todo]
-        if isinstance(self.evaluator, StreamedEvaluator):
-            # Streamed: each candidate is compressed block by block on the fly, with
-            # Hessians per resident block, in this process (the skeleton reads the local
-            # checkpoint, so it is not shipped to workers).
-            results = ((i, self.evaluator.evaluate_decisions(
-                t.decisions, self.settings, baseline=self.space.baseline,
-                needs_stats=t.use_stats)) for i, t in enumerate(tasks))
-        else:
-            stats = self._calibration_stats() if any(t.use_stats for t in tasks) else None
-            ctx = CandidateContext(self.model, self.evaluator, stats, self.settings,
-                                   self.space.baseline)
-            results = (executor or SerialExecutor()).imap_unordered(
-                partial(evaluate_candidate, ctx), tasks)
-        for n, (i, (quality, audit)) in enumerate(results, start=1):
-            key = todo[i]
-            badness = self.budget.badness(quality)
-            self.measured[key] = Measurement(key, labels[key], quality, self.tables.surrogate(key),
-                                             badness, badness <= self.budget.limit, audit)
-            if on_done:
-                on_done(n)
+        try:
+            for n, (i, (quality, audit)) in enumerate(self._results(tasks, executor), start=1):
+                key = todo[i]
+                badness = self.budget.badness(quality)
+                self.measured[key] = Measurement(key, labels[key], quality,
+                                                 self.tables.surrogate(key), badness,
+                                                 badness <= self.budget.limit, audit)
+                if on_done:
+                    on_done(n)
+        except (RuntimeError, MemoryError) as exc:
+            if self.out_of_memory is None or not is_out_of_memory(exc):
+                raise
+            raise self.out_of_memory("verifying candidates") from None
         return [self.measured[k] for k in keys]
 
     def slope(self, prior: float) -> float:

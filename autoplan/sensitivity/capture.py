@@ -65,12 +65,16 @@ class Recorder:
         shared: dict[tuple[int, ...], Tensor] = {}
         for name in self.names:
             # q/k/v (and gate/up) read the same input tensor: keep one copy.
-            key = tuple(t.data_ptr() for t in self.xs[name])
+            xs = self.xs.pop(name)
+            key = tuple(t.data_ptr() for t in xs)
             if key not in shared:
-                shared[key] = torch.cat(self.xs[name])
+                shared[key] = torch.cat(xs)
             out.inputs[name] = shared[key]
             # Backward visits batches in forward order; within a batch hooks fire once each.
-            out.grads[name] = torch.cat(self.gs[name])
+            # Popped as they are joined: the per-batch pieces of one layer at a time coexist
+            # with their concatenation, not every layer's.
+            out.grads[name] = torch.cat(self.gs.pop(name))
+            del xs
         self.xs.clear()
         self.gs.clear()
         return out

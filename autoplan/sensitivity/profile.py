@@ -138,8 +138,9 @@ def score_task(task: ScoreTask) -> ScoreResult:
     g2 = g.square()
     bias = linear.bias.detach().float() if linear.bias is not None else 0.0
     out: dict[str, float] = {}
+    masks: dict = {}  # one mask per sparsity pattern, shared by its precisions
     for choice in task.choices:
-        sim = compress_linear(linear, choice, stats, task.settings)
+        sim = compress_linear(linear, choice, stats, task.settings, masks=masks)
         dy = sim(x) - bias - y_ref
         out[str(choice)] = 0.5 * float((g2 * dy.square()).sum()) / max(task.tokens, 1)
     return ScoreResult(task.layer, out, _outlier_ratio(linear.weight, stats.act_norm()))

@@ -8,6 +8,13 @@ SimulatedLinear code every path uses), the evaluation states go through it, and 
 weights go back to disk. Calibration statistics (the input Hessians that Wanda, SparseGPT and
 GPTQ need) come from the ORIGINAL block on the calibration states, for the resident block
 only, exactly as `compress.collect_stats` computes them for the whole model.
+
+Several candidates are measured in one pass (`evaluate_many`, a search round's finalists):
+each block is read from disk once for all of them, its calibration Hessians are taken once,
+and a layer that two candidates compress the same way is compressed once. Block 0's inputs
+(embedding output and the rotary/mask arguments) do not depend on any decision, so they are
+computed once, when the evaluator is built. Only the audit digests of compressed layers are
+kept, never the layers, so memory is one block plus each candidate's hidden states.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +36,25 @@ from autoplan.quality.evaluator import QualityResult
 from autoplan.quality.metrics import ReferenceLogprobs, check_tokens, kl_sum, nll_sum
 from autoplan.quant import HessianAccumulator
 from autoplan.streaming.skeleton import StreamedModel
+
+
+@dataclass(frozen=True)
+class StreamedCandidate:
+    """One model to measure: per-layer decisions, and whether its compression needs the
+    calibration Hessians (Wanda/SparseGPT masks, GPTQ)."""
+
+    decisions: Mapping[str, Choice]
+    needs_stats: bool = False
+
+
+@dataclass
+class _Track:
+    """A candidate's progress through the blocks."""
+
+    decided: dict[str, Choice]
+    needs_stats: bool
+    states: list[Tensor]
+    audit: dict[str, dict[str, str]]
 
 
 class StreamedEvaluator:
@@ -49,10 +76,20 @@ class StreamedEvaluator:
                                  "budget")
         self.sm = sm
         self.batch_size = batch_size
-        self.calib_batches = list(calib_batches)
         t0 = time.perf_counter()
         tokens = check_tokens(eval_tokens)
-        nll, _kl, lps, _ = self._run(tokens, {}, None, CompressionSettings(), keep=True)
+        self._batches = list(tokens.split(batch_size))
+        with sm.embeddings():  # loaded once here; verification never needs it again
+            evals = [sm.block_inputs(b) for b in self._batches]
+            cal = [sm.block_inputs(b) for b in calib_batches]
+        self._eval_in = [h for h, _ in evals]
+        self._eval_kw = [kw for _, kw in evals]
+        self._cal_in = [h for h, _ in cal]
+        self._cal_kw = [kw for _, kw in cal]
+        self._kept: list[Tensor] = []  # the reference pass's log-probs, batch by batch
+        nll, _kl, _audit = self._run([StreamedCandidate({})], CompressionSettings(), None,
+                                     keep=True)[0]
+        lps, self._kept = self._kept, []
         n_targets = tokens.shape[0] * (tokens.shape[1] - 1)
         self.reference = ReferenceLogprobs(tokens, torch.cat(lps), nll / n_targets)
         self.suite_reference = None
@@ -62,8 +99,8 @@ class StreamedEvaluator:
     def ppl_ref(self) -> float:
         return self.reference.ppl
 
-    def _stats(self, i: int, names: list[str], states: list[Tensor],
-               kwargs: list[dict]) -> tuple[dict[str, HessianAccumulator], list[Tensor]]:
+    def _stats(self, i: int, names: list[str], states: list[Tensor]
+               ) -> tuple[dict[str, HessianAccumulator], list[Tensor]]:
         """Input Hessians of block i's `names` on the calibration states, and the block's
         outputs (the next block's calibration states)."""
         model = self.sm.model
@@ -71,90 +108,124 @@ class StreamedEvaluator:
         handles = [get_linear(model, n).register_forward_hook(
             lambda _m, inp, _o, n=n: stats[n].add(inp[0])) for n in names]
         try:
-            out = [self.sm.run_block(i, h, kw) for h, kw in zip(states, kwargs)]
+            out = [self.sm.run_block(i, h, kw) for h, kw in zip(states, self._cal_kw)]
         finally:
             for h in handles:
                 h.remove()
         return stats, out
 
-    def _compressed(self, names: list[str], decisions: Mapping[str, Choice],
-                    stats: Mapping[str, HessianAccumulator] | None,
-                    settings: CompressionSettings, swapped: dict) -> dict:
+    def _swap_in(self, track: _Track, names: list[str],
+                 stats: Mapping[str, HessianAccumulator] | None,
+                 settings: CompressionSettings, memo: dict) -> dict:
+        """Put `track`'s compressed versions of `names` into the model (compressing each
+        (layer, choice) once per block for every candidate); returns the originals."""
         old = {}
         for n in names:
-            sim = compress_linear(get_linear(self.sm.model, n), decisions[n],
-                                  stats.get(n) if stats else None, settings)
+            key = (n, track.decided[n], track.needs_stats)
+            if key not in memo:
+                sim = compress_linear(get_linear(self.sm.model, n), track.decided[n],
+                                      stats.get(n) if stats and track.needs_stats else None,
+                                      settings)
+                memo[key] = (sim, audit_digests({n: sim})[n])
+            sim, digest = memo[key]
             old[n] = set_module(self.sm.model, n, sim)
-            swapped[n] = sim
+            track.audit[n] = digest
         return old
 
     def _restore(self, old: dict) -> None:
         for n, module in old.items():
             set_module(self.sm.model, n, module)
 
-    @torch.no_grad()
-    def _run(self, tokens: Tensor, decisions: Mapping[str, Choice], baseline: Choice | None,
-             settings: CompressionSettings, *, needs_stats: bool = False, keep: bool = False,
-             reference: ReferenceLogprobs | None = None):  # noqa: ANN202 - private
+    def _head_stats(self, names: list[str], states: list[Tensor]
+                    ) -> dict[str, HessianAccumulator]:
         sm = self.sm
-        decided = {n: c for n, c in decisions.items() if baseline is None or c != baseline}
-        batches = list(tokens.split(self.batch_size))
-        evals = [sm.block_inputs(b) for b in batches]
-        h_eval, kw_eval = [h for h, _ in evals], [kw for _, kw in evals]
-        h_cal: list[Tensor] = []
-        kw_cal: list[dict] = []
-        if needs_stats:
-            cal = [sm.block_inputs(b) for b in self.calib_batches]
-            h_cal, kw_cal = [h for h, _ in cal], [kw for _, kw in cal]
-        swapped: dict = {}
+        stats = {n: HessianAccumulator(get_linear(sm.model, n).in_features) for n in names}
+        for h in states:
+            x = sm.base.norm(h)
+            for n in names:
+                stats[n].add(x)
+        return stats
+
+    @torch.no_grad()
+    def _run(self, candidates: Sequence[StreamedCandidate], settings: CompressionSettings,
+             baseline: Choice | None, *, keep: bool = False,
+             reference: ReferenceLogprobs | None = None
+             ) -> list[tuple[float, float, dict[str, dict[str, str]]]]:
+        """(summed NLL, summed KL, audit digests) per candidate, in one pass over the blocks."""
+        sm = self.sm
+        tracks = [_Track({n: c for n, c in cand.decisions.items()
+                          if baseline is None or c != baseline}, cand.needs_stats,
+                         list(self._eval_in), {}) for cand in candidates]
+        want_stats = any(t.needs_stats and t.decided for t in tracks)
+        h_cal = list(self._cal_in) if want_stats else []
         for i in range(sm.n_blocks):
-            names = [n for n in decided if f"{n}.weight" in sm.block_keys[i]]
+            keys = set(sm.block_keys[i])
+            names = [[n for n in t.decided if f"{n}.weight" in keys] for t in tracks]
             with sm.resident(i):
                 stats = None
-                if needs_stats:
-                    stats, h_cal = self._stats(i, names, h_cal, kw_cal)
-                old = self._compressed(names, decided, stats, settings, swapped)
+                if want_stats:
+                    union = sorted({n for t, ns in zip(tracks, names) if t.needs_stats
+                                    for n in ns})
+                    stats, h_cal = self._stats(i, union, h_cal)
+                memo: dict = {}
+                for t, ns in zip(tracks, names):
+                    old = self._swap_in(t, ns, stats, settings, memo)
+                    try:
+                        t.states = [sm.run_block(i, h, kw)
+                                    for h, kw in zip(t.states, self._eval_kw)]
+                    finally:
+                        self._restore(old)
+                del memo, stats
+        in_blocks = {k for ks in sm.block_keys for k in ks}
+        out = []
+        with sm.head_resident():
+            heads = [[n for n in t.decided if f"{n}.weight" not in in_blocks] for t in tracks]
+            union = sorted({n for t, ns in zip(tracks, heads) if t.needs_stats for n in ns})
+            stats = self._head_stats(union, h_cal) if union else None
+            memo = {}
+            for t, ns in zip(tracks, heads):
+                old = self._swap_in(t, ns, stats, settings, memo)
+                nll, kl = 0.0, 0.0
                 try:
-                    h_eval = [sm.run_block(i, h, kw) for h, kw in zip(h_eval, kw_eval)]
+                    for j, (h, batch) in enumerate(zip(t.states, self._batches)):
+                        lp = torch.log_softmax(sm.logits(h).float(), dim=-1)
+                        batch = batch.to(lp.device)
+                        nll += nll_sum(lp, batch)
+                        if reference is not None:
+                            i0 = j * self.batch_size
+                            kl += kl_sum(reference.logprobs[i0:i0 + batch.shape[0]]
+                                         .to(lp.device), lp)
+                        if keep:
+                            self._kept.append(lp.half().cpu())
                 finally:
                     self._restore(old)
-        head = [n for n in decided if not any(f"{n}.weight" in k for k in sm.block_keys)]
-        stats = None
-        if head and needs_stats:
-            stats = {n: HessianAccumulator(get_linear(sm.model, n).in_features) for n in head}
-            for h in h_cal:
-                x = sm.base.norm(h)
-                for n in head:
-                    stats[n].add(x)
-        old = self._compressed(head, decided, stats, settings, swapped)
-        nll, kl, lps = 0.0, 0.0, []
-        try:
-            for j, (h, batch) in enumerate(zip(h_eval, batches)):
-                lp = torch.log_softmax(sm.logits(h).float(), dim=-1)
-                batch = batch.to(lp.device)
-                nll += nll_sum(lp, batch)
-                if reference is not None:
-                    i0 = j * self.batch_size
-                    kl += kl_sum(reference.logprobs[i0:i0 + batch.shape[0]].to(lp.device), lp)
-                if keep:
-                    lps.append(lp.half().cpu())
-        finally:
-            self._restore(old)
-        return nll, kl, lps, swapped
+                t.states = []
+                out.append((nll, kl, dict(sorted(t.audit.items()))))
+        return out
+
+    def evaluate_many(self, candidates: Sequence[StreamedCandidate],
+                      settings: CompressionSettings, *, baseline: Choice | None = None
+                      ) -> list[tuple[QualityResult, dict[str, dict[str, str]]]]:
+        """Quality of the original with each candidate's decisions applied, and its audit
+        digests, measured in one pass over the blocks."""
+        if not candidates:
+            return []
+        t0 = time.perf_counter()
+        ref = self.reference
+        runs = self._run(candidates, settings, baseline, reference=ref)
+        each = (time.perf_counter() - t0) / len(candidates)
+        n_targets = ref.tokens.shape[0] * (ref.tokens.shape[1] - 1)
+        return [(QualityResult(ppl=math.exp(nll / n_targets), ppl_ref=ref.ppl,
+                               kl=kl / ref.tokens.numel(), n_tokens=int(ref.tokens.numel()),
+                               seconds=each), audit)
+                for nll, kl, audit in runs]
 
     def evaluate_decisions(self, decisions: Mapping[str, Choice], settings: CompressionSettings,
                            *, baseline: Choice | None = None, needs_stats: bool = False
                            ) -> tuple[QualityResult, dict[str, dict[str, str]]]:
         """Quality of the original with `decisions` applied, and the audit digests."""
-        t0 = time.perf_counter()
-        ref = self.reference
-        nll, kl, _lps, swapped = self._run(ref.tokens, decisions, baseline, settings,
-                                           needs_stats=needs_stats, reference=ref)
-        n_targets = ref.tokens.shape[0] * (ref.tokens.shape[1] - 1)
-        result = QualityResult(ppl=math.exp(nll / n_targets), ppl_ref=ref.ppl,
-                               kl=kl / ref.tokens.numel(), n_tokens=int(ref.tokens.numel()),
-                               seconds=time.perf_counter() - t0)
-        return result, audit_digests(swapped)
+        return self.evaluate_many([StreamedCandidate(decisions, needs_stats)], settings,
+                                  baseline=baseline)[0]
 
 
-__all__ = ["StreamedEvaluator"]
+__all__ = ["StreamedCandidate", "StreamedEvaluator"]

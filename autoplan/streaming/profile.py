@@ -57,7 +57,8 @@ def build_profile_streamed(
     tokens = sum(b.numel() for b in calib_batches)
     dev = sm.device
 
-    starts = [sm.block_inputs(b) for b in calib_batches]
+    with sm.embeddings():  # loaded once for every batch, then back to disk
+        starts = [sm.block_inputs(b) for b in calib_batches]
     kwargs = [kw for _h, kw in starts]
     states = BoundaryStore(offload_dir)
     hidden = [h for h, _kw in starts]
@@ -72,17 +73,18 @@ def build_profile_streamed(
     gen = torch.Generator().manual_seed(seed)
     grads: list[Tensor] = []
     head_layers = by_block.pop(-1, [])
-    with torch.enable_grad(), Recorder(sm.model, head_layers) as rec:
-        for h in hidden:
-            x = h.detach().requires_grad_(True)
-            fisher_loss(sm.logits(x), gen).backward()
-            grads.append(x.grad.detach())
-    del hidden
-    if head_layers:
-        cap = rec.result(tokens)
-        run.score((make_task(sm.model, n, run.todo[n], cap, settings) for n in head_layers),
-                  tokens)
-        del cap
+    with sm.head_resident():
+        with torch.enable_grad(), Recorder(sm.model, head_layers) as rec:
+            for h in hidden:
+                x = h.detach().requires_grad_(True)
+                fisher_loss(sm.logits(x), gen).backward()
+                grads.append(x.grad.detach())
+        del hidden
+        if head_layers:
+            cap = rec.result(tokens)
+            run.score((make_task(sm.model, n, run.todo[n], cap, settings) for n in head_layers),
+                      tokens)
+            del cap
 
     for i in reversed(range(lowest, sm.n_blocks)):
         layers = by_block.get(i, [])

@@ -68,7 +68,8 @@ class ModelRunner:
     def streamed(self) -> Any:
         return self.loaded.model if self.execution == "stream" else None
 
-    def _oom(self, what: str, tokens: int) -> AutoplanError:
+    def out_of_memory(self, what: str, tokens: int) -> AutoplanError:
+        """The one-line error for running out of memory while doing `what`."""
         w = dataclasses.replace(self.workload, calib_tokens=tokens)
         p = estimate.plan(self.loaded.spec, self.execution, self.device.type, w)
         gb = 2**30
@@ -96,7 +97,7 @@ class ModelRunner:
                                  [b.to(self.device) for b in batches], **kw)
         except (RuntimeError, MemoryError) as exc:
             if is_out_of_memory(exc):
-                raise self._oom("profiling", sum(b.numel() for b in batches)) from None
+                raise self.out_of_memory("profiling", sum(b.numel() for b in batches)) from None
             raise
 
     def evaluator(self, eval_tokens: Tensor, *, calib_batches: Sequence[Tensor] = (),
@@ -113,7 +114,7 @@ class ModelRunner:
             return QualityEvaluator(self.loaded.model, eval_tokens.to(self.device), suite=suite)
         except (RuntimeError, MemoryError) as exc:
             if is_out_of_memory(exc):
-                raise self._oom("measuring the original model",
+                raise self.out_of_memory("measuring the original model",
                                 sum(b.numel() for b in calib_batches)) from None
             raise
 
@@ -133,14 +134,24 @@ def open_model(model: str, settings: ExecutionSettings | None = None, *,
     folder, source, tokenizer, spec, content_hash = open_checkpoint(
         model, trust_remote_code=trust_remote_code)
     execution, why = pick_execution(spec, settings, device, w)
-    if execution == "memory":
-        loaded = load_model(model, trust_remote_code=trust_remote_code)
-        loaded.model.to(device)
-    else:
-        from autoplan.streaming.skeleton import StreamedModel
+    try:
+        if execution == "memory":
+            loaded = load_model(model, trust_remote_code=trust_remote_code)
+            loaded.model.to(device)
+        else:
+            from autoplan.streaming.heap import return_large_frees_to_os
+            from autoplan.streaming.skeleton import StreamedModel
 
-        sm = StreamedModel(folder, device=device, trust_remote_code=trust_remote_code)
-        loaded = LoadedModel(sm, tokenizer, spec, source.model_id, content_hash, folder, source)
+            return_large_frees_to_os()
+            sm = StreamedModel(folder, device=device, trust_remote_code=trust_remote_code)
+            loaded = LoadedModel(sm, tokenizer, spec, source.model_id, content_hash, folder,
+                                 source)
+    except (RuntimeError, MemoryError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        shell = ModelRunner(LoadedModel(None, tokenizer, spec, source.model_id, content_hash,
+                                        folder, source), execution, device, why, w)
+        raise shell.out_of_memory("loading the model", w.calib_tokens) from None
     return ModelRunner(loaded, execution, device, why, w, settings.offload_dir)
 
 

@@ -1,10 +1,13 @@
 """A model whose decoder blocks live on disk until needed (sequential onloading).
 
 The module tree is built on the meta device from config.json (accelerate's
-`init_empty_weights`: no parameter memory), then embeddings, final norm and lm_head are
-loaded onto the device and stay there. `resident(i)` reads block i's tensors from the
-safetensors shards, places them on the device in the compute dtype, and returns them to the
-meta device afterwards, so one block is in memory at a time.
+`init_empty_weights`: no parameter memory); only the final norm and the buffers stay on the
+device. `resident(i)` reads block i's tensors from the safetensors shards, places them on the
+device in the compute dtype, and returns them to the meta device afterwards, so one block is
+in memory at a time. The token embedding and lm_head are loaded the same way, only while a
+pass needs them (`embeddings()`, `head_resident()`): together they are a vocabulary x hidden
+x 2 matrix pair (0.5 GiB in fp32 for TinyLlama-1.1B, 4.2 GiB for Llama-3.1-8B) that the block
+loops and the reverse pass never touch.
 
 Blocks are called with the exact keyword arguments the model's own forward passes them
 (rotary embeddings, mask, positions): they are caught once per batch by a pre-hook on block 0,
@@ -13,6 +16,7 @@ as llm-compressor and GPTQModel do, so no model-specific forward is rewritten he
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,7 +81,8 @@ class StreamedModel:
         self.config = config
         self.base = _base(model)
         self.blocks: nn.ModuleList = self.base.layers
-        prefix = next(n for n, m in model.named_modules() if m is self.blocks)
+        names = {m: n for n, m in model.named_modules()}
+        prefix = names[self.blocks]
         keys = list(model.state_dict().keys())
         self.block_keys: list[list[str]] = [
             [k for k in keys if k.startswith(f"{prefix}.{i}.")] for i in range(len(self.blocks))]
@@ -89,18 +94,61 @@ class StreamedModel:
         for name, buf in model.named_buffers():  # rotary tables etc.: not in the checkpoint
             if buf.device.type != "meta":
                 _set_tensor(model, name, device, value=buf)
-        resident = [k for k in keys if k not in in_blocks and k in self.reader]
-        for name, t in self.reader.read(resident).items():
-            _set_tensor(model, name, device, value=t.to(dtype))
-        if getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in self.reader:
-            model.tie_weights()
-        left = [n for n, p in model.named_parameters() if p.device.type == "meta"
-                and n not in in_blocks]
+        embed = model.get_input_embeddings()
+        self.embed_keys = [k for k in keys if k.startswith(f"{names[embed]}.")]
+        head_keys = [k for k in keys if k.startswith(f"{names[self.head]}.")]
+        # A tied lm_head is the embedding matrix: the checkpoint stores it once.
+        self.tied = bool(getattr(config, "tie_word_embeddings", False)) or not all(
+            k in self.reader for k in head_keys)
+        self.head_keys = self.embed_keys if self.tied else head_keys
+        on_demand = set(self.embed_keys) | set(head_keys)
+        for k in [*self.embed_keys, *self.head_keys]:
+            if k not in self.reader:
+                raise UserInputError(f"checkpoint in '{folder}' lacks {k}; re-save it with "
+                                     "save_pretrained")
+        always = [k for k in keys if k not in in_blocks and k not in on_demand]
+        for name, t in self.reader.read([k for k in always if k in self.reader],
+                                        dtype=dtype).items():
+            _set_tensor(model, name, device, value=t)
+        left = [k for k in always if k not in self.reader]
         if left:
             raise UserInputError(f"checkpoint in '{folder}' lacks {left[0]}; re-save it with "
                                  "save_pretrained")
         for p in model.parameters():
             p.requires_grad_(False)
+        self._holds: dict[str, int] = {}
+
+    def _tie(self) -> None:
+        if self.tied:
+            self.head.weight = self.model.get_input_embeddings().weight
+
+    @contextmanager
+    def _hold(self, keys: list[str]) -> Iterator[None]:
+        """`keys` on the device for the duration; nested holds of a key load it once."""
+        fresh = [k for k in keys if self._holds.get(k, 0) == 0]
+        for k in keys:
+            self._holds[k] = self._holds.get(k, 0) + 1
+        try:
+            for name, t in self.reader.read(fresh, dtype=self.dtype).items():
+                _set_tensor(self.model, name, self.device, value=t)
+                self.model.get_parameter(name).requires_grad_(False)
+            self._tie()
+            yield
+        finally:
+            for k in keys:
+                self._holds[k] -= 1
+            for k in keys:
+                if self._holds[k] == 0:
+                    _set_tensor(self.model, k, "meta")
+            self._tie()
+
+    def embeddings(self) -> contextlib.AbstractContextManager[None]:
+        """The token embedding on the device while the block is entered (for block_inputs)."""
+        return self._hold(self.embed_keys)
+
+    def head_resident(self) -> contextlib.AbstractContextManager[None]:
+        """lm_head on the device while the block is entered (for logits and head layers)."""
+        return self._hold(self.head_keys)
 
     @property
     def n_blocks(self) -> int:
@@ -113,16 +161,8 @@ class StreamedModel:
     @contextmanager
     def resident(self, i: int) -> Iterator[nn.Module]:
         """Block `i` with its weights on the device; back on the meta device afterwards."""
-        keys = self.block_keys[i]
-        try:
-            for name, t in self.reader.read(keys).items():
-                _set_tensor(self.model, name, self.device, value=t.to(self.dtype))
-            for p in self.blocks[i].parameters():
-                p.requires_grad_(False)
+        with self._hold(self.block_keys[i]):
             yield self.blocks[i]
-        finally:
-            for name in keys:
-                _set_tensor(self.model, name, "meta")
 
     def block_inputs(self, batch: Tensor) -> tuple[Tensor, dict[str, Any]]:
         """Block 0's hidden states and keyword arguments for token ids `batch` [b, seq]."""
@@ -131,7 +171,7 @@ class StreamedModel:
 
         handle = self.blocks[0].register_forward_pre_hook(catch, with_kwargs=True)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self.embeddings():
                 self.base(input_ids=batch.to(self.device), use_cache=False)
         except _Caught as caught:
             args, kwargs = caught.args
@@ -149,7 +189,8 @@ class StreamedModel:
 
     def logits(self, hidden: Tensor) -> Tensor:
         """What the CausalLM computes after the blocks: final norm, then lm_head."""
-        return self.head(self.base.norm(hidden))
+        with self.head_resident():
+            return self.head(self.base.norm(hidden))
 
 
 __all__ = ["StreamedModel"]

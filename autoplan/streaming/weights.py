@@ -71,8 +71,13 @@ class CheckpointReader:
             total += int(torch.Size(shape).numel()) * _DTYPES.get(dt, torch.float32).itemsize
         return total
 
-    def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
-        """The named tensors, copied out of their shards (which are closed again)."""
+    def read(self, names: Iterable[str], dtype: torch.dtype | None = None
+             ) -> dict[str, torch.Tensor]:
+        """The named tensors, copied out of their shards (which are closed again).
+
+        With `dtype`, each floating tensor is converted as it is read, so at most one tensor
+        exists in both the checkpoint's dtype and `dtype` at a time (not a whole block).
+        """
         by_file: dict[Path, list[str]] = defaultdict(list)
         for n in names:
             by_file[self.files[n]].append(n)
@@ -80,7 +85,10 @@ class CheckpointReader:
         for shard, shard_names in by_file.items():
             with safe_open(str(shard), framework="pt", device="cpu") as fh:
                 for n in shard_names:
-                    out[n] = fh.get_tensor(n).clone()
+                    t = fh.get_tensor(n)
+                    convert = dtype is not None and t.is_floating_point() and t.dtype != dtype
+                    out[n] = t.to(dtype) if convert else t.clone()
+                    del t
         return out
 
 

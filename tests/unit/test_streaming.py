@@ -137,6 +137,29 @@ def test_streamed_kl_equals_in_memory(case: Case, settings: CompressionSettings)
     assert same.kl == 0.0
 
 
+def test_candidates_measured_together_equal_each_measured_alone(case: Case) -> None:
+    """evaluate_many shares block reads, Hessians and identical compressed layers between
+    candidates: each result and audit equals that candidate measured on its own."""
+    from autoplan.streaming.evaluate import StreamedCandidate
+
+    base, settings = case.space.baseline, CompressionSettings("sparsegpt", "gptq")
+    sparse, int4 = Choice.parse("2:4+bf16"), Choice.parse("dense+int4_g64")
+    a = {n: (sparse if i % 2 else int4) for i, n in enumerate(case.layers)}
+    b = {n: (int4 if i % 3 else base) for i, n in enumerate(case.layers)}  # shares int4 layers
+    c = {n: int4 for n in case.layers}
+    sev = StreamedEvaluator(case.streamed, case.data.eval, calib_batches=case.calib)
+    cands = [StreamedCandidate(x, True) for x in (a, b, c)]
+    together = sev.evaluate_many(cands, settings, baseline=base)
+    alone = [sev.evaluate_decisions(x.decisions, settings, baseline=base, needs_stats=True)
+             for x in cands]
+    for (q1, audit1), (q2, audit2) in zip(together, alone):
+        assert (q1.kl, q1.ppl) == (q2.kl, q2.ppl)
+        assert audit1 == audit2
+    assert len({q.kl for q, _ in together}) == 3  # three different models
+    shared = [n for n in case.layers if b[n] == int4]
+    assert shared and all(together[1][1][n] == together[2][1][n] for n in shared)
+
+
 def test_streamed_model_keeps_one_block_resident(case: Case) -> None:
     sm = case.streamed
     on_meta = lambda i: all(p.device.type == "meta" for p in sm.blocks[i].parameters())  # noqa: E731
@@ -144,7 +167,18 @@ def test_streamed_model_keeps_one_block_resident(case: Case) -> None:
     with sm.resident(1):
         assert on_meta(0) and not on_meta(1)
     assert on_meta(1)
-    assert sm.head.weight.device.type == "cpu"
+    # embedding and lm_head are read from disk only while a pass holds them
+    embed = lambda: sm.model.get_input_embeddings().weight  # noqa: E731
+    assert embed().device.type == "meta" and sm.head.weight.device.type == "meta"
+    with sm.head_resident():
+        assert sm.head.weight.device.type == "cpu"
+        with sm.embeddings():
+            assert embed().device.type == "cpu"
+            assert (sm.head.weight is embed()) == sm.tied
+        assert sm.head.weight.device.type == "cpu"  # still held by the outer pass
+        assert (embed().device.type == "meta") != sm.tied  # tied: the head holds it
+    assert embed().device.type == "meta" and sm.head.weight.device.type == "meta"
+    assert sm.model.base_model.norm.weight.device.type == "cpu"  # small: always resident
 
 
 def test_auto_execution_follows_the_memory_estimate(case: Case, monkeypatch) -> None:  # noqa: ANN001

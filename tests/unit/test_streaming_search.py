@@ -13,12 +13,13 @@ from autoplan.streaming import ExecutionSettings
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, save_tiny_folder  # noqa: F401
 
 
-def _run(folder: Path, root: Path, execution: str, monkeypatch: pytest.MonkeyPatch, **kw):  # noqa: ANN003, ANN202
+def _run(folder: Path, root: Path, execution: str, monkeypatch: pytest.MonkeyPatch,
+         device: str = "cpu", **kw):  # noqa: ANN003, ANN202
     monkeypatch.setenv("AUTOPLAN_CACHE", str(root / f"cache-{execution}"))
     args = {"model": str(folder), "target": "h100-sxm", "runtime": "vllm",
             "budget": "kl<=0.05", "trials": 100, "out": root / f"plan-{execution}.json",
             "workload": WORKLOAD,
-            "execution": ExecutionSettings(device="cpu", execution=execution)}
+            "execution": ExecutionSettings(device=device, execution=execution)}
     req = SearchRequest(**(args | FAST | kw))
     return run_search(req).plan
 
@@ -44,3 +45,50 @@ def test_streamed_search_refuses_a_suite_budget_early(tmp_path: Path,
                         lambda *a, **k: pytest.fail("profiled before refusing"))
     with pytest.raises(UserInputError, match="--execution memory"):
         _run(folder, tmp_path, "stream", monkeypatch, budget=f"suite:{suite}>=-1")
+
+
+@pytest.mark.parametrize("execution", ["memory", "stream"])
+def test_out_of_memory_while_verifying_is_one_line(tmp_path: Path, execution: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate that runs out of memory ends the search with the fix, not a traceback."""
+    from autoplan.errors import AutoplanError
+
+    def oom(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    target = ("autoplan.streaming.evaluate.StreamedEvaluator.evaluate_many"
+              if execution == "stream" else "autoplan.search.verify.compressed_copy")
+    monkeypatch.setattr(target, oom)
+    folder = save_tiny_folder(tmp_path / "model")
+    with pytest.raises(AutoplanError) as err:
+        _run(folder, tmp_path, execution, monkeypatch)
+    msg = str(err.value)
+    assert "out of memory while verifying candidates" in msg and "--dry-run" in msg
+    assert "calibration tokens" in msg and "\n" not in msg
+    assert not (tmp_path / f"plan-{execution}.json").exists()
+
+
+def test_out_of_memory_while_loading_is_one_line(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoplan.errors import AutoplanError
+
+    def oom(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise MemoryError()
+
+    monkeypatch.setattr("autoplan.streaming.runner.load_model", oom)
+    folder = save_tiny_folder(tmp_path / "model")
+    with pytest.raises(AutoplanError, match="out of memory while loading the model .*--dry-run"):
+        _run(folder, tmp_path, "memory", monkeypatch)
+
+
+def test_device_without_a_gpu_is_refused_before_loading(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU refusal")
+    monkeypatch.setattr("autoplan.search.prepare.open_model",
+                        lambda *a, **k: pytest.fail("loaded before refusing"))
+    folder = save_tiny_folder(tmp_path / "model")
+    with pytest.raises(UserInputError, match="no CUDA/ROCm GPU"):
+        _run(folder, tmp_path, "stream", monkeypatch, device="cuda")
