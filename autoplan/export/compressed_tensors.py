@@ -73,11 +73,11 @@ def _scheme(precision: Precision, targets: list[str]):  # noqa: ANN202 - library
 def _check_shapes(prep: Prepared) -> None:
     for name, sim in prep.quantized().items():
         _named(sim.choice.precision)  # a format the exporter cannot hold is refused first
-        group = sim.choice.precision.info.group
-        if group and sim.in_features % group:
+        problem = sim.choice.precision.info.shape_problem(sim.out_features, sim.in_features)
+        if problem:
             raise UnsupportedFormatError(
-                f"{name} has {sim.in_features} inputs, not a multiple of the "
-                f"{sim.choice.precision.value} group ({group}) that vLLM needs; re-plan it")
+                f"{name} cannot be stored as {sim.choice.precision.value} for vLLM: "
+                f"{problem}; re-plan it")
 
 
 def _load_params(module: nn.Module, sim: SimulatedLinear, act_global: torch.Tensor | None) -> None:

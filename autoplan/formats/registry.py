@@ -120,6 +120,8 @@ class PrecisionInfo:
     group: elements sharing one scale (0 = per output channel).
     act_group: activation elements (along K) sharing one dynamic int8 scale, for the
         block-quantized-activation formats; 0 = per token (W8A8) or no activation quantization.
+    block_rows: output rows sharing one weight scale with the ``group`` inputs (a 2-D
+        block: 128 for DeepSeek-V3's 128 x 128 FP8); 0 = each row has its own scales.
     """
 
     value_bits: int
@@ -129,10 +131,25 @@ class PrecisionInfo:
     group: int
     weight_only: bool
     act_group: int = 0
+    block_rows: int = 0
 
     @property
     def weight_bits(self) -> float:
         return self.value_bits + self.scale_bits
+
+    def shape_problem(self, out_features: int, in_features: int) -> str:
+        """Why a [out, in] weight cannot be stored in this format's blocks, or "".
+
+        Inputs must fill whole groups (the kernels scale per K-block); a 2-D block format's
+        outputs must fill whole blocks too, because a runtime that fuses q/k/v or gate/up
+        into one GEMM concatenates their scale tiles (vLLM refuses a partition that is not
+        a multiple of block_n).
+        """
+        if self.group and in_features % self.group:
+            return f"{in_features} inputs, not a multiple of its group ({self.group})"
+        if self.block_rows and out_features % self.block_rows:
+            return f"{out_features} outputs, not a multiple of its block ({self.block_rows})"
+        return ""
 
 
 # ---- how exporters and kernels name a format ----------------------------------------------

@@ -102,9 +102,11 @@ def _dequant_by_definition(q, spec: FormatSpec) -> torch.Tensor:  # noqa: ANN001
     """Dequantize stored codes and scales as the format's serving kernel does."""
     rows, cols = q.codes.shape
     g = spec.info.group or cols
+    tile = spec.info.block_rows or 1  # a 2-D block format stores one scale per tile of rows
 
     def per_group(t: torch.Tensor) -> torch.Tensor:
-        return t.float().reshape(rows, -1).repeat_interleave(g, dim=1)[:, :cols]
+        t = t.float().reshape(-(-rows // tile), -1).repeat_interleave(tile, dim=0)[:rows]
+        return t.repeat_interleave(g, dim=1)[:, :cols]
 
     scale = q.scales["weight_scale"]
     if spec.precision is Precision.NVFP4:
