@@ -28,7 +28,9 @@ from autoplan.formats.schemes import (
     FP8_ACT_MIN_SCALE,
     AsymIntScheme,
     BlockInt8ActScheme,
+    Fp8BlockScheme,
     Fp8Scheme,
+    Fp8TokenGroupActScheme,
     IntScheme,
     MxFp4Scheme,
     NvFp4Scheme,
@@ -114,6 +116,23 @@ register_format(FormatSpec(
                                "plan fp8_e4m3"),
     modelopt=Refused(_MO_ONLY), onnx=Refused(_ORT_ONLY),
     summary="FP8 E5M2 weights per channel, dynamic per-token FP8 inputs",
+))
+
+# DeepSeek-V3-style block FP8 (W8A8): an FP32 scale per 128 x 128 weight block (32 bits per
+# 16384 weights), E4M3 inputs with an FP32 scale per token per 128 (1 + 4/128 bytes each) made
+# by a separate quantization kernel before the GEMM.
+register_format(FormatSpec(
+    Precision.FP8_B128,
+    PrecisionInfo(8, 32 / (128 * 128), "fp8", 1 + 4 / 128, 128, False, block_rows=128),
+    weight=lambda dtype, per_channel: Fp8BlockScheme(128, 128),
+    activation=lambda static_scale=None: Fp8TokenGroupActScheme(128),
+    compressed_tensors=CompressedTensorsName(preset="FP8_BLOCK"),
+    modelopt=Refused("TensorRT-LLM runs block FP8 as FP8_BLOCK_SCALES, whose per-128 input "
+                     "rounding autoplan has not checked against its simulation; export with "
+                     "--format compressed-tensors for vLLM"),
+    onnx=Refused(_ORT_ONLY),
+    summary="FP8 E4M3 weights with an FP32 scale per 128x128 block, dynamic FP8 inputs per "
+            "token per 128 (DeepSeek-V3 block FP8)",
 ))
 
 # ---- INT8 ----------------------------------------------------------------------------------

@@ -68,6 +68,9 @@ class Precision(str, Enum):
     UINT4_G128 = "uint4_g128"
     NVFP4 = "nvfp4"  # E2M1 values, E4M3 scale per 16, FP32 tensor scale (W4A4)
     MXFP4 = "mxfp4"  # E2M1 values, E8M0 scale per 32 (W4A4)
+    # DeepSeek-V3 block FP8: E4M3 weights with an FP32 scale per 128 x 128 block, E4M3 inputs
+    # with a dynamic scale per token per 128 inputs (vLLM's per_token_group_quant_fp8).
+    FP8_B128 = "fp8_b128"
     # ONNX Runtime MatMulNBits at accuracy_level 4: int4/int8 block weights x activations
     # rounded to int8 per block along K at run time (see the FormatSpecs in builtin.py).
     INT4A8_G32 = "int4a8_g32"

@@ -29,13 +29,15 @@ transformers = pytest.importorskip("transformers")
 BASELINE = "dense+bf16"
 
 
-def tiny_loaded(tmp_path: Path, *, tied: bool = False) -> LoadedModel:
-    """A tiny Llama saved as safetensors and loaded the way load_model returns it."""
+def tiny_loaded(tmp_path: Path, *, tied: bool = False, hidden: int = 64,
+                intermediate: int = 128) -> LoadedModel:
+    """A tiny Llama saved as safetensors and loaded the way load_model returns it (hidden 64
+    by default; formats with 128-wide blocks take hidden=256, intermediate=384)."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-        tie_word_embeddings=tied)
+        hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+        max_position_embeddings=64, tie_word_embeddings=tied)
     model = transformers.LlamaForCausalLM(cfg).eval()
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(str(folder), safe_serialization=True)
