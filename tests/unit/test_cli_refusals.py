@@ -302,3 +302,25 @@ def test_one_safetensors_check_names_each_damage_in_a_file_or_a_folder(kind, tin
         assert "model.safetensors" in str(err.value) and "\n" not in str(err.value)
 
 
+
+
+def test_choice_options_are_their_text_enums():
+    """Every click.Choice vocabulary is one TextEnum: the CLI lists its values and the library
+    refuses anything else with the same one line."""
+    from autoplan.cli.profile import command as profile
+    from autoplan.cli.search import command as search
+    from autoplan.cost.report import Objective
+    from autoplan.streaming.runner import Execution, ExecutionSettings
+
+    def choices(command, flag):  # noqa: ANN001, ANN202
+        (param,) = [p for p in command.params if flag in p.opts]
+        return list(param.type.choices)
+
+    assert choices(search, "--objective") == Objective.values()
+    assert choices(search, "--execution") == choices(profile, "--execution") == Execution.values()
+    assert ExecutionSettings(execution="STREAM").execution is Execution.STREAM
+    with pytest.raises(UserInputError, match="unknown --execution 'disk': use one of auto, "
+                       "memory, stream"):
+        ExecutionSettings(execution="disk")
+    with pytest.raises(UserInputError, match="unknown objective 'speed': use one of throughput"):
+        Objective.parse("speed")
