@@ -36,6 +36,7 @@ from autoplan.formats.schemes import (
     NvFp4Scheme,
     RoundScheme,
     TokenInt8ActScheme,
+    nvfp4_global_scale,
     scale_dtype_for,
 )
 
@@ -83,10 +84,10 @@ register_format(FormatSpec(
     weight=lambda dtype, per_channel: RoundScheme(None), activation=_passthrough,
     compressed_tensors=_KEEP_CT, modelopt=_KEEP_MO, onnx=OrtNode("MatMul"),
     kernels={"dense": "torch.linear", "block": "triton_bsr"}, other={GGUF: "F32"},
-    summary="IEEE fp32, unquantized",
+    float_dtype=torch.float32, summary="IEEE fp32, unquantized",
 ))
-for _p, _round, _gguf in ((Precision.BF16, round_to_bf16, "BF16"),
-                          (Precision.FP16, round_to_fp16, "F16")):
+for _p, _round, _gguf, _dtype in ((Precision.BF16, round_to_bf16, "BF16", torch.bfloat16),
+                                  (Precision.FP16, round_to_fp16, "F16", torch.float16)):
     register_format(FormatSpec(
         _p, PrecisionInfo(16, 0.0, "bf16", 2, 0, False),
         weight=lambda dtype, per_channel, r=_round: RoundScheme(r),
@@ -95,7 +96,8 @@ for _p, _round, _gguf in ((Precision.BF16, round_to_bf16, "BF16"),
         onnx=Refused(f"the CPU export runs fp32 activations; ONNX Runtime has no {_p.value} "
                      "CPU GEMM here; use fp32 or a quantized CPU format"),
         kernels={"dense": "torch.linear", "2:4": "semi_structured", "block": "triton_bsr"},
-        other={GGUF: _gguf}, summary=f"{_p.value} weights and activations, unquantized",
+        other={GGUF: _gguf}, float_dtype=_dtype,
+        summary=f"{_p.value} weights and activations, unquantized",
     ))
 
 # ---- FP8 (W8A8) --------------------------------------------------------------------------
@@ -210,6 +212,7 @@ register_format(FormatSpec(
     activation=lambda static_scale=None: NvFp4Scheme(static_scale),
     compressed_tensors=CompressedTensorsName(preset="NVFP4"), modelopt=Refused(_MO_ONLY),
     onnx=Refused(_ORT_ONLY), kernels={"dense": "torch._scaled_mm_fp4"},
+    input_calibration=nvfp4_global_scale,  # the checkpoint's static input_global_scale
     summary="E2M1 values, E4M3 scale per 16, FP32 tensor scale; inputs likewise",
 ))
 register_format(FormatSpec(

@@ -221,6 +221,11 @@ class FormatSpec:
             ("dense", "2:4", "block"); a token not listed has no kernel.
         other: further exporters by name (e.g. "gguf": the GGUF tensor type); an exporter
             not listed refuses the format.
+        float_dtype: the torch dtype an unquantized format's weights and inputs are held in
+            (fp32, bf16, fp16: what a kernel casts to); None for quantized formats.
+        input_calibration: ``amax -> parameter``: the static input parameter an exported
+            checkpoint stores, from the largest |input| a layer sees on the calibration set
+            (FP32 [1]); NVFP4's is its input global scale. None: inputs need no calibration.
         summary: one line for docs and errors.
     """
 
@@ -233,6 +238,8 @@ class FormatSpec:
     onnx: OrtNode | Refused
     kernels: Mapping[str, str] = field(default_factory=dict)
     other: Mapping[str, Any] = field(default_factory=dict)
+    float_dtype: torch.dtype | None = None
+    input_calibration: Callable[[Tensor], Tensor] | None = None
     summary: str = ""
 
     @property

@@ -49,6 +49,7 @@ from autoplan.formats.elements import (
     cast_e2m1,
     cast_fp8_e4m3,
     cast_fp8_e5m2,
+    decode_e2m1,
     decode_e8m0,
     encode_e2m1,
     encode_e8m0,
@@ -117,6 +118,10 @@ class Scheme:
     def store_codes(self, codes: Tensor) -> Tensor | None:
         """Code values (float32) as the format stores them (``code_dtype``), or None."""
         return None if self.code_dtype is None else codes.to(self.code_dtype)
+
+    def code_values(self, stored: Tensor) -> Tensor:
+        """The float32 code values of stored codes: the inverse of ``store_codes``."""
+        return stored.float()
 
     def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
         """Named parameter tensors as a compressed-tensors checkpoint names them."""
@@ -360,6 +365,9 @@ class NvFp4Scheme(Scheme):
     def store_codes(self, codes: Tensor) -> Tensor:
         return encode_e2m1(codes)
 
+    def code_values(self, stored: Tensor) -> Tensor:
+        return decode_e2m1(stored)
+
     def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
         return {"weight_scale": qp.scale, "global_scale": ctx}  # type: ignore[union-attr,dict-item]
 
@@ -391,6 +399,9 @@ class MxFp4Scheme(Scheme):
 
     def store_codes(self, codes: Tensor) -> Tensor:
         return encode_e2m1(codes)
+
+    def code_values(self, stored: Tensor) -> Tensor:
+        return decode_e2m1(stored)
 
 
 class _ReciprocalInt8ActScheme(AbsmaxScheme):

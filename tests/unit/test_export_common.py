@@ -147,6 +147,21 @@ def test_gptq_plan_needs_calibration(loaded, tmp_path):
         export_plan(plan, loaded, "compressed-tensors", tmp_path / "out")
 
 
+def test_a_format_with_calibrated_inputs_needs_the_calibration_set(loaded, tmp_path):
+    """NVFP4's FormatSpec has an input_calibration (its static input global scale): the
+    export needs the calibration tokens for those layers only, and says so before writing."""
+    from autoplan.export._prepare import needs_calibration
+
+    name = "model.layers.0.mlp.down_proj"
+    plan = make_plan(loaded, {name: "dense+nvfp4"}, target="b200")
+    assert needs_calibration(plan)
+    assert not needs_calibration(make_plan(loaded, {name: "dense+int8"}))
+    with pytest.raises(UserInputError, match=rf"NVFP4 layers \({name}\) need a static activation "
+                       "scale from calibration data"):
+        export_plan(plan, loaded, "compressed-tensors", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_atomic_dir_keeps_old_export_on_failure(tmp_path):
     target = tmp_path / "exp"
     with atomic_dir(target) as tmp:

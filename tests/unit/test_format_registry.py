@@ -96,6 +96,10 @@ def test_spec_is_complete_and_consistent(spec: FormatSpec):
     assert isinstance(spec.naming("no-such-exporter"), Refused)
     assert set(spec.kernels.values()) <= set(_KERNELS)
     assert set(spec.kernels) <= {"dense", "2:4", "block"}
+    assert (spec.float_dtype is None) == spec.quantized  # a float kernel's dtype, floats only
+    if spec.input_calibration is not None:  # a static input parameter from a calibration amax
+        param = spec.input_calibration(torch.tensor([3.0]))
+        assert param.dtype == torch.float32 and torch.isfinite(param).all()
 
 
 def _dequant_by_definition(q, spec: FormatSpec) -> torch.Tensor:  # noqa: ANN001
@@ -132,6 +136,9 @@ def test_every_quantized_format_round_trips(spec: FormatSpec, method: str):
                         hessian=hessian_from_inputs(x) if method == "gptq" else None)
     assert q.precision is spec.precision and q.codes is not None
     assert torch.equal(_dequant_by_definition(q, spec), q.dequant)
+    scheme = spec.weight_scheme(w.dtype)  # code_values inverts store_codes (exporters verify)
+    assert torch.equal(scheme.store_codes(scheme.code_values(q.codes)).view(torch.uint8),
+                       q.codes.view(torch.uint8))
     assert not q.dequant[3, :64].any()
     if isinstance(spec.weight_scheme(torch.float32), (IntScheme, AsymIntScheme)) and \
             spec.info.value_bits == 4:
