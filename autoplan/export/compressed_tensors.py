@@ -14,7 +14,7 @@ The compressors re-derive codes as ``round(w / scale)``; since ``w`` is autoplan
 (codes and scales compared bit for bit) before the folder is moved into place.
 
 Schemes come from each format's FormatSpec (``compressed_tensors``: a preset or
-QuantizationArgs, or the reason the format cannot be written):
+QuantizationArgs, or the reason the format cannot be written); for example:
     fp8_e4m3  FP8_DYNAMIC preset: FP8 weights per channel, dynamic per-token FP8 inputs
     int8      W8A8 preset: INT8 weights per channel, dynamic per-token INT8 inputs
     int8_wo   INT8 weights per channel, 16-bit inputs (pack-quantized, vLLM WNA16)

@@ -10,13 +10,15 @@ a format asks ``format_spec(precision)``; nothing else keeps a per-format table 
 The registry behaves like compressed-tensors' compressor registry: registering a precision
 twice raises, and a failed lookup lists every registered name.
 
-How to add a precision (e.g. a GGUF block type):
+How to add a precision (docs/architecture.md, "Adding a precision", lists the files the
+fp8_b128 addition touched -- this module's enum, schemes.py, builtin.py, data rows, tests):
 1. add its member to ``Precision`` (below) -- the closed vocabulary the CLI, pydantic and
    type checkers see;
-2. register one ``FormatSpec`` for it (in builtin.py, or in a module of your own imported by
-   autoplan/formats/__init__.py): its ``PrecisionInfo``; ``weight`` and ``activation`` scheme factories (reuse a
-   scheme from schemes.py, or add a ``Scheme`` subclass that matches the engine's rounding
-   bit for bit); for each of compressed-tensors, modelopt and onnx either its name
+2. register one ``FormatSpec`` for it (in builtin.py, or in a module of your own imported
+   by autoplan/formats/__init__.py): its ``PrecisionInfo`` (bits, math, scale groups and,
+   for a 2-D block format, ``block_rows``); ``weight`` and ``activation`` scheme factories
+   (reuse a scheme from schemes.py, or add a ``Scheme`` subclass that matches the engine's
+   rounding bit for bit); for each of compressed-tensors, modelopt and onnx either its name
    (``CompressedTensorsName``, ``ModelOptName``, ``OrtNode``) or ``Refused("why")``; the
    microbenchmark ``kernels`` per sparsity token; other exporters in ``other`` (e.g.
    ``other={"gguf": "Q4_0"}``); registering the same precision twice raises;
@@ -24,9 +26,9 @@ How to add a precision (e.g. a GGUF block type):
    search_spaces/*.toml);
 4. tests: tests/unit/test_format_registry.py walks every spec (schemes, bits, exporter
    names) and round-trips every quantized one; add a test of its numerics against the
-   engine's own quantizer, bit for bit (docs/architecture.md, "Formats", has the details).
-Everything else (RTN, GPTQ, the simulation, cost model, exporters, kernels) asks the
-registry, so nothing else needs an edit.
+   engine's own quantizer, bit for bit, and read back each export that holds it.
+Everything else (RTN, GPTQ, the simulation, cost model, search's fit check, exporters,
+kernels) asks the registry, so nothing else needs an edit.
 """
 
 from __future__ import annotations
