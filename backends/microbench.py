@@ -126,8 +126,15 @@ class Kernel:
 
 
 _KERNELS: dict[str, Kernel] = {}
-_FLOAT_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16,
-                 Precision.FP32: torch.float32}
+
+
+def _float_dtype(choice: Choice) -> torch.dtype:
+    """The dtype an unquantized format's values are held in (its FormatSpec's)."""
+    dtype = format_spec(choice.precision).float_dtype
+    if dtype is None:
+        raise AutoplanError(f"{choice.precision.value} is quantized; a float kernel cannot run "
+                            "it (please report: its FormatSpec names this kernel)")
+    return dtype
 
 
 def _kernel(name: str, cpu_name: str | None = None):  # noqa: ANN202 - a decorator
@@ -141,7 +148,7 @@ def _kernel(name: str, cpu_name: str | None = None):  # noqa: ANN202 - a decorat
 
 @_kernel("torch.linear", cpu_name="torch.linear")
 def _dense_float(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.device) -> Layer:
-    wd = q.dequant.to(_FLOAT_DTYPES[choice.precision])
+    wd = q.dequant.to(_float_dtype(choice))
     return lambda x: torch.nn.functional.linear(x.to(wd.dtype), wd)
 
 
@@ -152,7 +159,7 @@ def _block_sparse(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.dev
     block = choice.sparsity.block
     tiles = B.block_mask_of(mask.float(), block)  # the tiles autoplan.prune kept
     if q.codes is None:  # 16/32-bit values
-        bsr = B.BsrWeight.from_dense(q.dequant.to(_FLOAT_DTYPES[choice.precision]), block,
+        bsr = B.BsrWeight.from_dense(q.dequant.to(_float_dtype(choice)), block,
                                      block_mask=tiles)
     else:
         bsr = B.BsrWeight.from_quantized(q, block, block_mask=tiles)
@@ -171,7 +178,7 @@ def _fp8_dense(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.device
 def _sparse_2_4_float(choice: Choice, q: QuantizedWeight, mask: Mask, dev: torch.device) -> Layer:
     from autoplan.backends.nvidia import kernels as N
 
-    dtype = _FLOAT_DTYPES[choice.precision]
+    dtype = _float_dtype(choice)
     ws = N.to_semi_structured(q.dequant.to(dtype))
     return lambda x: torch.nn.functional.linear(x.to(dtype), ws)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from autoplan.streaming.runner import EXECUTIONS, ExecutionSettings
+from autoplan.streaming.runner import Execution, ExecutionSettings
 
 
 def execution_options(fn: Callable) -> Callable:
@@ -16,7 +16,8 @@ def execution_options(fn: Callable) -> Callable:
     fn = click.option("--offload-dir", type=click.Path(file_okay=False, path_type=Path),
                       default=None, help="Keep streamed block-boundary states in files here "
                       "instead of host RAM.")(fn)
-    fn = click.option("--execution", type=click.Choice(EXECUTIONS), default="auto",
+    fn = click.option("--execution", type=click.Choice(Execution.values()),
+                      default=Execution.AUTO.value,
                       show_default=True, help="memory: whole model at once; stream: one "
                       "decoder block at a time from the checkpoint; auto: by the memory "
                       "estimate (profile --dry-run prints it).")(fn)

@@ -29,8 +29,8 @@ from autoplan.workload import Workload
 @click.option("--runtime", default=None, help="vllm | tensorrt-llm | sglang | onnxruntime | llama.cpp | autoplan (default: the target's usual engine).")
 @click.option("--budget", default="kl<=0.05", show_default=True,
               help="kl<=X, ppl<=+P% (or ppl<=+X), or suite:FILE>=-POINTS.")
-@click.option("--objective", type=click.Choice([o.value for o in Objective]), default="throughput",
-              show_default=True)
+@click.option("--objective", type=click.Choice(Objective.values()),
+              default=Objective.THROUGHPUT.value, show_default=True)
 @click.option("--batch", type=int, default=32, show_default=True)
 @click.option("--input-len", type=int, default=512, show_default=True)
 @click.option("--output-len", type=int, default=128, show_default=True)

@@ -14,15 +14,17 @@ All figures are predictions of the analytic model, never measurements.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from enum import Enum
 from typing import Any
 
 from autoplan.cost.fixed import PhaseTime
+from autoplan.textenum import TextEnum
 from autoplan.workload import Workload
 
 
-class Objective(str, Enum):
+class Objective(TextEnum):
     """What a search optimizes; DIRECTION says which way."""
+
+    __noun__ = "objective"
 
     THROUGHPUT = "throughput"  # output tokens/s, end to end (maximize)
     COST = "cost"  # $ per 1M output tokens (minimize)

@@ -22,11 +22,11 @@ from torch import Tensor
 from autoplan.compress import (CompressionSettings, audit_digests, collect_stats, compress_linear,
                                observe_inputs)
 from autoplan.errors import UnsupportedFormatError, UserInputError
-from autoplan.formats import Choice, Precision, registered_formats
+from autoplan.formats import Choice, format_spec, registered_formats
 from autoplan.models.graph import get_linear
 from autoplan.plan.schema import Plan
 from autoplan.prune import PruneScore
-from autoplan.quant import HessianAccumulator, SimulatedLinear, nvfp4_global_scale
+from autoplan.quant import HessianAccumulator, SimulatedLinear
 from autoplan.runtimes import get_runtime, listing, refusals
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.targets import Target
@@ -46,7 +46,9 @@ class Prepared:
         runtime: the runtime the checks were made for.
         choices: layer -> Choice, every decided layer.
         sims: layer -> SimulatedLinear with the plan's exact weights, codes and scales.
-        input_global_scales: layer -> FP32 [1] activation global scale (NVFP4 layers only).
+        input_global_scales: layer -> the static input parameter its format's
+            ``input_calibration`` makes from the calibration set (NVFP4: FP32 [1] global
+            scale); only layers whose format has one.
     """
 
     plan: Plan
@@ -152,11 +154,18 @@ def _needs_stats(plan: Plan, choices: Mapping[str, Choice]) -> bool:
     return settings.needs_hessian or (sparse and settings.prune_score is not PruneScore.MAGNITUDE)
 
 
+def _calibrated_inputs(choices: Mapping[str, Choice]) -> dict[str, Any]:
+    """layer -> its format's ``input_calibration``, for the formats whose checkpoint stores
+    a static input parameter (NVFP4's input global scale)."""
+    found = {n: format_spec(c.precision).input_calibration for n, c in choices.items()}
+    return {n: fn for n, fn in found.items() if fn is not None}
+
+
 def needs_calibration(plan: Plan) -> bool:
-    """True when exporting ``plan`` needs its calibration tokens (statistics or NVFP4)."""
+    """True when exporting ``plan`` needs its calibration tokens (statistics, or a format
+    whose inputs are calibrated: NVFP4)."""
     choices = parse_decisions(plan)
-    return _needs_stats(plan, choices) or any(
-        c.precision is Precision.NVFP4 for c in choices.values())
+    return _needs_stats(plan, choices) or bool(_calibrated_inputs(choices))
 
 
 def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
@@ -200,15 +209,16 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
                                   stats.get(name) if needs_stats and stats else None, settings)
             for name, choice in choices.items()}
     _verify_audit(plan, sims)
-    nvfp4 = [n for n, c in choices.items() if c.precision is Precision.NVFP4]
+    calibrated = _calibrated_inputs(choices)
     scales: dict[str, Tensor] = {}
-    if nvfp4:
+    if calibrated:
         if calibration is None:
+            kinds = "/".join(sorted({choices[n].precision.value.upper() for n in calibrated}))
             raise UserInputError(
-                f"NVFP4 layers ({_listing(nvfp4)}) need a static activation scale from "
-                "calibration data: pass the calibration set")
-        scales = {n: nvfp4_global_scale(a) for n, a in
-                  input_amax(loaded.model, nvfp4, calibration).items()}
+                f"{kinds} layers ({_listing(sorted(calibrated))}) need a static activation "
+                "scale from calibration data: pass the calibration set")
+        scales = {n: calibrated[n](a) for n, a in
+                  input_amax(loaded.model, list(calibrated), calibration).items()}
     return Prepared(plan, loaded, target, runtime, choices, sims, scales)
 
 

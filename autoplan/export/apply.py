@@ -124,7 +124,7 @@ def load_checked(model: str) -> Any:
     """``load_model`` after checking the model's safetensors headers (one line on a
     truncated, empty or garbage file instead of a traceback)."""
     from autoplan.models import load_model, resolve_model_arg
-    from autoplan.models.safetensors_check import check_safetensors
+    from autoplan.models.check import check_safetensors
 
     source = resolve_model_arg(model)
     if source.kind == "hf":

@@ -14,7 +14,7 @@ The compressors re-derive codes as ``round(w / scale)``; since ``w`` is autoplan
 (codes and scales compared bit for bit) before the folder is moved into place.
 
 Schemes come from each format's FormatSpec (``compressed_tensors``: a preset or
-QuantizationArgs, or the reason the format cannot be written):
+QuantizationArgs, or the reason the format cannot be written); for example:
     fp8_e4m3  FP8_DYNAMIC preset: FP8 weights per channel, dynamic per-token FP8 inputs
     int8      W8A8 preset: INT8 weights per channel, dynamic per-token INT8 inputs
     int8_wo   INT8 weights per channel, 16-bit inputs (pack-quantized, vLLM WNA16)
@@ -40,7 +40,7 @@ from autoplan.export._prepare import Prepared
 from autoplan.export._write import atomic_dir, write_sidecars
 from autoplan.formats import CompressedTensorsName, Precision, format_spec
 from autoplan.models.graph import get_linear, is_tied
-from autoplan.quant import SimulatedLinear, decode_e2m1
+from autoplan.quant import SimulatedLinear
 
 FORMAT = "compressed-tensors"
 
@@ -73,11 +73,11 @@ def _scheme(precision: Precision, targets: list[str]):  # noqa: ANN202 - library
 def _check_shapes(prep: Prepared) -> None:
     for name, sim in prep.quantized().items():
         _named(sim.choice.precision)  # a format the exporter cannot hold is refused first
-        group = sim.choice.precision.info.group
-        if group and sim.in_features % group:
+        problem = sim.choice.precision.info.shape_problem(sim.out_features, sim.in_features)
+        if problem:
             raise UnsupportedFormatError(
-                f"{name} has {sim.in_features} inputs, not a multiple of the "
-                f"{sim.choice.precision.value} group ({group}) that vLLM needs; re-plan it")
+                f"{name} cannot be stored as {sim.choice.precision.value} for vLLM: "
+                f"{problem}; re-plan it")
 
 
 def _load_params(module: nn.Module, sim: SimulatedLinear, act_global: torch.Tensor | None) -> None:
@@ -110,16 +110,18 @@ def _bits(sim: SimulatedLinear) -> int:
 
 
 def _stored_codes(module: nn.Module, sim: SimulatedLinear) -> torch.Tensor:
-    """The codes as the library stored them, as float32 values."""
+    """The codes as the library stored them, as float32 values, unpacked by the layout the
+    library chose for the module (its ``quantization_scheme.format``)."""
     from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.config import CompressionFormat
 
-    p = sim.choice.precision
-    if p is Precision.NVFP4:
+    layout = CompressionFormat(module.quantization_scheme.format)
+    if layout is CompressionFormat.nvfp4_pack_quantized:
         packed = module.weight_packed
         return unpack_fp4_from_uint8(packed, packed.shape[0], packed.shape[1] * 2,
                                      dtype=torch.float32)
-    if hasattr(module, "weight_packed"):
+    if layout is CompressionFormat.pack_quantized:
         codes = unpack_from_int32(module.weight_packed, _bits(sim), module.weight_shape).float()
         return codes + _offset(sim) if "weight_zero_point" in sim.quantized.scales else codes
     return module.weight.float()
@@ -138,8 +140,8 @@ def _verify(model: nn.Module, prep: Prepared) -> None:
     """Prove the compressed parameters hold autoplan's codes and scales, bit for bit."""
     for name, sim in prep.quantized().items():
         module = model.get_submodule(name)
-        codes = sim.quantized.codes
-        want = decode_e2m1(codes) if sim.choice.precision is Precision.NVFP4 else codes.float()
+        scheme = format_spec(sim.choice.precision).weight_scheme(sim.weight.dtype)
+        want = scheme.code_values(sim.quantized.codes)
         ok = torch.equal(_stored_codes(module, sim), want)
         ws = sim.quantized.scales["weight_scale"]
         ok = ok and torch.equal(module.weight_scale.to(ws.dtype).view(torch.uint8),

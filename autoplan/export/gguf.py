@@ -122,14 +122,10 @@ def _linear_bytes(sim: Any, index: torch.Tensor | None) -> tuple[np.ndarray, str
         data = pack_blocks(pick(sim.quantized.codes), pick(scales["weight_scale"]),
                            None if minimum is None else pick(minimum), fmt)
         return data, kind
-    weight = pick(sim.weight)
-    if precision is Precision.FP16:
-        return weight.half().numpy(), kind
-    if precision is Precision.BF16:
-        from gguf import GGMLQuantizationType, quantize
+    from gguf import GGMLQuantizationType, quantize
 
-        return quantize(weight.float().numpy(), GGMLQuantizationType.BF16), kind
-    return weight.float().numpy(), kind
+    # a float type (F32, F16, BF16): gguf's own conversion of the plan's exact weights
+    return quantize(pick(sim.weight).float().numpy(), GGMLQuantizationType[kind]), kind
 
 
 def _file_type(types: dict[str, tuple[str, int]]) -> int:

@@ -28,12 +28,15 @@ from autoplan.formats.schemes import (
     FP8_ACT_MIN_SCALE,
     AsymIntScheme,
     BlockInt8ActScheme,
+    Fp8BlockScheme,
     Fp8Scheme,
+    Fp8TokenGroupActScheme,
     IntScheme,
     MxFp4Scheme,
     NvFp4Scheme,
     RoundScheme,
     TokenInt8ActScheme,
+    nvfp4_global_scale,
     scale_dtype_for,
 )
 
@@ -81,10 +84,10 @@ register_format(FormatSpec(
     weight=lambda dtype, per_channel: RoundScheme(None), activation=_passthrough,
     compressed_tensors=_KEEP_CT, modelopt=_KEEP_MO, onnx=OrtNode("MatMul"),
     kernels={"dense": "torch.linear", "block": "triton_bsr"}, other={GGUF: "F32"},
-    summary="IEEE fp32, unquantized",
+    float_dtype=torch.float32, summary="IEEE fp32, unquantized",
 ))
-for _p, _round, _gguf in ((Precision.BF16, round_to_bf16, "BF16"),
-                          (Precision.FP16, round_to_fp16, "F16")):
+for _p, _round, _gguf, _dtype in ((Precision.BF16, round_to_bf16, "BF16", torch.bfloat16),
+                                  (Precision.FP16, round_to_fp16, "F16", torch.float16)):
     register_format(FormatSpec(
         _p, PrecisionInfo(16, 0.0, "bf16", 2, 0, False),
         weight=lambda dtype, per_channel, r=_round: RoundScheme(r),
@@ -93,7 +96,8 @@ for _p, _round, _gguf in ((Precision.BF16, round_to_bf16, "BF16"),
         onnx=Refused(f"the CPU export runs fp32 activations; ONNX Runtime has no {_p.value} "
                      "CPU GEMM here; use fp32 or a quantized CPU format"),
         kernels={"dense": "torch.linear", "2:4": "semi_structured", "block": "triton_bsr"},
-        other={GGUF: _gguf}, summary=f"{_p.value} weights and activations, unquantized",
+        other={GGUF: _gguf}, float_dtype=_dtype,
+        summary=f"{_p.value} weights and activations, unquantized",
     ))
 
 # ---- FP8 (W8A8) --------------------------------------------------------------------------
@@ -114,6 +118,23 @@ register_format(FormatSpec(
                                "plan fp8_e4m3"),
     modelopt=Refused(_MO_ONLY), onnx=Refused(_ORT_ONLY),
     summary="FP8 E5M2 weights per channel, dynamic per-token FP8 inputs",
+))
+
+# DeepSeek-V3-style block FP8 (W8A8): an FP32 scale per 128 x 128 weight block (32 bits per
+# 16384 weights), E4M3 inputs with an FP32 scale per token per 128 (1 + 4/128 bytes each) made
+# by a separate quantization kernel before the GEMM.
+register_format(FormatSpec(
+    Precision.FP8_B128,
+    PrecisionInfo(8, 32 / (128 * 128), "fp8", 1 + 4 / 128, 128, False, block_rows=128),
+    weight=lambda dtype, per_channel: Fp8BlockScheme(128, 128),
+    activation=lambda static_scale=None: Fp8TokenGroupActScheme(128),
+    compressed_tensors=CompressedTensorsName(preset="FP8_BLOCK"),
+    modelopt=Refused("TensorRT-LLM runs block FP8 as FP8_BLOCK_SCALES, whose per-128 input "
+                     "rounding autoplan has not checked against its simulation; export with "
+                     "--format compressed-tensors for vLLM"),
+    onnx=Refused(_ORT_ONLY),
+    summary="FP8 E4M3 weights with an FP32 scale per 128x128 block, dynamic FP8 inputs per "
+            "token per 128 (DeepSeek-V3 block FP8)",
 ))
 
 # ---- INT8 ----------------------------------------------------------------------------------
@@ -191,6 +212,7 @@ register_format(FormatSpec(
     activation=lambda static_scale=None: NvFp4Scheme(static_scale),
     compressed_tensors=CompressedTensorsName(preset="NVFP4"), modelopt=Refused(_MO_ONLY),
     onnx=Refused(_ORT_ONLY), kernels={"dense": "torch._scaled_mm_fp4"},
+    input_calibration=nvfp4_global_scale,  # the checkpoint's static input_global_scale
     summary="E2M1 values, E4M3 scale per 16, FP32 tensor scale; inputs likewise",
 ))
 register_format(FormatSpec(

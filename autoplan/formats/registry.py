@@ -10,13 +10,15 @@ a format asks ``format_spec(precision)``; nothing else keeps a per-format table 
 The registry behaves like compressed-tensors' compressor registry: registering a precision
 twice raises, and a failed lookup lists every registered name.
 
-How to add a precision (e.g. a GGUF block type):
+How to add a precision (docs/architecture.md, "Adding a precision", lists the files the
+fp8_b128 addition touched -- this module's enum, schemes.py, builtin.py, data rows, tests):
 1. add its member to ``Precision`` (below) -- the closed vocabulary the CLI, pydantic and
    type checkers see;
-2. register one ``FormatSpec`` for it (in builtin.py, or in a module of your own imported by
-   autoplan/formats/__init__.py): its ``PrecisionInfo``; ``weight`` and ``activation`` scheme factories (reuse a
-   scheme from schemes.py, or add a ``Scheme`` subclass that matches the engine's rounding
-   bit for bit); for each of compressed-tensors, modelopt and onnx either its name
+2. register one ``FormatSpec`` for it (in builtin.py, or in a module of your own imported
+   by autoplan/formats/__init__.py): its ``PrecisionInfo`` (bits, math, scale groups and,
+   for a 2-D block format, ``block_rows``); ``weight`` and ``activation`` scheme factories
+   (reuse a scheme from schemes.py, or add a ``Scheme`` subclass that matches the engine's
+   rounding bit for bit); for each of compressed-tensors, modelopt and onnx either its name
    (``CompressedTensorsName``, ``ModelOptName``, ``OrtNode``) or ``Refused("why")``; the
    microbenchmark ``kernels`` per sparsity token; other exporters in ``other`` (e.g.
    ``other={"gguf": "Q4_0"}``); registering the same precision twice raises;
@@ -24,9 +26,9 @@ How to add a precision (e.g. a GGUF block type):
    search_spaces/*.toml);
 4. tests: tests/unit/test_format_registry.py walks every spec (schemes, bits, exporter
    names) and round-trips every quantized one; add a test of its numerics against the
-   engine's own quantizer, bit for bit (docs/architecture.md, "Formats", has the details).
-Everything else (RTN, GPTQ, the simulation, cost model, exporters, kernels) asks the
-registry, so nothing else needs an edit.
+   engine's own quantizer, bit for bit, and read back each export that holds it.
+Everything else (RTN, GPTQ, the simulation, cost model, search's fit check, exporters,
+kernels) asks the registry, so nothing else needs an edit.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Precision(str, Enum):
     UINT4_G128 = "uint4_g128"
     NVFP4 = "nvfp4"  # E2M1 values, E4M3 scale per 16, FP32 tensor scale (W4A4)
     MXFP4 = "mxfp4"  # E2M1 values, E8M0 scale per 32 (W4A4)
+    # DeepSeek-V3 block FP8: E4M3 weights with an FP32 scale per 128 x 128 block, E4M3 inputs
+    # with a dynamic scale per token per 128 inputs (vLLM's per_token_group_quant_fp8).
+    FP8_B128 = "fp8_b128"
     # ONNX Runtime MatMulNBits at accuracy_level 4: int4/int8 block weights x activations
     # rounded to int8 per block along K at run time (see the FormatSpecs in builtin.py).
     INT4A8_G32 = "int4a8_g32"
@@ -120,6 +125,8 @@ class PrecisionInfo:
     group: elements sharing one scale (0 = per output channel).
     act_group: activation elements (along K) sharing one dynamic int8 scale, for the
         block-quantized-activation formats; 0 = per token (W8A8) or no activation quantization.
+    block_rows: output rows sharing one weight scale with the ``group`` inputs (a 2-D
+        block: 128 for DeepSeek-V3's 128 x 128 FP8); 0 = each row has its own scales.
     """
 
     value_bits: int
@@ -129,10 +136,25 @@ class PrecisionInfo:
     group: int
     weight_only: bool
     act_group: int = 0
+    block_rows: int = 0
 
     @property
     def weight_bits(self) -> float:
         return self.value_bits + self.scale_bits
+
+    def shape_problem(self, out_features: int, in_features: int) -> str:
+        """Why a [out, in] weight cannot be stored in this format's blocks, or "".
+
+        Inputs must fill whole groups (the kernels scale per K-block); a 2-D block format's
+        outputs must fill whole blocks too, because a runtime that fuses q/k/v or gate/up
+        into one GEMM concatenates their scale tiles (vLLM refuses a partition that is not
+        a multiple of block_n).
+        """
+        if self.group and in_features % self.group:
+            return f"{in_features} inputs, not a multiple of its group ({self.group})"
+        if self.block_rows and out_features % self.block_rows:
+            return f"{out_features} outputs, not a multiple of its block ({self.block_rows})"
+        return ""
 
 
 # ---- how exporters and kernels name a format ----------------------------------------------
@@ -201,6 +223,11 @@ class FormatSpec:
             ("dense", "2:4", "block"); a token not listed has no kernel.
         other: further exporters by name (e.g. "gguf": the GGUF tensor type); an exporter
             not listed refuses the format.
+        float_dtype: the torch dtype an unquantized format's weights and inputs are held in
+            (fp32, bf16, fp16: what a kernel casts to); None for quantized formats.
+        input_calibration: ``amax -> parameter``: the static input parameter an exported
+            checkpoint stores, from the largest |input| a layer sees on the calibration set
+            (FP32 [1]); NVFP4's is its input global scale. None: inputs need no calibration.
         summary: one line for docs and errors.
     """
 
@@ -213,6 +240,8 @@ class FormatSpec:
     onnx: OrtNode | Refused
     kernels: Mapping[str, str] = field(default_factory=dict)
     other: Mapping[str, Any] = field(default_factory=dict)
+    float_dtype: torch.dtype | None = None
+    input_calibration: Callable[[Tensor], Tensor] | None = None
     summary: str = ""
 
     @property

@@ -26,6 +26,9 @@ Choices (documented in docs of quantize_weight too):
 * INT8 weights are symmetric per channel in [-127, 127] with scale = amax / 127 (vLLM W8A8).
 * 16-bit models store INT scales in the model dtype (compressed-tensors does); FP8 scales are
   FP32 (vLLM ``weight_scale``).
+* FP8_B128 (DeepSeek-V3 block FP8) shares one FP32 weight scale per 128 x 128 tile
+  (compressed-tensors BLOCK) and scales inputs per token per 128 as vLLM's
+  ``per_token_group_quant_fp8`` kernel does (``Fp8BlockScheme``, ``Fp8TokenGroupActScheme``).
 * NVFP4 quantizes ``x / (s / g)`` (compressed-tensors) and dequantizes ``(q * s) / g``: q*s is
   exact in FP32 and the GEMM applies 1/g once in its epilogue, as the Blackwell kernels do.
 """
@@ -46,6 +49,7 @@ from autoplan.formats.elements import (
     cast_e2m1,
     cast_fp8_e4m3,
     cast_fp8_e5m2,
+    decode_e2m1,
     decode_e8m0,
     encode_e2m1,
     encode_e8m0,
@@ -114,6 +118,10 @@ class Scheme:
     def store_codes(self, codes: Tensor) -> Tensor | None:
         """Code values (float32) as the format stores them (``code_dtype``), or None."""
         return None if self.code_dtype is None else codes.to(self.code_dtype)
+
+    def code_values(self, stored: Tensor) -> Tensor:
+        """The float32 code values of stored codes: the inverse of ``store_codes``."""
+        return stored.float()
 
     def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
         """Named parameter tensors as a compressed-tensors checkpoint names them."""
@@ -248,6 +256,68 @@ class Fp8Scheme(AbsmaxScheme):
         return q * scale, q
 
 
+class Fp8BlockScheme(Fp8Scheme):
+    """FP8 E4M3 weights with one FP32 scale per ``rows`` x ``group`` block (DeepSeek-V3's
+    128 x 128): compressed-tensors' ``QuantizationStrategy.BLOCK``.
+
+    A block's scale is ``amax / 448`` over the whole tile, ``torch.finfo(float32).eps``
+    when the tile is all zeros (``calculate_qparams`` on the tile's min/max). The slab
+    handed to ``qparams`` always holds every row of the matrix (RTN's [rows, groups,
+    group], GPTQ's [rows, group]), so the tile reduction runs along dim 0 and each row
+    gets its tile's scale; ``scale_dict`` stores one per tile, [ceil(rows / 128),
+    ceil(cols / 128)], the layout of the checkpoint's ``weight_scale`` (vLLM's
+    ``BlockQuantScaleParameter``). A ragged last tile reduces over the rows it has, as
+    the library's zero padding does.
+    """
+
+    def __init__(self, rows: int = 128, group: int = 128) -> None:
+        super().__init__(e4m3=True)
+        self.rows, self.group = rows, group
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
+        amax = _amax(slab).float()
+        n = amax.shape[0]
+        pad = (-n) % self.rows
+        if pad:
+            amax = torch.cat([amax, amax.new_zeros(pad, *amax.shape[1:])])
+        tiles = amax.reshape(-1, self.rows, *amax.shape[1:]).amax(dim=1)
+        return QParams(self._from_amax(tiles).repeat_interleave(self.rows, dim=0)[:n])
+
+    def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
+        return {"weight_scale": qp.scale[:: self.rows].contiguous()}  # type: ignore[union-attr]
+
+
+class Fp8TokenGroupActScheme(Scheme):
+    """Dynamic FP8 E4M3 activations per token per ``group`` inputs along K, as vLLM runs them
+    for block-quantized weights (``per_token_group_quant_fp8``).
+
+    vLLM csrc/quantization/w8a8/fp8/per_token_group_quant.cu (the CUDA kernel
+    ``per_token_group_quant_fp8`` prefers; its Triton fallback computes the same): in
+    float32, ``absmax = max(eps, max|x|)`` with ``eps = 1e-10``, ``scale = absmax / 448``,
+    ``q = fp8(clamp(x / scale, -448, 448))`` (a division, not a reciprocal multiply; the
+    cast rounds to nearest even). So an all-zero group gets scale ``1e-10 / 448`` and zero
+    codes. compressed-tensors' GROUP dynamic fake quantization agrees wherever amax >= 1e-10
+    and the input is fp32. vLLM's torch-native fallback (``QuantFP8._quantize_group_native``,
+    used when the custom op is disabled under torch.compile) floors the *scale* at
+    1 / (448 * 512) instead, so it rounds groups whose amax is below 1/512 differently;
+    DeepGEMM's UE8M0 mode (power-of-two scales, Blackwell) is another format again.
+    """
+
+    code_dtype = torch.float8_e4m3fn
+    eps = 1e-10
+
+    def __init__(self, group: int = 128) -> None:
+        self.group = group
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
+        return QParams(_amax(slab).float().clamp(min=self.eps) / E4M3_MAX)
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        scale = qp.scale  # type: ignore[union-attr]
+        q = cast_fp8_e4m3(x / scale)
+        return q * scale, q
+
+
 def nvfp4_global_scale(amax: Tensor) -> Tensor:
     """NVFP4 FP32 tensor scale ``448 * 6 / amax``, as compressed-tensors' ``generate_gparam``.
 
@@ -295,6 +365,9 @@ class NvFp4Scheme(Scheme):
     def store_codes(self, codes: Tensor) -> Tensor:
         return encode_e2m1(codes)
 
+    def code_values(self, stored: Tensor) -> Tensor:
+        return decode_e2m1(stored)
+
     def scale_dict(self, qp: QParams | None, ctx: Tensor | None) -> dict[str, Tensor]:
         return {"weight_scale": qp.scale, "global_scale": ctx}  # type: ignore[union-attr,dict-item]
 
@@ -326,6 +399,9 @@ class MxFp4Scheme(Scheme):
 
     def store_codes(self, codes: Tensor) -> Tensor:
         return encode_e2m1(codes)
+
+    def code_values(self, stored: Tensor) -> Tensor:
+        return decode_e2m1(stored)
 
 
 class _ReciprocalInt8ActScheme(AbsmaxScheme):
@@ -409,7 +485,9 @@ __all__ = [
     "AbsmaxScheme",
     "AsymIntScheme",
     "BlockInt8ActScheme",
+    "Fp8BlockScheme",
     "Fp8Scheme",
+    "Fp8TokenGroupActScheme",
     "IntScheme",
     "MxFp4Scheme",
     "NvFp4Scheme",

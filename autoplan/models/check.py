@@ -1,9 +1,12 @@
 """Cheap checks that a weights file is whole, before anything spends minutes loading it.
 
 A `.safetensors` file is an 8-byte little-endian header length, a JSON header mapping each
-tensor to its byte range, then the tensor bytes. A zero-byte, truncated or foreign file is
-found from the header and the file size alone (no tensor is read), and refused with one
-line, instead of the loader's `SafetensorError` traceback after the model was resolved.
+tensor to its byte range, then the tensor bytes. A zero-byte, truncated, padded or foreign file is
+found from the header and the file size alone (no tensor is read) and named precisely; then
+the safetensors library opens the header itself (``safe_open``: dtype x shape against each
+byte range, contiguous tensors), so what it would refuse later is refused here too. Either
+way it is one line, instead of the loader's `SafetensorError` traceback after the model
+was resolved. Search (preflight), export and apply all call `check_safetensors`.
 """
 
 from __future__ import annotations
@@ -51,25 +54,43 @@ def _problem(path: Path) -> str | None:
     return None
 
 
+def _check_file(p: Path) -> None:
+    try:
+        problem = _problem(p)
+    except OSError as exc:
+        raise UserInputError(f"cannot read '{p}': {exc.strerror}") from None
+    if not problem:
+        problem = _library_problem(p)
+    if problem:
+        raise UserInputError(f"'{p}' is not a valid safetensors file ({problem}): {_FIX}")
+
+
+def _library_problem(p: Path) -> str | None:
+    """What the safetensors library says of the header, or None when it opens it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(p), framework="pt") as fh:
+            fh.keys()
+    except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError: all one message
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
+
+
 def check_safetensors(path: str | Path) -> None:
-    """Refuse a `.safetensors` file that is empty, truncated or not safetensors at all.
+    """Refuse a `.safetensors` file that is empty, truncated, padded or not safetensors.
+
+    Args:
+        path: one `.safetensors` file, or an HF model folder (every `*.safetensors` in it).
+            A path that does not exist is left to the model resolver to report.
 
     Raises:
         UserInputError: one line naming the file, what is wrong and the fix.
     """
     p = Path(path)
-    try:
-        problem = _problem(p)
-    except OSError as exc:
-        raise UserInputError(f"cannot read '{p}': {exc.strerror}") from None
-    if problem:
-        raise UserInputError(f"'{p}' is not a valid safetensors file ({problem}): {_FIX}")
+    files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p] if p.exists() else []
+    for file in files:
+        _check_file(file)
 
 
-def check_weights_folder(folder: str | Path) -> None:
-    """`check_safetensors` on every `*.safetensors` file of an HF model folder."""
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        check_safetensors(path)
-
-
-__all__ = ["check_safetensors", "check_weights_folder"]
+__all__ = ["check_safetensors"]

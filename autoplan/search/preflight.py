@@ -70,7 +70,7 @@ def check_model(model: str, runtime: str) -> None:
     For ONNX Runtime the architecture must be one autoplan's ONNX export builds, or the
     search would profile and time kernels for minutes and write a plan `apply` cannot use.
     """
-    from autoplan.models.check import check_weights_folder
+    from autoplan.models.check import check_safetensors
     from autoplan.models.loader import load_spec
     from autoplan.models.registry import resolve_model_arg
 
@@ -85,7 +85,7 @@ def check_model(model: str, runtime: str) -> None:
                 "this model for another runtime or target")
     source = resolve_model_arg(model)
     if source.kind == "hf":
-        check_weights_folder(source.path)
+        check_safetensors(source.path)
 
 
 def preflight(req: SearchRequest) -> Platform:

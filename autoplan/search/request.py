@@ -57,14 +57,6 @@ def parse_choices(texts: tuple[str | Choice, ...] | None) -> tuple[Choice, ...] 
     return choices
 
 
-def _objective(value: Objective | str) -> Objective:
-    try:
-        return Objective(value)
-    except ValueError:
-        raise UserInputError(f"unknown objective '{value}': use one of "
-                             f"{', '.join(o.value for o in Objective)}") from None
-
-
 def _at_least(flag: str, value: int, low: int) -> None:
     if value < low:
         raise UserInputError(f"--{flag} must be at least {low}, got {value}")
@@ -122,7 +114,7 @@ class SearchRequest:
 
         if isinstance(self.budget, str):
             put("budget", QualityBudget.parse(self.budget))
-        put("objective", _objective(self.objective))
+        put("objective", Objective.parse(self.objective))
         put("choices", parse_choices(self.choices))
         if isinstance(self.cost_table, str | Path):
             put("cost_table", CostTable.load(str(self.cost_table)))

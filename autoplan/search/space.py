@@ -95,14 +95,14 @@ class SearchSpace:
 
 
 def _fits(choice: Choice, layer: LinearLayer) -> bool:
-    """Whether the pattern tiles the layer (2:4 needs in % 4 == 0, blocks need both dims)."""
+    """Whether the pattern tiles the layer (2:4 needs in % 4 == 0, blocks need both dims) and
+    the format's scale groups / blocks fit it (``PrecisionInfo.shape_problem``)."""
     sp = choice.sparsity
     if sp.kind == "nm":
         return layer.in_features % sp.m == 0
     if sp.kind == "block":
         return layer.in_features % sp.block == 0 and layer.out_features % sp.block == 0
-    group = choice.precision.info.group
-    return not group or layer.in_features % group == 0
+    return not choice.precision.info.shape_problem(layer.out_features, layer.in_features)
 
 
 def build_space(

@@ -23,8 +23,18 @@ from autoplan.sensitivity.executor import Executor
 from autoplan.sensitivity.profile import SensitivityProfile, build_profile
 from autoplan.streaming import estimate
 from autoplan.streaming.device import device_memory, host_memory, is_out_of_memory, resolve_device
+from autoplan.textenum import TextEnum
 
-EXECUTIONS = ("auto", "memory", "stream")
+
+class Execution(TextEnum):
+    """How the expensive work runs: the whole model in memory, streamed one block at a time
+    from the checkpoint, or auto (by the memory estimate)."""
+
+    __noun__ = "--execution"
+
+    AUTO = "auto"
+    MEMORY = "memory"
+    STREAM = "stream"
 
 
 @dataclass(frozen=True)
@@ -33,14 +43,12 @@ class ExecutionSettings:
     `--offload-dir`, `--threads`): never what is searched, so none of it names a study."""
 
     device: str = "auto"
-    execution: str = "auto"
+    execution: Execution | str = Execution.AUTO
     offload_dir: Path | None = None
     threads: int | None = None  # engine threads the measured kernels are timed with
 
     def __post_init__(self) -> None:
-        if self.execution not in EXECUTIONS:
-            raise UserInputError(f"--execution '{self.execution}': use one of "
-                                 f"{', '.join(EXECUTIONS)}")
+        object.__setattr__(self, "execution", Execution.parse(self.execution))
         if self.threads is not None and self.threads < 1:
             raise UserInputError(f"--threads must be a positive integer, got {self.threads}")
 
@@ -164,6 +172,6 @@ def workload_of(seq_len: int, calib_blocks: int, eval_blocks: int, calib_batch: 
                              seq_len=seq_len)
 
 
-__all__ = ["EXECUTIONS", "ExecutionSettings", "ModelRunner", "open_model", "pick_execution",
+__all__ = ["Execution", "ExecutionSettings", "ModelRunner", "open_model", "pick_execution",
            "workload_of"]
 

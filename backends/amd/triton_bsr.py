@@ -56,12 +56,7 @@ except Exception:  # noqa: BLE001 - a missing or broken triton only disables the
 
 BLOCK_SIZES = (16, 32, 64)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-QUANT_DTYPES = (*FP8_DTYPES, torch.int8)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-_PRECISION_OF = {torch.int8: Precision.INT8, torch.float8_e4m3fn: Precision.FP8_E4M3,
-                 torch.float8_e4m3fnuz: Precision.FP8_E4M3}
 
 
 def to_e4m3fnuz(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,13 +66,15 @@ def to_e4m3fnuz(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor,
     return bits.view(torch.float8_e4m3fnuz), scale * 2.0
 
 
-def quantize_inputs(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token W8A8 inputs as autoplan.quant rounds them: (codes [M, K] in `dtype`, scale [M])."""
-    if dtype not in QUANT_DTYPES:
-        raise UserInputError(f"cannot quantize to {dtype}: use torch.int8 or an fp8 e4m3 dtype")
-    codes, params, _ = quantize_activation_codes(x, _PRECISION_OF[dtype])
+def quantize_inputs(x: torch.Tensor, precision: Precision, *, fnuz: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token W8A8 inputs of a ``precision`` layer as autoplan.quant rounds them: (codes
+    [M, K] in the format's code dtype, e4m3fnuz when ``fnuz``; scale [M])."""
+    if precision not in (Precision.INT8, Precision.FP8_E4M3):
+        raise UserInputError(f"BSR quantizes int8 or fp8_e4m3 inputs, not {precision.value}")
+    codes, params, _ = quantize_activation_codes(x, precision)
     scale = params.scale.reshape(-1).float()
-    if dtype == torch.float8_e4m3fnuz:
+    if fnuz:
         return to_e4m3fnuz(codes, scale)
     return codes, scale
 
@@ -100,6 +97,7 @@ class BsrWeight:
     shape: tuple[int, int]
     block: int
     scale: torch.Tensor | None = None
+    precision: Precision | None = None  # the format of quantized values (None: float values)
 
     @classmethod
     def from_dense(
@@ -150,11 +148,11 @@ class BsrWeight:
             if q.precision is not Precision.FP8_E4M3:
                 raise UserInputError("fnuz applies to fp8_e4m3 weights only")
             codes, scale = to_e4m3fnuz(codes, scale)
-        return cls._build(codes, block, block_mask, scale)
+        return cls._build(codes, block, block_mask, scale, q.precision)
 
     @classmethod
     def _build(cls, values: torch.Tensor, block: int, block_mask: torch.Tensor | None,
-               scale: torch.Tensor | None) -> BsrWeight:
+               scale: torch.Tensor | None, precision: Precision | None = None) -> BsrWeight:
         mask = block_mask_of(values.float(), block) if block_mask is None else block_mask
         rows, cols = values.shape
         grid = (rows // block, cols // block)
@@ -175,6 +173,7 @@ class BsrWeight:
             shape=(rows, cols),
             block=block,
             scale=scale,
+            precision=precision,
         )
 
     @property
@@ -216,12 +215,21 @@ class BsrWeight:
             return dense.to(self.values.dtype)
         return dense * self.scale[:, None]
 
+    def quantize_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x rounded per token as this weight's format rounds its inputs, in the values'
+        code dtype (e4m3fnuz values take e4m3fnuz inputs)."""
+        if self.precision is None:
+            raise UserInputError("float BSR values take float inputs; only int8/fp8 weights "
+                                 "quantize them")
+        return quantize_inputs(x, self.precision,
+                               fnuz=self.values.dtype == torch.float8_e4m3fnuz)
+
     def to(self, device: torch.device | str) -> BsrWeight:
         """A copy on another device."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return BsrWeight(
             move(self.values), move(self.col_indices), move(self.row_ptr),
-            self.shape, self.block, move(self.scale),
+            self.shape, self.block, move(self.scale), self.precision,
         )
 
 
@@ -234,7 +242,7 @@ def bsr_linear_reference(
     if w.scale is None:
         acc = x.float() @ codes.float().T
     else:
-        xq, xs = quantize_inputs(x, w.values.dtype)
+        xq, xs = w.quantize_inputs(x)
         # float64 sums int8 products exactly, like the kernel's int32 accumulator
         acc_dtype = torch.float64 if w.values.dtype == torch.int8 else torch.float32
         acc = (xq.to(acc_dtype) @ codes.to(acc_dtype).T).float()
@@ -264,7 +272,7 @@ def bsr_linear(x: torch.Tensor, w: BsrWeight, bias: torch.Tensor | None = None) 
     vdtype = w.values.dtype
     quantized = w.scale is not None
     if quantized:
-        xq, xs = quantize_inputs(x, vdtype)
+        xq, xs = w.quantize_inputs(x)
     else:
         if x.dtype != vdtype:
             raise UserInputError(f"x is {x.dtype} but the BSR values are {vdtype}: cast one of them")

@@ -14,6 +14,7 @@ from autoplan.cli import cli
 from autoplan.errors import UserInputError
 from autoplan.export.calibration import plan_calibration
 from autoplan.plan import save_plan
+from tests.unit._safetensors_damage import DAMAGES, damage
 from tests.unit.test_export_common import layer_names, make_plan, tiny_loaded
 
 pytest.importorskip("transformers")
@@ -32,8 +33,10 @@ def setup(tmp_path_factory):
 
 def _one_line_exit_2(result) -> str:  # noqa: ANN001
     assert result.exit_code == 2, result.output
-    errors = [line for line in result.output.splitlines() if not line.startswith("loading ")]
-    assert len(errors) == 1 and "Traceback" not in result.output, result.output  # progress aside
+    # progress lines aside (rich wraps a long "loading PATH ..." line at 80 columns when
+    # the output is not a terminal), exactly one error line, and no traceback
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
     return errors[0]
 
 
@@ -47,19 +50,20 @@ def test_out_under_a_file_fails_before_loading(command, setup, tmp_path) -> None
     assert "not a folder" in _one_line_exit_2(result)  # not "no-such-model": checked first
 
 
-@pytest.mark.parametrize("damage", ["truncated", "zero-byte", "garbage"])
+@pytest.mark.parametrize("kind", sorted(DAMAGES))
 @pytest.mark.parametrize("command", [["export", "--format", "onnx"], ["apply"]])
-def test_an_unreadable_safetensors_is_one_line(command, damage, setup, tmp_path) -> None:
+def test_an_unreadable_safetensors_is_one_line(command, kind, setup, tmp_path) -> None:
+    """The same damages, the same check (and message) as search's."""
     loaded, _, plan = setup
     folder = tmp_path / "broken"
     shutil.copytree(loaded.path, folder)
     weights = folder / "model.safetensors"
-    data = weights.read_bytes()
-    weights.write_bytes({"truncated": data[: len(data) // 2], "zero-byte": b"",
-                         "garbage": b"\x00garbage" * 64}[damage])
+    weights.write_bytes(damage(weights.read_bytes(), kind))
     result = CliRunner().invoke(cli, [*command, str(plan), "--model", str(folder),
                                       "--out", str(tmp_path / "out")])
-    assert "model.safetensors" in _one_line_exit_2(result)
+    line = _one_line_exit_2(result)
+    assert "model.safetensors" in line and "not a valid safetensors file" in line
+    assert DAMAGES[kind] in line
     assert not (tmp_path / "out").exists()
 
 

@@ -15,6 +15,7 @@ from autoplan.cli import cli
 from autoplan.cost.measured import load_cost_table
 from autoplan.errors import UserInputError
 from autoplan.search.storage import check_storage, open_storage, redact
+from tests.unit._safetensors_damage import DAMAGES, damage
 
 _ESTIMATE = ["estimate", "--model", "llama-3.1-8b", "--target", "h100"]
 _PLAN = Path(__file__).resolve().parents[2] / "benchmarks/results/cpu_plans/int8_kl0.05.json"
@@ -248,13 +249,10 @@ def _broken_copy(tiny_model: Path, folder: Path, weights: bytes) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("damage", ["zero-byte", "truncated", "garbage", "header-only"])
-def test_search_refuses_broken_safetensors_before_loading(damage, tiny_model, tmp_path,
+@pytest.mark.parametrize("kind", sorted(DAMAGES))
+def test_search_refuses_broken_safetensors_before_loading(kind, tiny_model, tmp_path,
                                                           monkeypatch):
-    whole = (tiny_model / "model.safetensors").read_bytes()
-    weights = {"zero-byte": b"", "truncated": whole[: len(whole) // 2],
-               "garbage": b"\x89PNG\r\n\x1a\n" + b"\x00" * 4096,
-               "header-only": whole[: 8 + int.from_bytes(whole[:8], "little")]}[damage]
+    weights = damage((tiny_model / "model.safetensors").read_bytes(), kind)
     model = _broken_copy(tiny_model, tmp_path / "model", weights)
     monkeypatch.chdir(tmp_path)
     _refused(_search(model, tmp_path / "plan.json"), "not a valid safetensors file", tmp_path)
@@ -285,12 +283,44 @@ def test_cpu_search_refuses_an_architecture_the_onnx_export_lacks(arch, platform
              "supports model_type llama, mistral, qwen2", tmp_path)
 
 
-def test_safetensors_check_passes_a_whole_file_and_names_trailing_bytes(tiny_model, tmp_path):
+@pytest.mark.parametrize("kind", sorted(DAMAGES))
+def test_one_safetensors_check_names_each_damage_in_a_file_or_a_folder(kind, tiny_model,
+                                                                       tmp_path):
+    """The one check search, export and apply call: a whole file and its folder pass; each
+    damage is one line naming the file and what is wrong, whether given the file or the
+    folder."""
     from autoplan.models.check import check_safetensors
 
     whole = tiny_model / "model.safetensors"
     check_safetensors(whole)
-    padded = tmp_path / "padded.safetensors"
-    padded.write_bytes(whole.read_bytes() + b"\x00" * 7)
-    with pytest.raises(UserInputError, match="7 bytes follow the last tensor"):
-        check_safetensors(padded)
+    check_safetensors(tiny_model)
+    check_safetensors(tmp_path / "no-such-folder")  # the resolver reports missing models
+    folder = _broken_copy(tiny_model, tmp_path / "model", damage(whole.read_bytes(), kind))
+    for target in (folder, folder / "model.safetensors"):
+        with pytest.raises(UserInputError, match=DAMAGES[kind]) as err:
+            check_safetensors(target)
+        assert "model.safetensors" in str(err.value) and "\n" not in str(err.value)
+
+
+
+
+def test_choice_options_are_their_text_enums():
+    """Every click.Choice vocabulary is one TextEnum: the CLI lists its values and the library
+    refuses anything else with the same one line."""
+    from autoplan.cli.profile import command as profile
+    from autoplan.cli.search import command as search
+    from autoplan.cost.report import Objective
+    from autoplan.streaming.runner import Execution, ExecutionSettings
+
+    def choices(command, flag):  # noqa: ANN001, ANN202
+        (param,) = [p for p in command.params if flag in p.opts]
+        return list(param.type.choices)
+
+    assert choices(search, "--objective") == Objective.values()
+    assert choices(search, "--execution") == choices(profile, "--execution") == Execution.values()
+    assert ExecutionSettings(execution="STREAM").execution is Execution.STREAM
+    with pytest.raises(UserInputError, match="unknown --execution 'disk': use one of auto, "
+                       "memory, stream"):
+        ExecutionSettings(execution="disk")
+    with pytest.raises(UserInputError, match="unknown objective 'speed': use one of throughput"):
+        Objective.parse("speed")

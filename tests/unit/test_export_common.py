@@ -29,13 +29,15 @@ transformers = pytest.importorskip("transformers")
 BASELINE = "dense+bf16"
 
 
-def tiny_loaded(tmp_path: Path, *, tied: bool = False) -> LoadedModel:
-    """A tiny Llama saved as safetensors and loaded the way load_model returns it."""
+def tiny_loaded(tmp_path: Path, *, tied: bool = False, hidden: int = 64,
+                intermediate: int = 128) -> LoadedModel:
+    """A tiny Llama saved as safetensors and loaded the way load_model returns it (hidden 64
+    by default; formats with 128-wide blocks take hidden=256, intermediate=384)."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-        tie_word_embeddings=tied)
+        hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+        max_position_embeddings=64, tie_word_embeddings=tied)
     model = transformers.LlamaForCausalLM(cfg).eval()
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(str(folder), safe_serialization=True)
@@ -143,6 +145,21 @@ def test_gptq_plan_needs_calibration(loaded, tmp_path):
         prune_score="magnitude", quant_method="gptq")})
     with pytest.raises(UserInputError, match="calibration"):
         export_plan(plan, loaded, "compressed-tensors", tmp_path / "out")
+
+
+def test_a_format_with_calibrated_inputs_needs_the_calibration_set(loaded, tmp_path):
+    """NVFP4's FormatSpec has an input_calibration (its static input global scale): the
+    export needs the calibration tokens for those layers only, and says so before writing."""
+    from autoplan.export._prepare import needs_calibration
+
+    name = "model.layers.0.mlp.down_proj"
+    plan = make_plan(loaded, {name: "dense+nvfp4"}, target="b200")
+    assert needs_calibration(plan)
+    assert not needs_calibration(make_plan(loaded, {name: "dense+int8"}))
+    with pytest.raises(UserInputError, match=rf"NVFP4 layers \({name}\) need a static activation "
+                       "scale from calibration data"):
+        export_plan(plan, loaded, "compressed-tensors", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_atomic_dir_keeps_old_export_on_failure(tmp_path):

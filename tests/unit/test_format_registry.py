@@ -96,15 +96,21 @@ def test_spec_is_complete_and_consistent(spec: FormatSpec):
     assert isinstance(spec.naming("no-such-exporter"), Refused)
     assert set(spec.kernels.values()) <= set(_KERNELS)
     assert set(spec.kernels) <= {"dense", "2:4", "block"}
+    assert (spec.float_dtype is None) == spec.quantized  # a float kernel's dtype, floats only
+    if spec.input_calibration is not None:  # a static input parameter from a calibration amax
+        param = spec.input_calibration(torch.tensor([3.0]))
+        assert param.dtype == torch.float32 and torch.isfinite(param).all()
 
 
 def _dequant_by_definition(q, spec: FormatSpec) -> torch.Tensor:  # noqa: ANN001
     """Dequantize stored codes and scales as the format's serving kernel does."""
     rows, cols = q.codes.shape
     g = spec.info.group or cols
+    tile = spec.info.block_rows or 1  # a 2-D block format stores one scale per tile of rows
 
     def per_group(t: torch.Tensor) -> torch.Tensor:
-        return t.float().reshape(rows, -1).repeat_interleave(g, dim=1)[:, :cols]
+        t = t.float().reshape(-(-rows // tile), -1).repeat_interleave(tile, dim=0)[:rows]
+        return t.repeat_interleave(g, dim=1)[:, :cols]
 
     scale = q.scales["weight_scale"]
     if spec.precision is Precision.NVFP4:
@@ -130,6 +136,9 @@ def test_every_quantized_format_round_trips(spec: FormatSpec, method: str):
                         hessian=hessian_from_inputs(x) if method == "gptq" else None)
     assert q.precision is spec.precision and q.codes is not None
     assert torch.equal(_dequant_by_definition(q, spec), q.dequant)
+    scheme = spec.weight_scheme(w.dtype)  # code_values inverts store_codes (exporters verify)
+    assert torch.equal(scheme.store_codes(scheme.code_values(q.codes)).view(torch.uint8),
+                       q.codes.view(torch.uint8))
     assert not q.dequant[3, :64].any()
     if isinstance(spec.weight_scheme(torch.float32), (IntScheme, AsymIntScheme)) and \
             spec.info.value_bits == 4:

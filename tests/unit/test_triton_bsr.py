@@ -195,11 +195,16 @@ def test_full_density_equals_dense_matmul(dtype):
 
 def test_inputs_are_autoplan_quant_per_token_rounding():
     t = torch.tensor([[0.0, 0.0], [1.0, -2.0]])
-    codes, scale = quantize_inputs(t, torch.int8)
+    codes, scale = quantize_inputs(t, Precision.INT8)
     assert codes.tolist() == [[0, 0], [64, -127]]
     assert scale[1] == pytest.approx(2.0 / 127)
-    codes8, _ = quantize_inputs(t, torch.float8_e4m3fn)
-    assert codes8.float().abs().max() == 448.0
+    codes8, s8 = quantize_inputs(t, Precision.FP8_E4M3)
+    assert codes8.dtype == torch.float8_e4m3fn and codes8.float().abs().max() == 448.0
+    fnuz, scale_nuz = quantize_inputs(t, Precision.FP8_E4M3, fnuz=True)
+    assert fnuz.dtype == torch.float8_e4m3fnuz and torch.equal(fnuz.float() * scale_nuz[:, None],
+                                                               codes8.float() * s8[:, None])
+    with pytest.raises(UserInputError, match="not nvfp4"):
+        quantize_inputs(t, Precision.NVFP4)
 
 
 @pytest.mark.parametrize(
