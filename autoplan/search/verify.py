@@ -20,7 +20,7 @@ from autoplan.search.space import SearchSpace
 from autoplan.search.tables import Tables
 from autoplan.sensitivity.executor import Executor, SerialExecutor
 from autoplan.streaming.device import is_out_of_memory
-from autoplan.streaming.evaluate import StreamedCandidate, StreamedEvaluator
+from autoplan.streaming.evaluate import StreamedCandidate, StreamedEvaluator, evaluate_group
 
 
 @dataclass(frozen=True)
@@ -100,13 +100,23 @@ class Verifier:
                  ) -> Iterator[tuple[int, tuple[QualityResult, dict]]]:
         """(task index, (quality, audit)) per task, in completion order."""
         if isinstance(self.evaluator, StreamedEvaluator):
-            # Streamed: the candidates are compressed block by block on the fly, all of them
-            # in one pass over the blocks (each block read once, its Hessians taken once), in
-            # this process (the skeleton reads the local checkpoint, so it is not shipped to
-            # workers).
-            yield from enumerate(self.evaluator.evaluate_many(
-                [StreamedCandidate(t.decisions, t.use_stats) for t in tasks], self.settings,
-                baseline=self.space.baseline))
+            # Streamed: candidates are compressed block by block on the fly, a group of them
+            # per pass over the blocks (each block read once, its Hessians taken once). In
+            # this process: one group. On a distributed executor: one group per worker, each
+            # worker streaming the checkpoint itself (the model is never shipped; the
+            # reference log-probs are, once).
+            cands = [StreamedCandidate(t.decisions, t.use_stats) for t in tasks]
+            n = getattr(executor, "workers", 1) if executor is not None else 1
+            if n <= 1 or len(cands) <= 1:
+                yield from enumerate(self.evaluator.evaluate_many(
+                    cands, self.settings, baseline=self.space.baseline))
+                return
+            groups = [list(range(g, len(cands), n)) for g in range(min(n, len(cands)))]
+            ctx = self.evaluator.context(self.settings, self.space.baseline)
+            done = executor.imap_unordered(partial(evaluate_group, ctx),
+                                           [[cands[i] for i in g] for g in groups])
+            for gi, results in done:
+                yield from zip(groups[gi], results)
             return
         stats = self._calibration_stats() if any(t.use_stats for t in tasks) else None
         ctx = CandidateContext(self.model, self.evaluator, stats, self.settings,

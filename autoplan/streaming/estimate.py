@@ -107,10 +107,11 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
         if dev == "cpu":
             return MemoryPlan(execution, dev, host, parts)
         return MemoryPlan(execution, dev, host, parts)
-    resident = (spec.embedding_params + (0 if spec.tie_embeddings else v * h)) * F32
+    # the embedding and lm_head are read only while a pass needs them, never both at once
+    on_demand = max(spec.embedding_params, v * h) * F32
     ckpt_bytes = _DTYPE_BYTES.get(spec.dtype, 2)
     device_parts = {
-        "resident embeddings + lm_head (fp32)": resident,
+        "embedding or lm_head, while in use (fp32)": on_demand,
         "one block (fp32)": block_params * F32,
         "one block's captures": max(t * (block_in + block_out) * F32, head_capture),
         "activations (one block, 1 batch) + logits": _activations(

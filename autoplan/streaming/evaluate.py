@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +48,49 @@ class StreamedCandidate:
     needs_stats: bool = False
 
 
+@dataclass(frozen=True)
+class StreamedContext:
+    """What a worker needs to measure candidates itself (`evaluate_group`): the checkpoint it
+    streams (a path every worker can read: this machine, or storage the cluster shares), the
+    evaluation and calibration tokens, the original's reference log-probs (computed once, by
+    the driver) and how layers are compressed."""
+
+    folder: Path
+    device_type: str  # "cpu" or "cuda": a Ray GPU worker sees its own GPU as cuda:0
+    trust_remote_code: bool
+    eval_tokens: Tensor
+    calib_batches: tuple[Tensor, ...]
+    reference: ReferenceLogprobs
+    batch_size: int
+    settings: CompressionSettings
+    baseline: Choice | None
+
+    @property
+    def key(self) -> tuple:
+        return (str(self.folder), self.device_type, self.reference.nll,
+                tuple(self.eval_tokens.shape), len(self.calib_batches), self.batch_size)
+
+
+_WORKER_EVALUATORS: dict[tuple, StreamedEvaluator] = {}  # per process: reused across tasks
+
+
+def evaluate_group(ctx: StreamedContext, group: Sequence[StreamedCandidate]
+                   ) -> list[tuple[QualityResult, dict[str, dict[str, str]]]]:
+    """`StreamedEvaluator.evaluate_many` of `group` in whatever process runs this (a Ray
+    worker): the worker opens the checkpoint itself, once, and keeps it for its next tasks."""
+    from autoplan.streaming.device import resolve_device
+
+    ev = _WORKER_EVALUATORS.get(ctx.key)
+    if ev is None:
+        _WORKER_EVALUATORS.clear()  # one model per worker
+        sm = StreamedModel(ctx.folder, device=resolve_device(ctx.device_type),
+                           trust_remote_code=ctx.trust_remote_code)
+        ev = StreamedEvaluator(sm, ctx.eval_tokens, calib_batches=ctx.calib_batches,
+                               batch_size=ctx.batch_size, reference=ctx.reference)
+        _WORKER_EVALUATORS[ctx.key] = ev
+    return ev.evaluate_many(group, ctx.settings, baseline=ctx.baseline)
+
+
 @dataclass
 class _Track:
     """A candidate's progress through the blocks."""
@@ -69,7 +113,7 @@ class StreamedEvaluator:
 
     def __init__(self, sm: StreamedModel, eval_tokens: Tensor, *,
                  calib_batches: Sequence[Tensor] = (), suite: Any = None,
-                 batch_size: int = 4) -> None:
+                 batch_size: int = 4, reference: ReferenceLogprobs | None = None) -> None:
         if suite is not None:
             raise UserInputError("a suite budget generates text token by token, which streamed "
                                  "execution does not do: use --execution memory, or a kl/ppl "
@@ -78,6 +122,7 @@ class StreamedEvaluator:
         self.batch_size = batch_size
         t0 = time.perf_counter()
         tokens = check_tokens(eval_tokens)
+        self.calib_batches = tuple(calib_batches)
         self._batches = list(tokens.split(batch_size))
         with sm.embeddings():  # loaded once here; verification never needs it again
             evals = [sm.block_inputs(b) for b in self._batches]
@@ -87,17 +132,28 @@ class StreamedEvaluator:
         self._cal_in = [h for h, _ in cal]
         self._cal_kw = [kw for _, kw in cal]
         self._kept: list[Tensor] = []  # the reference pass's log-probs, batch by batch
-        nll, _kl, _audit = self._run([StreamedCandidate({})], CompressionSettings(), None,
-                                     keep=True)[0]
-        lps, self._kept = self._kept, []
-        n_targets = tokens.shape[0] * (tokens.shape[1] - 1)
-        self.reference = ReferenceLogprobs(tokens, torch.cat(lps), nll / n_targets)
+        if reference is None:
+            nll, _kl, _audit = self._run([StreamedCandidate({})], CompressionSettings(), None,
+                                         keep=True)[0]
+            lps, self._kept = self._kept, []
+            n_targets = tokens.shape[0] * (tokens.shape[1] - 1)
+            reference = ReferenceLogprobs(tokens, torch.cat(lps), nll / n_targets)
+        elif not torch.equal(reference.tokens, tokens):
+            raise UserInputError("the reference log-probs were computed on other tokens")
+        self.reference = reference
         self.suite_reference = None
         self.setup_seconds = time.perf_counter() - t0
 
     @property
     def ppl_ref(self) -> float:
         return self.reference.ppl
+
+    def context(self, settings: CompressionSettings, baseline: Choice | None
+                ) -> StreamedContext:
+        """What another process needs to measure candidates as this evaluator does."""
+        return StreamedContext(self.sm.folder, self.sm.device.type, self.sm.trust_remote_code,
+                               self.reference.tokens, self.calib_batches, self.reference,
+                               self.batch_size, settings, baseline)
 
     def _stats(self, i: int, names: list[str], states: list[Tensor]
                ) -> tuple[dict[str, HessianAccumulator], list[Tensor]]:
@@ -228,4 +284,4 @@ class StreamedEvaluator:
                                   baseline=baseline)[0]
 
 
-__all__ = ["StreamedCandidate", "StreamedEvaluator"]
+__all__ = ["StreamedCandidate", "StreamedContext", "StreamedEvaluator", "evaluate_group"]

@@ -67,6 +67,7 @@ class StreamedModel:
         from autoplan.models.gguf_convert import quiet_transformers
 
         self.folder, self.device, self.dtype = Path(folder), device, dtype
+        self.trust_remote_code = trust_remote_code
         self.reader = CheckpointReader(self.folder)
         with quiet_transformers():
             config = AutoConfig.from_pretrained(self.folder, trust_remote_code=trust_remote_code)

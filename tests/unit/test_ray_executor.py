@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+import torch
 from autoplan.compress import CompressionSettings
 from autoplan.cost.model import CostModel
 from autoplan.errors import AutoplanError, UserInputError
@@ -190,6 +191,58 @@ def test_verification_on_ray_equals_the_serial_measurements(s: Setup,
         assert (a.quality.kl, a.quality.ppl, a.quality.n_tokens) == \
             (b.quality.kl, b.quality.ppl, b.quality.n_tokens)
     assert any(m.quality.kl > 0 for m in serial)
+
+
+def test_streamed_verification_on_ray_equals_the_serial_measurements(
+        s: Setup, executor: RayExecutor, tmp_path: Path) -> None:
+    """Streamed (8B-70B) verification: each worker streams the checkpoint itself and
+    measures a group of candidates; the results equal one process's bit for bit."""
+    from autoplan.streaming.evaluate import StreamedEvaluator
+    from autoplan.streaming.skeleton import StreamedModel
+    from tests.unit._tiny import save_tiny_folder
+
+    folder = save_tiny_folder(tmp_path / "model")
+    tgt = get_target("h100-sxm")
+    space = build_space(tiny_spec(), tgt, "tensorrt-llm")
+    tables = build_tables(space, CostModel(tiny_spec(), tgt, WORKLOAD), synthetic_profile(space))
+    candidates = [(p, f"uniform {c}") for c in space.all_choices
+                  if (p := tables.uniform_picks(c)) and c != space.baseline][:3]
+    assert len(candidates) == 3
+    settings = CompressionSettings("sparsegpt", "gptq")  # every candidate needs Hessians
+    evaluator = StreamedEvaluator(StreamedModel(folder, device=torch.device("cpu")),
+                                  s.data.eval, calib_batches=s.calib)
+
+    def verifier() -> Verifier:
+        return Verifier(None, space, tables, evaluator, QualityBudget.parse("kl<=0.05"),
+                        settings, s.calib)
+
+    serial = verifier().measure_many(candidates)
+    done: list[int] = []
+    sharded = verifier().measure_many(candidates, executor, on_done=done.append)
+    assert done == [1, 2, 3]
+    for a, b in zip(serial, sharded):
+        assert (a.picks, a.label, a.passed, a.badness, a.audit) == \
+            (b.picks, b.label, b.passed, b.badness, b.audit)
+        assert (a.quality.kl, a.quality.ppl) == (b.quality.kl, b.quality.ppl)
+    assert all(m.quality.kl > 0 for m in serial)
+
+
+def test_streamed_profile_on_ray_equals_the_serial_one_exactly(
+        s: Setup, executor: RayExecutor, tmp_path: Path) -> None:
+    from autoplan.streaming.profile import build_profile_streamed
+    from autoplan.streaming.skeleton import StreamedModel
+    from tests.unit._tiny import save_tiny_folder
+
+    sm = StreamedModel(save_tiny_folder(tmp_path / "model"), device=torch.device("cpu"))
+
+    def build(cache: Path, ex=None):  # noqa: ANN001, ANN202
+        return build_profile_streamed(sm, s.layers, s.choices, s.calib, model_hash="tiny",
+                                      calib_hash="c", settings=SETTINGS, cache_dir=cache,
+                                      executor=ex)
+
+    serial, sharded = build(tmp_path / "serial"), build(tmp_path / "ray", executor)
+    assert sharded.scores == serial.scores and sharded.outliers == serial.outliers
+    assert set(serial.scores) == set(s.layers)
 
 
 def test_an_address_that_is_not_a_ray_cluster_is_one_line() -> None:
