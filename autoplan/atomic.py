@@ -30,12 +30,19 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, fsync: bool = 
         text: the content.
         fsync: flush to disk before the rename (plans, caches that must survive a crash).
     """
+    return write_bytes_atomic(path, text.encode(), fsync=fsync)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *,
+                       fsync: bool = True) -> Path:
+    """Write ``data`` to ``path`` through a temp sibling and ``os.replace`` (see
+    ``write_text_atomic``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -154,4 +161,4 @@ def atomic_new_dir(dest: Path, *, complete: Callable[[Path], bool]) -> Iterator[
 
 
 __all__ = ["atomic_dir", "atomic_new_dir", "check_writable_dir", "json_text", "replace_files",
-           "write_json_atomic", "write_text_atomic"]
+           "write_bytes_atomic", "write_json_atomic", "write_text_atomic"]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autoplan.quality.metrics import compare_pass, reference_pass
+from autoplan.quality.metrics import ReferenceLogprobs, compare_pass, reference_pass
 from autoplan.quality.suite import PromptSuite, score_suite, suite_reference
 
 
@@ -74,11 +74,11 @@ class QualityEvaluator:
 
     def __init__(self, reference_model: Any, eval_tokens: torch.Tensor, *,
                  suite: PromptSuite | None = None, batch_size: int = 4,
-                 max_new_tokens: int = 16) -> None:
+                 max_new_tokens: int = 16, reference: ReferenceLogprobs | None = None) -> None:
         model = _module(reference_model)
         self.batch_size = batch_size
         t0 = time.perf_counter()
-        self.reference = reference_pass(model, eval_tokens, batch_size=batch_size)
+        self.reference = reference or reference_pass(model, eval_tokens, batch_size=batch_size)
         self.suite_reference = (suite_reference(model, suite, max_new_tokens=max_new_tokens)
                                 if suite is not None else None)
         self.setup_seconds = time.perf_counter() - t0

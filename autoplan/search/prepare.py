@@ -138,7 +138,8 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     budget = req.budget
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
-    evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite)
+    evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite,
+                                 cache_dir=cache_root() / "references")
     verifier = Verifier(loaded.model, space, tables, evaluator, budget, req.settings, calib,
                         out_of_memory=lambda what: runner.out_of_memory(
                             what, sum(b.numel() for b in calib)))

@@ -109,17 +109,37 @@ class ModelRunner:
             raise
 
     def evaluator(self, eval_tokens: Tensor, *, calib_batches: Sequence[Tensor] = (),
-                  suite: Any = None) -> Any:
-        """A QualityEvaluator (memory) or StreamedEvaluator (stream) of the original."""
+                  suite: Any = None, cache_dir: Path | None = None) -> Any:
+        """A QualityEvaluator (memory) or StreamedEvaluator (stream) of the original.
+
+        With `cache_dir`, the original's reference log-probs are read from there when a
+        previous run computed them for the same model, tokens and arithmetic (and stored
+        there otherwise): a resumed search does not recompute them.
+        """
+        from autoplan.quality.metrics import reference_pass
+        from autoplan.quality.reference_cache import cached_reference, reference_key
+
+        def reference(compute: Callable[[], Any]) -> Any:
+            if cache_dir is None:
+                return None
+            key = reference_key(self.loaded.content_hash, eval_tokens, execution=self.execution,
+                                device=self.device.type, batch_size=4)
+            return cached_reference(cache_dir, key, eval_tokens, compute)
+
         try:
             if self.execution == "stream":
                 from autoplan.streaming.evaluate import StreamedEvaluator
 
+                ref = reference(lambda: StreamedEvaluator(
+                    self.loaded.model, eval_tokens, calib_batches=()).reference)
                 return StreamedEvaluator(self.loaded.model, eval_tokens,
-                                         calib_batches=calib_batches, suite=suite)
+                                         calib_batches=calib_batches, suite=suite,
+                                         reference=ref)
             from autoplan.quality.evaluator import QualityEvaluator
 
-            return QualityEvaluator(self.loaded.model, eval_tokens.to(self.device), suite=suite)
+            tokens = eval_tokens.to(self.device)
+            ref = reference(lambda: reference_pass(self.loaded.model, tokens, batch_size=4))
+            return QualityEvaluator(self.loaded.model, tokens, suite=suite, reference=ref)
         except (RuntimeError, MemoryError) as exc:
             if is_out_of_memory(exc):
                 raise self.out_of_memory("measuring the original model",

@@ -1,0 +1,59 @@
+"""The original model's reference log-probabilities, cached on disk per evaluation split.
+
+Every search (and every resumed one) measures candidates against the original's full-
+vocabulary log-probs on the evaluation tokens; computing them is one full pass of the model
+(minutes, streamed, for an 8B model on a CPU). They depend only on the model's weights, the
+tokens and how the pass is computed, so they are kept as a safetensors file keyed by exactly
+that: the model's content hash, the tokens, the execution (memory or stream), the device
+type, torch's version and thread count (the last bits of a reduction depend on both) and the
+batch size. A file that does not match its key or cannot be read is recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from autoplan.atomic import write_bytes_atomic
+from autoplan.quality.metrics import ReferenceLogprobs
+
+CACHE_VERSION = 1
+
+
+def reference_key(model_hash: str, tokens: torch.Tensor, *, execution: str, device: str,
+                  batch_size: int) -> str:
+    h = hashlib.sha256(f"autoplan-reference-v{CACHE_VERSION}|{model_hash}|{execution}|{device}|"
+                       f"{torch.__version__}|{torch.get_num_threads()}|{batch_size}|"
+                       f"{tuple(tokens.shape)}|".encode())
+    h.update(tokens.cpu().to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def cached_reference(cache_dir: Path, key: str, tokens: torch.Tensor,
+                     compute: Callable[[], ReferenceLogprobs]) -> ReferenceLogprobs:
+    """The reference stored under `key`, else `compute()` stored there and returned."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save
+
+    path = Path(cache_dir) / f"reference-{key}.safetensors"
+    if path.is_file():
+        try:
+            got = load_file(path)
+            if torch.equal(got["tokens"], tokens.cpu().to(torch.int64)):
+                dev = tokens.device  # where the evaluator computes (the GPU in memory mode)
+                return ReferenceLogprobs(got["tokens"].to(dev), got["logprobs"].to(dev),
+                                         float(got["nll"]))
+        except (SafetensorError, OSError, KeyError, ValueError, RuntimeError):
+            pass  # unreadable or foreign: recomputed below
+    ref = compute()
+    write_bytes_atomic(path, save({
+        "tokens": ref.tokens.cpu().to(torch.int64).contiguous(),
+        "logprobs": ref.logprobs.cpu().contiguous(),
+        "nll": torch.tensor(ref.nll, dtype=torch.float64)}))
+    return ref
+
+
+__all__ = ["cached_reference", "reference_key"]
