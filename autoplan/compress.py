@@ -62,11 +62,13 @@ def observe_inputs(model: nn.Module, layer_names: Iterable[str], batches: Iterab
 
 
 def collect_stats(
-    model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor]
+    model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor], *,
+    full: bool = True,
 ) -> dict[str, HessianAccumulator]:
-    """Input Hessians (2 X^T X / n; the diagonal gives Wanda's norms) of the named linears."""
+    """Input Hessians (2 X^T X / n; the diagonal gives Wanda's norms) of the named linears;
+    with ``full=False`` only their diagonals (enough unless GPTQ or SparseGPT runs)."""
     names = list(layer_names)
-    stats = {n: HessianAccumulator(get_linear(model, n).in_features) for n in names}
+    stats = {n: HessianAccumulator(get_linear(model, n).in_features, full=full) for n in names}
     observe_inputs(model, names, batches, lambda n, x: stats[n].add(x))
     return stats
 
@@ -82,7 +84,7 @@ def compress_linear(
     reconstructed weight) does not depend on the precision, so 2:4 with bf16, FP8 and INT8
     prune once.
     """
-    hessian = stats.hessian if stats is not None else None
+    hessian = stats.hessian if stats is not None and settings.needs_hessian else None
     weight = None
     mask = None
     if choice.sparsity.kind != "dense":

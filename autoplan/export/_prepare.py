@@ -203,7 +203,7 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
             raise UserInputError(
                 f"the plan's {settings.prune_score}/{settings.quant_method} weights need "
                 f"calibration statistics: pass the calibration set ({plan.audit.calibration_source})")
-        stats = collect_stats(loaded.model, choices, calibration)
+        stats = collect_stats(loaded.model, choices, calibration, full=settings.needs_hessian)
     # compress_linear leaves the original layer untouched, so no model copy is needed here.
     sims = {name: compress_linear(get_linear(loaded.model, name), choice,
                                   stats.get(name) if needs_stats and stats else None, settings)

@@ -86,7 +86,8 @@ class Verifier:
     def _calibration_stats(self) -> dict:
         if self._stats is None:
             names = [la.name for u in self.space.units for la in u.layers]
-            self._stats = collect_stats(self.model, names, self.calib_batches)
+            self._stats = collect_stats(self.model, names, self.calib_batches,
+                                        full=self.settings.needs_hessian)
         return self._stats
 
     def _task(self, key: tuple[int, ...]) -> CandidateTask:

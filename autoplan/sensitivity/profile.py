@@ -29,7 +29,8 @@ from autoplan.quant import HessianAccumulator
 from autoplan.sensitivity.capture import Captured, capture
 from autoplan.sensitivity.executor import Executor, SerialExecutor
 
-PROFILE_VERSION = 1
+# 2: Wanda's activation norms from a separately accumulated diagonal (last bits may differ)
+PROFILE_VERSION = 2
 # OWL (Yin et al. 2024): a weight is an outlier when its Wanda score exceeds M x the layer mean.
 OWL_M = 5.0
 
@@ -132,7 +133,7 @@ def score_task(task: ScoreTask) -> ScoreResult:
     if task.bias is not None:
         linear.bias = torch.nn.Parameter(task.bias, requires_grad=False)
     x, g = task.inputs, task.grads
-    stats = HessianAccumulator(linear.in_features)
+    stats = HessianAccumulator(linear.in_features, full=task.settings.needs_hessian)
     stats.add(x)
     y_ref = x @ linear.weight.detach().float().T
     g2 = g.square()

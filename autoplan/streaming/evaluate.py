@@ -155,12 +155,14 @@ class StreamedEvaluator:
                                self.reference.tokens, self.calib_batches, self.reference,
                                self.batch_size, settings, baseline)
 
-    def _stats(self, i: int, names: list[str], states: list[Tensor]
+    def _stats(self, i: int, names: list[str], states: list[Tensor], full: bool
                ) -> tuple[dict[str, HessianAccumulator], list[Tensor]]:
-        """Input Hessians of block i's `names` on the calibration states, and the block's
-        outputs (the next block's calibration states)."""
+        """Input Hessians of block i's `names` on the calibration states (only their
+        diagonals unless `full`), and the block's outputs (the next block's calibration
+        states)."""
         model = self.sm.model
-        stats = {n: HessianAccumulator(get_linear(model, n).in_features) for n in names}
+        stats = {n: HessianAccumulator(get_linear(model, n).in_features, full=full)
+                 for n in names}
         handles = [get_linear(model, n).register_forward_hook(
             lambda _m, inp, _o, n=n: stats[n].add(inp[0])) for n in names]
         try:
@@ -192,10 +194,11 @@ class StreamedEvaluator:
         for n, module in old.items():
             set_module(self.sm.model, n, module)
 
-    def _head_stats(self, names: list[str], states: list[Tensor]
+    def _head_stats(self, names: list[str], states: list[Tensor], full: bool
                     ) -> dict[str, HessianAccumulator]:
         sm = self.sm
-        stats = {n: HessianAccumulator(get_linear(sm.model, n).in_features) for n in names}
+        stats = {n: HessianAccumulator(get_linear(sm.model, n).in_features, full=full)
+                 for n in names}
         for h in states:
             x = sm.base.norm(h)
             for n in names:
@@ -222,7 +225,7 @@ class StreamedEvaluator:
                 if want_stats:
                     union = sorted({n for t, ns in zip(tracks, names) if t.needs_stats
                                     for n in ns})
-                    stats, h_cal = self._stats(i, union, h_cal)
+                    stats, h_cal = self._stats(i, union, h_cal, settings.needs_hessian)
                 memo: dict = {}
                 for t, ns in zip(tracks, names):
                     old = self._swap_in(t, ns, stats, settings, memo)
@@ -237,7 +240,7 @@ class StreamedEvaluator:
         with sm.head_resident():
             heads = [[n for n in t.decided if f"{n}.weight" not in in_blocks] for t in tracks]
             union = sorted({n for t, ns in zip(tracks, heads) if t.needs_stats for n in ns})
-            stats = self._head_stats(union, h_cal) if union else None
+            stats = self._head_stats(union, h_cal, settings.needs_hessian) if union else None
             memo = {}
             for t, ns in zip(tracks, heads):
                 old = self._swap_in(t, ns, stats, settings, memo)
