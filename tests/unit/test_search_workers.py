@@ -1,0 +1,165 @@
+"""Many processes, one search: `autoplan worker` processes join a search (PostgreSQL started
+here from Debian's package, and a journal file), share its trial batches and measurements,
+and one killed with SIGKILL loses only the trial it was running; the job queue's pieces
+(stale jobs by heartbeat and by dead process, the driver's lease, re-queued batches, the
+one-attribute trial format) on their own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autoplan.search.jobs import JobQueue
+from autoplan.search.reporter import Reporter
+from autoplan.search.run import SearchOutcome, SearchRequest, run_search
+from autoplan.search.storage import open_storage
+from autoplan.search.study import stored_by
+from tests.postgres import PostgresServer, why_not_available
+from tests.unit._tiny import FAST, WORKLOAD, llama_tables, one_torch_thread, shared_dirs  # noqa: F401
+
+STUDY = "shared"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    folder, cache = shared_dirs(tmp_path_factory)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOPLAN_CACHE", str(cache))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    reason = why_not_available()
+    if reason:
+        pytest.skip(reason)
+    with PostgresServer(durable=False) as pg:
+        yield pg.url
+
+
+def _worker(url: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "autoplan.cli", "worker", "--storage", url, "--study", STUDY,
+         "--quiet", "--wait", "60"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=os.environ | {"OMP_NUM_THREADS": "1"})
+
+
+def _stored(storage, name: str) -> list[optuna.trial.FrozenTrial]:  # noqa: ANN001
+    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+
+
+def _held_batch(storage, pid: int):  # noqa: ANN001, ANN202 - the RUNNING batch `pid` holds
+    try:
+        queue = optuna.load_study(study_name=f"{STUDY}.jobs", storage=storage)
+    except KeyError:  # not created yet
+        return None
+    for t in queue.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = (t.system_attrs.get("owner") or {}).get("worker", "")
+        if t.user_attrs.get("kind") == "trials" and owner.split("/")[1:2] == [str(pid)]:
+            return t
+    return None
+
+
+def _kill_mid_batch(storage, victim: subprocess.Popen, search: threading.Thread):  # noqa: ANN001, ANN202
+    """SIGKILL `victim` once it holds a batch and has stored some of its trials; returns
+    (the batch it held, the trials it had stored), or None if the search ended first."""
+    while search.is_alive():
+        held = _held_batch(storage, victim.pid)
+        if held is not None:
+            mine = [t for t in _stored(storage, STUDY)
+                    if stored_by(t)[1] == held.user_attrs["batch"]]
+            if mine:
+                victim.send_signal(signal.SIGKILL)
+                return held, [t.number for t in mine]
+        time.sleep(0.02)
+    return None
+
+
+def _check_exact(storage, outcome: SearchOutcome) -> None:  # noqa: ANN001
+    names = [STUDY] + [f"{STUDY}-r{k}" for k in range(1, len(outcome.plan.search.rounds))]
+    for name, logged in zip(names, outcome.plan.search.rounds, strict=True):
+        trials = _stored(storage, name)
+        assert {t.state for t in trials} == {TrialState.COMPLETE}
+        assert len(trials) == logged["trials"]  # exact: not one more, not one less
+        numbers = Counter(t.number for t in trials)
+        assert max(numbers.values()) == 1 and sorted(numbers) == list(range(len(trials)))
+        # every batch holds exactly its size, whoever ran it and however often it was retried
+        per_batch = Counter(stored_by(t)[1] for t in trials)
+        assert sum(per_batch.values()) == logged["trials"]
+        for batch, n in per_batch.items():
+            assert n <= 25, batch
+
+
+class _AfterWorkersJoin(Reporter):
+    """Holds the search at its first round until `n` workers have joined it: on a busy
+    2-core machine their start (imports, model) takes longer than a tiny model's search."""
+
+    def __init__(self, storage, n: int) -> None:  # noqa: ANN001
+        self.storage, self.n = storage, n
+
+    def stage(self, name: str) -> None:
+        if name.startswith("search round 1"):
+            queue = JobQueue(self.storage, STUDY)
+            deadline = time.monotonic() + 240
+            while len(queue.workers()) < self.n and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+def _shared_search(url: str, model_dir: Path, tmp_path: Path, n_workers: int) -> None:
+    out = tmp_path / "plan.json"
+    workers = [_worker(url, tmp_path) for _ in range(n_workers)]  # first: they wait for it
+    req = SearchRequest(model=str(model_dir), target="h100-sxm", runtime="vllm",
+                        trials=300, out=out, workload=WORKLOAD, storage=url, study=STUDY, **FAST)
+    storage = open_storage(url)
+    result: dict[str, SearchOutcome] = {}
+    search = threading.Thread(target=lambda: result.update(
+        outcome=run_search(req, _AfterWorkersJoin(storage, n_workers))))
+    search.start()
+    killed = _kill_mid_batch(storage, workers[0], search)
+    search.join(timeout=300)
+    assert "outcome" in result
+    outputs = [w.communicate(timeout=60)[0].decode() for w in workers]
+    outcome = result["outcome"]
+    _check_exact(storage, outcome)
+    trials = _stored(storage, STUDY)
+    by = Counter(stored_by(t)[0].split("/")[1] for t in trials)
+    assert len(by) >= 2, by  # the trials were shared
+    assert len(JobQueue(storage, STUDY).workers()) == len(workers)
+    for w, text in zip(workers[1:], outputs[1:], strict=True):
+        assert w.returncode == 0 and "the search is done" in text, text
+    if killed is not None:
+        held, stored_before = killed
+        assert workers[0].returncode == -signal.SIGKILL
+        kept = {t.number for t in trials}
+        assert set(stored_before) <= kept  # nothing it had stored was lost
+        jobs = _stored(storage, f"{STUDY}.jobs")
+        states = {t.number: t.state for t in jobs}
+        if states[held.number] != TrialState.COMPLETE:  # killed before it finished the batch
+            assert states[held.number] == TrialState.FAIL
+            retries = [t for t in jobs if t.system_attrs.get("failed_trial") == held.number]
+            assert [t.state for t in retries] == [TrialState.COMPLETE]
+            batch = [t for t in trials if stored_by(t)[1] == held.user_attrs["batch"]]
+            assert len(batch) == held.user_attrs["size"]  # its running trial alone was redone
+    # the plan was written once, by the search; the workers wrote none
+    assert out.exists() and sorted(p.name for p in tmp_path.glob("*.json")) == ["plan.json"]
+    assert outcome.plan.search.trials == sum(r["trials"] for r in outcome.plan.search.rounds)
+
+
+def test_three_postgres_workers_one_search_one_killed(postgres: str, model_dir: Path,
+                                                       tmp_path: Path) -> None:
+    _shared_search(postgres, model_dir, tmp_path, 3)
+
+
+def test_a_journal_worker_killed_mid_batch(model_dir: Path, tmp_path: Path) -> None:
+    _shared_search(f"journal:{tmp_path / 'study.journal'}", model_dir, tmp_path, 1)
