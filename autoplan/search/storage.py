@@ -16,6 +16,7 @@ in the search's time goal.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import warnings
@@ -32,6 +33,7 @@ from optuna.storages import (
 )
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal._file import BaseJournalFileLock
 from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.errors import UserInputError
@@ -113,6 +115,30 @@ def _rdb_driver(url: str) -> None:
                              f"which is not installed: {fix}") from None
 
 
+class FlockJournalLock(BaseJournalFileLock):
+    """The journal's write lock as an flock(2) on a sidecar file: the kernel releases it when
+    its holder dies, so a process killed mid-write never stalls the others (Optuna's default
+    symlink lock is only broken after its 30 s grace period). Needs a file system with
+    flock: local disks, and NFSv4; pass a JournalStorage object for anything else."""
+
+    def __init__(self, journal: str) -> None:
+        self._path, self._fd = journal + ".flock", -1
+
+    def acquire(self) -> bool:
+        import fcntl
+
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return True
+
+    def release(self) -> None:
+        import fcntl
+
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = -1
+
+
 def retry_stale_job(study: optuna.Study, trial: FrozenTrial) -> None:
     """Re-queue a failed job (same attributes, WAITING): Optuna's retry callback, except for
     the search's own "driver" job, which only its process can hold."""
@@ -164,8 +190,9 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_S,
     if _is_journal(url):
         path = Path(url.removeprefix(_JOURNAL_PREFIX))
         path.parent.mkdir(parents=True, exist_ok=True)
-        return HeartbeatJournalStorage(JournalFileBackend(str(path)), heartbeat_s, grace_s,
-                                       retry_stale_job)
+        lock = FlockJournalLock(str(path)) if os.name == "posix" else None
+        return HeartbeatJournalStorage(JournalFileBackend(str(path), lock), heartbeat_s,
+                                       grace_s, retry_stale_job)
     _rdb_driver(url)
     for attempt in range(_CREATE_TRIES):
         try:
@@ -249,5 +276,5 @@ def load_or_create(storage: BaseStorage, name: str, directions: list[str]) -> op
                                load_if_exists=True)
 
 
-__all__ = ["GRACE_S", "HEARTBEAT_S", "HeartbeatJournalStorage", "check_storage",
+__all__ = ["GRACE_S", "HEARTBEAT_S", "FlockJournalLock", "HeartbeatJournalStorage", "check_storage",
            "default_storage_url", "load_or_create", "open_storage", "redact", "retry_stale_job"]
