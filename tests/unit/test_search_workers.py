@@ -28,17 +28,9 @@ from autoplan.search.run import SearchOutcome, SearchRequest, run_search
 from autoplan.search.storage import open_storage, retry_stale_job
 from autoplan.search.study import RoundStudy, StudyConfig, run_batch, run_study, stored_by
 from tests.postgres import PostgresServer, why_not_available
-from tests.unit._tiny import FAST, WORKLOAD, llama_tables, one_torch_thread, shared_dirs  # noqa: F401
+from tests.unit._tiny import FAST, WORKLOAD, llama_tables, one_torch_thread, tiny_model_dir  # noqa: F401
 
 STUDY = "shared"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder, cache = shared_dirs(tmp_path_factory)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AUTOPLAN_CACHE", str(cache))
-        yield folder
 
 
 @pytest.fixture(scope="module")
