@@ -54,6 +54,8 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     with queue.driving(prep.study_name, f"wait for it, or help it with `autoplan worker "
                                         f"--storage URL --study {prep.study_name}`"):
         queue.set_attr("request", request_record(prep))
+        rep.note(f"study {prep.study_name} in {platform.storage_label}: more processes can "
+                 f"help with `autoplan worker --storage URL --study {prep.study_name}`")
         rounds = run_rounds(prep, rep, queue)
         chosen = choose(prep, rounds, rep)
         certificate = certify(prep, rounds, rep)

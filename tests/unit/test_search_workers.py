@@ -45,7 +45,7 @@ def postgres() -> Iterator[str]:
 def _worker(url: str, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "autoplan.cli", "worker", "--storage", url, "--study", STUDY,
-         "--quiet", "--wait", "60"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+         "--quiet", "--wait", "300"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=os.environ | {"OMP_NUM_THREADS": "1"})
 
 
