@@ -159,6 +159,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return _child(args)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     from tests.postgres import PostgresServer, why_not_available
 
     tmp = Path(tempfile.mkdtemp())
