@@ -95,8 +95,10 @@ def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
         loaded, space, req.workload, threads=req.threads, progress=rep.note)
 
 
-def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
-    """Load, profile and time everything the study and the verifier need."""
+def prepare(req: SearchRequest, platform: Platform, rep: Reporter,
+            profile: SensitivityProfile | None = None) -> Prepared:
+    """Load, profile and time everything the study and the verifier need (a worker passes
+    the search's `profile`, so its tables are the driver's to the last bit)."""
     torch.manual_seed(req.seed)
     rep.stage("loading model")
     runner = open_model(req.model, req.execution, trust_remote_code=req.trust_remote_code,
@@ -120,14 +122,15 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
                              n_calib=req.calib_blocks, n_eval=req.eval_blocks, seed=req.seed)
     calib = list(data.calib.split(CALIB_BATCH))
 
-    rep.stage("profiling sensitivity")
-    choices = [c for c in space.all_choices if c != space.baseline]
-    layers = [la.name for u in space.units for la in u.layers]
-    profile = runner.build_profile(
-        layers, choices, calib, model_hash=loaded.content_hash,
-        calib_hash=calibration_key(calib), settings=req.settings,
-        cache_dir=cache_root() / "profiles", seed=req.seed,
-        on_progress=lambda d, t: rep.progress("profile", d, t), executor=req.executor)
+    if profile is None:
+        rep.stage("profiling sensitivity")
+        choices = [c for c in space.all_choices if c != space.baseline]
+        layers = [la.name for u in space.units for la in u.layers]
+        profile = runner.build_profile(
+            layers, choices, calib, model_hash=loaded.content_hash,
+            calib_hash=calibration_key(calib), settings=req.settings,
+            cache_dir=cache_root() / "profiles", seed=req.seed,
+            on_progress=lambda d, t: rep.progress("profile", d, t), executor=req.executor)
 
     kernel_times = _kernel_times(req, platform, loaded, space, rep)
     cost = CostModel(loaded.spec, platform.target, req.workload,

@@ -4,12 +4,19 @@ Each round searches under a surrogate limit, measures its best unmeasured candid
 real model, and stops once the best passing measurement is the round's best searched plan
 (or beats it). Otherwise the surrogate-to-measured slope is re-fitted from every
 measurement, the limit tightened, and a shorter study continues from the stored trials.
+
+With a job queue (any stored search), each round's batches and its candidates' measurements
+are jobs that `autoplan worker` processes claim too (jobs.py): this process runs what no
+worker has claimed and waits for the rest, so the rounds' decisions are taken here, once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
 
+from autoplan.quality.evaluator import QualityResult
+from autoplan.search.jobs import Job, JobQueue, drain
 from autoplan.search.owl import lagrangian_allocations, owl_allocations
 from autoplan.search.prepare import Prepared
 from autoplan.search.reporter import Reporter
@@ -39,23 +46,71 @@ def _warm_starts(prep: Prepared, limit: float) -> list:
                    if m.surrogate <= limit]
 
 
-def _study_config(prep: Prepared, k: int) -> StudyConfig:
+def round_study_name(study: str, k: int) -> str:
+    return study if k == 0 else f"{study}-r{k}"
+
+
+def _study_config(prep: Prepared, k: int, storage: object) -> StudyConfig:
     req = prep.req
     return StudyConfig(req.objective, req.trials if k == 0 else max(req.trials // 4, 1),
-                       req.seed + k, prep.study_name if k == 0 else f"{prep.study_name}-r{k}",
-                       prep.platform.storage, req.multi_objective, sampler=req.sampler)
+                       req.seed + k, round_study_name(prep.study_name, k),
+                       storage, req.multi_objective, sampler=req.sampler)
 
 
-def _verify(prep: Prepared, result: StudyResult, k: int, rep: Reporter) -> list[Measurement]:
+def measurement_result(m: Measurement) -> dict:
+    """A measurement as a verify job's result (JSON)."""
+    return {"quality": asdict(m.quality), "audit": m.audit}
+
+
+def run_verify_jobs(prep: Prepared, queue: JobQueue, jobs: list[Job],
+                    rep: Reporter | None = None, total: int = 0) -> None:
+    """Measure claimed verify jobs (on the request's executor, all at once) and post them."""
+    done = prep.verifier.measure_many(
+        [(tuple(j.attrs["picks"]), j.attrs["label"]) for j in jobs], prep.req.executor,
+        on_done=(lambda d: rep.progress("verify", d, total)) if rep else None)
+    for job, m in zip(jobs, done, strict=True):
+        queue.complete(job, measurement_result(m))
+
+
+def _verify(prep: Prepared, result: StudyResult, k: int, rep: Reporter,
+            queue: JobQueue | None) -> list[Measurement]:
     """Measure the round's best candidates not measured yet, on the request's executor (each
-    measurement is independent of the others; None: in this process)."""
+    measurement is independent of the others; None: in this process), or through the job
+    queue, where workers may measure some of them."""
     verifier = prep.verifier
     todo = [c for c in result.candidates if c.picks not in verifier.measured]
     todo = todo[:prep.req.verify_top]
+    labelled = [(c.picks, f"round{k + 1}-candidate{i + 1}") for i, c in enumerate(todo)]
     rep.progress("verify", 0, len(todo))
-    return verifier.measure_many(
-        [(c.picks, f"round{k + 1}-candidate{i + 1}") for i, c in enumerate(todo)],
-        prep.req.executor, on_done=lambda d: rep.progress("verify", d, len(todo)))
+    if queue is None:
+        return verifier.measure_many(labelled, prep.req.executor,
+                                     on_done=lambda d: rep.progress("verify", d, len(todo)))
+    keys = {queue.submit_verify(p, label): (p, label) for p, label in labelled}
+
+    # With an executor, everything still waiting goes to it at once; so it does for a
+    # streamed model, which measures several candidates in one pass over its blocks.
+    batch = prep.req.executor is not None or prep.runner.execution == "stream"
+
+    def claim_and_measure(first: Job) -> None:
+        with ExitStack() as held:
+            jobs = [first]
+            while batch:
+                job = held.enter_context(queue.claim(mine))
+                if job is None:
+                    break
+                jobs.append(job)
+            run_verify_jobs(prep, queue, jobs)
+
+    def mine(job: Job) -> bool:
+        return job.kind == "verify" and job.attrs.get("key") in keys
+
+    drain(queue, lambda: len(queue.results(list(keys))) == len(keys), mine, claim_and_measure)
+    for key, posted in queue.results(list(keys)).items():
+        p, label = keys[key]
+        if tuple(p) not in verifier.measured:
+            verifier.record(p, label, QualityResult(**posted["quality"]), posted["audit"])
+    rep.progress("verify", len(todo), len(todo))
+    return [verifier.measured[tuple(p)] for p, _ in labelled]
 
 
 def _front(prep: Prepared, result: StudyResult) -> list[dict]:
@@ -64,8 +119,9 @@ def _front(prep: Prepared, result: StudyResult) -> list[dict]:
             for c in result.front]
 
 
-def run_rounds(prep: Prepared, rep: Reporter) -> Rounds:
-    """Search and verify until a measured plan is the best the surrogate offers."""
+def run_rounds(prep: Prepared, rep: Reporter, queue: JobQueue | None = None) -> Rounds:
+    """Search and verify until a measured plan is the best the surrogate offers (with a
+    job queue: sharing the trials and measurements with the search's workers)."""
     budget, verifier, sign = prep.req.budget, prep.verifier, prep.sign
     limit = budget.limit / budget.prior_slope * SAFETY
     log: list[dict] = []
@@ -75,14 +131,16 @@ def run_rounds(prep: Prepared, rep: Reporter) -> Rounds:
     trials = 0
     for k in range(prep.req.max_rounds):
         rep.stage(f"search round {k + 1}: surrogate KL <= {limit:.4g}")
-        result = run_study(prep.tables, limit, prep.cost, _study_config(prep, k),
+        result = run_study(prep.tables, limit, prep.cost,
+                           _study_config(prep, k, queue.storage if queue else
+                                         prep.platform.storage),
                            _warm_starts(prep, limit),
-                           on_trial=lambda d, t: rep.progress("trials", d, t))
+                           on_trial=lambda d, t: rep.progress("trials", d, t), queue=queue)
         trials += result.n_trials
         front = _front(prep, result) or front
         best = result.candidates[0] if result.candidates else None
         rep.stage(f"verifying round {k + 1}")
-        checked = _verify(prep, result, k, rep)
+        checked = _verify(prep, result, k, rep, queue)
         log.append({"round": k + 1, "surrogate_limit": limit, "trials": result.n_trials,
                     "resumed_trials": result.resumed,
                     "verified": [{"label": m.label, "surrogate_kl": m.surrogate,
@@ -100,4 +158,5 @@ def run_rounds(prep: Prepared, rep: Reporter) -> Rounds:
     return Rounds(limit, chosen, best, trials, log, front)
 
 
-__all__ = ["SAFETY", "Rounds", "run_rounds"]
+__all__ = ["SAFETY", "Rounds", "measurement_result", "round_study_name", "run_rounds",
+           "run_verify_jobs"]

@@ -6,6 +6,11 @@
 before any work; `prepare` loads, profiles and times; `run_rounds` searches the surrogate
 and verifies candidates on the real model; `choose` applies the fallback policy; `certify`
 solves the additive problem exactly; `build_plan` assembles the Plan, written atomically.
+
+The process running this drives the search: it holds the study's driver job (a second
+search on the same study is refused), records its request for `autoplan worker`
+processes, shares the rounds' work with them through the job queue, and alone writes the
+plan.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ from autoplan.plan import schema as ps
 from autoplan.plan.io import save_plan
 from autoplan.search.build import build_plan
 from autoplan.search.choose import certify, choose
+from autoplan.search.jobs import JobQueue
 from autoplan.search.preflight import KERNEL_TABLES, preflight
 from autoplan.search.prepare import prepare
+from autoplan.search.record import request_record
 from autoplan.search.reporter import Reporter
 from autoplan.search.request import CostTable, ExecutionSettings, SearchRequest, parse_choices
 from autoplan.search.rounds import run_rounds
+from autoplan.search.storage import open_storage
 
 
 @dataclass
@@ -40,11 +48,20 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     t_start = time.perf_counter()
     platform = preflight(req)
     prep = prepare(req, platform, rep)
-    rounds = run_rounds(prep, rep)
-    chosen = choose(prep, rounds, rep)
-    certificate = certify(prep, rounds, rep)
-    plan = build_plan(prep, rounds, chosen, certificate, time.perf_counter() - t_start)
-    save_plan(plan, req.out)
+    storage = open_storage(platform.storage) if isinstance(platform.storage, str) \
+        else platform.storage
+    queue = JobQueue(storage, prep.study_name)
+    with queue.driving(prep.study_name, f"wait for it, or help it with `autoplan worker "
+                                        f"--storage URL --study {prep.study_name}`"):
+        queue.set_attr("request", request_record(prep))
+        rep.note(f"study {prep.study_name} in {platform.storage_label}: more processes can "
+                 f"help with `autoplan worker --storage URL --study {prep.study_name}`")
+        rounds = run_rounds(prep, rep, queue)
+        chosen = choose(prep, rounds, rep)
+        certificate = certify(prep, rounds, rep)
+        plan = build_plan(prep, rounds, chosen, certificate, time.perf_counter() - t_start)
+        save_plan(plan, req.out)
+        queue.set_attr("done", True)  # workers stop
     return SearchOutcome(plan, rounds.front)
 
 

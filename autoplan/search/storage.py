@@ -3,6 +3,9 @@
 Trials are sampled on an in-memory study and each COMPLETED trial is copied to the
 persistent storage at once (`add_trial`), so an interruption loses at most the trial in
 flight, and re-running the same command reloads every finished trial and continues.
+Several processes share one search through a job queue in the same storage (jobs.py); the
+storages opened here record heartbeats for the jobs a process holds (Optuna's own for an
+RDB, a trial attribute in a journal file), so a killed process's job is retried.
 
 Default: an Optuna journal file (`<plan>.optuna.journal`). SQLite (`sqlite:///file.db`) and
 any RDB URL (PostgreSQL for many workers) are accepted. Persisting one 120-parameter trial
@@ -13,17 +16,34 @@ in the search's time goal.
 
 from __future__ import annotations
 
+import os
 import re
+import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.storages import (
+    BaseStorage,
+    JournalStorage,
+    RDBStorage,
+    RetryHeartbeatStaleTrialCallback,
+)
+from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal._file import BaseJournalFileLock
+from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.errors import UserInputError
 from autoplan.search.writable import check_writable_file
 
 _JOURNAL_PREFIX = "journal:"
+# A process holding a job records a heartbeat this often (seconds); a job whose heartbeat
+# is older than the grace period is failed and re-queued by whichever process looks next.
+HEARTBEAT_S = 5
+GRACE_S = 30
 
 
 def default_storage_url(plan_path: str | Path) -> str:
@@ -95,17 +115,116 @@ def _rdb_driver(url: str) -> None:
                              f"which is not installed: {fix}") from None
 
 
-def open_storage(url: str) -> BaseStorage:
-    """`journal:PATH` (or a path ending in .journal) -> journal file; else an RDB URL."""
+class FlockJournalLock(BaseJournalFileLock):
+    """The journal's write lock as an flock(2) on a sidecar file: the kernel releases it when
+    its holder dies, so a process killed mid-write never stalls the others (Optuna's default
+    symlink lock is only broken after its 30 s grace period). Needs a file system with
+    flock: local disks, and NFSv4; pass a JournalStorage object for anything else."""
+
+    def __init__(self, journal: str) -> None:
+        self._path, self._fd = journal + ".flock", -1
+
+    def acquire(self) -> bool:
+        import fcntl
+
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return True
+
+    def release(self) -> None:
+        import fcntl
+
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = -1
+
+
+def retry_stale_job(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Re-queue a failed job (same attributes, WAITING): Optuna's retry callback, except for
+    the search's own "driver" job, which only its process can hold."""
+    if trial.user_attrs.get("kind") != "driver":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            RetryHeartbeatStaleTrialCallback()(study, trial)
+
+
+class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
+    """A journal file whose RUNNING trials carry heartbeats, as Optuna's RDBStorage does, so
+    `optuna.storages.fail_stale_trials` fails a killed process's jobs here too. The beat is
+    a trial system attribute holding this machine's clock: processes on other machines
+    sharing the file need clocks within the grace period of each other."""
+
+    def __init__(self, backend: JournalFileBackend, heartbeat_interval: int, grace_period: int,
+                 stale_callback: Callable[[optuna.Study, FrozenTrial], None]) -> None:
+        super().__init__(backend)
+        self._interval, self._grace, self._callback = heartbeat_interval, grace_period, \
+            stale_callback
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        try:
+            self.set_trial_system_attr(trial_id, "heartbeat", time.time())
+        except UpdateFinishedTrialError:
+            pass  # failed by another process as stale: its holder stops at its next check
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now = time.time()
+        stale = []
+        for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            started = t.datetime_start.timestamp() if t.datetime_start else now
+            beat = max(float(t.system_attrs.get("heartbeat", 0.0)), started)
+            if now - beat > self._grace:
+                stale.append(t._trial_id)
+        return stale
+
+    def get_heartbeat_interval(self) -> int:
+        return self._interval
+
+    def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None]:
+        return self._callback
+
+
+def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_S,
+                 grace_s: int = GRACE_S) -> BaseStorage:
+    """`journal:PATH` (or a path ending in .journal) -> journal file; else an RDB URL. Both
+    record heartbeats for held jobs (every `heartbeat_s`; stale after `grace_s`)."""
     if _is_journal(url):
         path = Path(url.removeprefix(_JOURNAL_PREFIX))
         path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path)))
+        lock = FlockJournalLock(str(path)) if os.name == "posix" else None
+        return HeartbeatJournalStorage(JournalFileBackend(str(path), lock), heartbeat_s,
+                                       grace_s, retry_stale_job)
     _rdb_driver(url)
-    try:
-        return RDBStorage(url)
-    except Exception as exc:  # noqa: BLE001 - SQLAlchemy raises many types; message is enough
-        raise UserInputError(f"cannot open storage {redact(url)}: {_reason(exc, url)}") from None
+    for attempt in range(_CREATE_TRIES):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
+                # pool_pre_ping: a connection the server dropped while a worker was busy is
+                # replaced instead of failing the next write.
+                return RDBStorage(url, engine_kwargs={"pool_pre_ping": True},
+                                  heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                                  heartbeat_stale_trial_callback=retry_stale_job)
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy raises many types
+            if _lost_create_race(exc) and attempt + 1 < _CREATE_TRIES:
+                time.sleep(0.2 * (attempt + 1))  # another process created the tables: reopen
+                continue
+            raise UserInputError(f"cannot open storage {redact(url)}: "
+                                 f"{_reason(exc, url)}") from None
+    raise AssertionError("unreachable")
+
+
+# Processes opening one new database at once all create Optuna's tables; the losers of that
+# race fail with a duplicate-key or already-exists error and succeed when they reopen.
+_CREATE_TRIES = 5
+
+
+def _lost_create_race(exc: BaseException | None) -> bool:
+    seen = 0
+    while exc is not None and seen < 8:  # Optuna wraps the driver's error: follow the chain
+        text = str(getattr(exc, "orig", None) or exc).lower()
+        if "duplicate key" in text or "already exists" in text or "unique constraint" in text:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _reason(exc: BaseException, url: str) -> str:
@@ -157,4 +276,5 @@ def load_or_create(storage: BaseStorage, name: str, directions: list[str]) -> op
                                load_if_exists=True)
 
 
-__all__ = ["check_storage", "default_storage_url", "load_or_create", "open_storage", "redact"]
+__all__ = ["GRACE_S", "HEARTBEAT_S", "FlockJournalLock", "HeartbeatJournalStorage", "check_storage",
+           "default_storage_url", "load_or_create", "open_storage", "redact", "retry_stale_job"]

@@ -5,21 +5,35 @@ Single-objective studies use ExchangeSampler (sampler.py), a randomized exchange
 that makes every trial one move from the best feasible trial; `multi_objective` adds the
 surrogate as a second objective, samples with NSGA-II and returns the Pareto front.
 Warm starts (uniform recipes, OWL allocations) are enqueued before sampling.
+
+With a storage, the study's trials are shared by every process of the search: each samples
+on an in-memory mirror of the stored trials (fast; the sampler sees everyone's), runs the
+batches of the job queue it claims (jobs.py), and stores each finished trial at once. A
+stored trial is its value and ONE user attribute, `trial` (decisions as unit -> choice
+label, its attributes, who ran it, its batch), not 120 Optuna parameters and 3 attributes:
+an RDB writes a row per parameter and attribute, three queries each, inside the study's
+lock (371 queries per trial on PostgreSQL), which made parallel workers slower than one
+(docs/benchmarks.md, "Study storage under parallel workers").
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import optuna
+from optuna.distributions import CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.cost.model import CostModel
 from autoplan.cost.report import DIRECTION, Objective
+from autoplan.errors import UserInputError
+from autoplan.search.jobs import Job, JobQueue, drain, worker_id
 from autoplan.search.sampler import ExchangeSampler
 from autoplan.search.storage import load_or_create, open_storage
 from autoplan.search.tables import Tables
@@ -67,28 +81,9 @@ def _sampler(cfg: StudyConfig, tables: Tables, limit: float) -> BaseSampler:
     return ExchangeSampler(tables, limit, seed=cfg.seed)
 
 
-def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
-              warm_starts: Sequence[Sequence[int]] = (),
-              on_trial: Callable[[int, int], None] | None = None) -> StudyResult:
-    """Run (or continue) the study and return feasible candidates, best first."""
-    direction = DIRECTION[cfg.objective]
-    directions = [direction, "minimize"] if cfg.multi_objective else [direction]
+def _objective(tables: Tables, cost: CostModel, cfg: StudyConfig, limit: float
+               ) -> Callable[[optuna.Trial], float | tuple[float, float]]:
     units = tables.space.units
-    persist = None
-    if cfg.storage is not None:
-        storage = open_storage(cfg.storage) if isinstance(cfg.storage, str) else cfg.storage
-        persist = load_or_create(storage, cfg.study_name, directions)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    memory = optuna.create_study(directions=directions, sampler=_sampler(cfg, tables, limit))
-    done = [t for t in persist.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))] \
-        if persist else []
-    if done:
-        memory.add_trials(done)
-    else:
-        for picks in warm_starts:
-            memory.enqueue_trial({u.name: tables.labels[i][c]
-                                  for i, (u, c) in enumerate(zip(units, picks))},
-                                 skip_if_exists=True)
 
     def objective(trial: optuna.Trial):  # noqa: ANN202 - optuna callback
         picks = [tables.label_index[i][trial.suggest_categorical(u.name, tables.labels[i])]
@@ -100,21 +95,187 @@ def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
         trial.set_constraint("quality", surrogate - limit)
         return (value, surrogate) if cfg.multi_objective else value
 
+    return objective
+
+
+def _directions(cfg: StudyConfig) -> list[str]:
+    direction = DIRECTION[cfg.objective]
+    return [direction, "minimize"] if cfg.multi_objective else [direction]
+
+
+class _JobLost(Exception):
+    """This process's batch was failed as stale by another (it is being redone there)."""
+
+
+class RoundStudy:
+    """One process's view of one stored study (see module doc): an in-memory study that
+    samples, mirroring every stored trial, and storing each trial it finishes."""
+
+    def __init__(self, tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
+                 storage: BaseStorage) -> None:
+        self.tables, self.limit, self.cost, self.cfg = tables, limit, cost, cfg
+        self.persist = load_or_create(storage, cfg.study_name, _directions(cfg))
+        self.memory = optuna.create_study(directions=_directions(cfg),
+                                          sampler=_sampler(cfg, tables, limit))
+        # who stored a trial: this process, and this mirror (a process may open a study twice)
+        self.worker = f"{worker_id()}/{uuid.uuid4().hex[:8]}"
+        self._objective = _objective(tables, cost, cfg, limit)
+        self._mirrored: set[int] = set()
+        self.stored_here = 0  # trials this mirror stored
+        self.sync()
+
+    def stored(self) -> list[FrozenTrial]:
+        return self.persist.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+    def sync(self) -> None:
+        """Mirror the stored trials this process has not seen (other processes', or all of
+        them on a re-run) into the in-memory study, in storage order."""
+        for t in self.stored():
+            if t._trial_id not in self._mirrored:
+                self._mirrored.add(t._trial_id)
+                if stored_by(t)[0] != self.worker:
+                    self.memory.add_trial(_unpacked(t, self.tables, self.cfg.study_name))
+
+    def enqueue(self, warm_starts: Sequence[Sequence[int]]) -> None:
+        units, labels = self.tables.space.units, self.tables.labels
+        for picks in warm_starts:
+            self.memory.enqueue_trial({u.name: labels[i][c]
+                                       for i, (u, c) in enumerate(zip(units, picks, strict=True))},
+                                      skip_if_exists=True)
+
+    def run(self, n: int, batch: str, still_mine: Callable[[], bool] = lambda: True,
+            on_trial: Callable[[int, int], None] | None = None, total: int = 0) -> bool:
+        """Sample `n` trials, storing each as it finishes; False if the batch was taken
+        over (failed as stale) before the last one was stored."""
+        def callback(study: optuna.Study, trial: FrozenTrial) -> None:
+            if trial.state != TrialState.COMPLETE:
+                return
+            if not still_mine():
+                raise _JobLost
+            self.persist.add_trial(_packed(trial, self.tables, self.worker, batch))
+            self.stored_here += 1
+            if on_trial:
+                on_trial(min(trial.number + 1, total), total)  # mirrored trials come first
+
+        try:
+            if n > 0:
+                self.memory.optimize(self._objective, n_trials=n, callbacks=[callback])
+        except _JobLost:
+            return False
+        return True
+
+    def complete(self) -> list[FrozenTrial]:
+        return self.memory.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def _packed(trial: FrozenTrial, tables: Tables, worker: str, batch: str) -> FrozenTrial:
+    """The trial as stored: its value and ONE user attribute, `trial`, holding its decisions,
+    its attributes (surrogate, constraint), who ran it and in which batch."""
+    return optuna.trial.create_trial(values=trial.values, user_attrs={"trial": {
+        "decisions": {u.name: trial.params[u.name] for u in tables.space.units},
+        "user": dict(trial.user_attrs), "system": dict(trial.system_attrs),
+        "worker": worker, "batch": batch}})
+
+
+def stored_by(trial: FrozenTrial) -> tuple[str | None, str | None]:
+    """(worker, batch) of a stored trial (None, None for one stored by an older autoplan)."""
+    packed = trial.user_attrs.get("trial") or {}
+    return packed.get("worker"), packed.get("batch")
+
+
+def _unpacked(stored: FrozenTrial, tables: Tables, study: str) -> FrozenTrial:
+    """A stored trial with its decisions as the parameters the sampler reads (a trial
+    stored with parameters, by an older autoplan, is used as it is)."""
+    if stored.params:
+        return stored
+    packed = stored.user_attrs.get("trial") or {}
+    decisions = packed.get("decisions", {})
+    units = tables.space.units
+    if set(decisions) != {u.name for u in units} or any(
+            decisions[u.name] not in tables.label_index[i] for i, u in enumerate(units)):
+        raise UserInputError(f"study {study} in this storage holds trials of another search "
+                             "space: pass another --study (or storage)")
+    return optuna.trial.create_trial(
+        params={u.name: decisions[u.name] for u in units},
+        distributions={u.name: CategoricalDistribution(tables.labels[i])
+                       for i, u in enumerate(units)},
+        values=stored.values, user_attrs=packed.get("user", {}),
+        system_attrs=packed.get("system", {}))
+
+
+def _every(seconds: float, check: Callable[[], bool]) -> Callable[[], bool]:
+    """`check`, asked at most once per `seconds` (True in between): whether a batch is
+    still this process's costs a database read, more than storing a trial."""
+    last = [time.monotonic()]
+
+    def ask() -> bool:
+        if time.monotonic() - last[0] < seconds:
+            return True
+        last[0] = time.monotonic()
+        return check()
+
+    return ask
+
+
+def run_batch(queue: JobQueue, job: Job, study: RoundStudy,
+              on_trial: Callable[[int, int], None] | None = None, total: int = 0) -> None:
+    """Run one claimed batch of trials: its size less what a killed holder already stored
+    (a re-queued batch), the round's warm starts first in its first batch."""
+    batch = job.attrs["batch"]
+    study.sync()
+    n = int(job.attrs["size"])
+    if job.retry:
+        n -= sum(1 for t in study.stored() if stored_by(t)[1] == batch)
+    if job.attrs.get("index") == 0:
+        study.enqueue(queue.attr(f"warm:{study.cfg.study_name}", []))
+    if study.run(n, batch, _every(1.0, lambda: queue.still_mine(job)), on_trial, total):
+        queue.complete(job)
+
+
+def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
+              warm_starts: Sequence[Sequence[int]] = (),
+              on_trial: Callable[[int, int], None] | None = None,
+              queue: JobQueue | None = None) -> StudyResult:
+    """Run (or continue) the study and return feasible candidates, best first.
+
+    With a storage, the study's trials are planned as batches in the search's job `queue`
+    (default: the study's own) and this process runs batches until every one is done,
+    whoever ran them: the study then holds exactly `cfg.n_trials` trials (or what an
+    earlier, larger run stored)."""
+    direction = DIRECTION[cfg.objective]
     total = cfg.n_trials
-    remaining = max(total - len(done), 0)
-
-    def callback(study: optuna.Study, trial: FrozenTrial) -> None:
-        if persist is not None and trial.state == TrialState.COMPLETE:
-            persist.add_trial(trial)
-        if on_trial:
-            on_trial(trial.number + 1, total)  # loaded trials are numbered first
-
+    if cfg.storage is None:
+        memory = optuna.create_study(directions=_directions(cfg),
+                                     sampler=_sampler(cfg, tables, limit))
+        study = None
+    else:
+        storage = open_storage(cfg.storage) if isinstance(cfg.storage, str) else cfg.storage
+        queue = queue or JobQueue(storage, cfg.study_name)
+        study = RoundStudy(tables, limit, cost, cfg, storage)
+        memory = study.memory
+    resumed = len(memory.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     if on_trial:
-        on_trial(len(done), total)
-    if remaining:
-        memory.optimize(objective, n_trials=remaining, callbacks=[callback])
+        on_trial(resumed, total)
+    if study is None:
+        for picks in warm_starts:
+            memory.enqueue_trial({u.name: tables.labels[i][c]
+                                  for i, (u, c) in enumerate(zip(tables.space.units, picks,
+                                                                 strict=True))},
+                                 skip_if_exists=True)
+        if total:
+            memory.optimize(_objective(tables, cost, cfg, limit), n_trials=total, callbacks=[
+                lambda s, t: on_trial(t.number + 1, total)] if on_trial else [])
+    else:
+        name = cfg.study_name
+        if queue.attr(f"plan:{name}") is None and resumed == 0:
+            queue.set_attr(f"warm:{name}", [[int(c) for c in p] for p in warm_starts])
+        queue.plan_batches(name, total, resumed, {"limit": limit})
+        drain(queue, lambda: queue.batches_done(name),
+              lambda j: j.kind == "trials" and j.attrs.get("study") == name,
+              lambda j: run_batch(queue, j, study, on_trial, total))
+        study.sync()
     trials = memory.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return _collect(trials, tables, limit, cfg, direction, len(done))
+    return _collect(trials, tables, limit, cfg, direction, resumed)
 
 
 def _collect(trials: list[FrozenTrial], tables: Tables, limit: float, cfg: StudyConfig,
@@ -138,4 +299,5 @@ def _collect(trials: list[FrozenTrial], tables: Tables, limit: float, cfg: Study
     return StudyResult(tuple(ranked), tuple(front), len(trials), resumed)
 
 
-__all__ = ["Candidate", "StudyConfig", "StudyResult", "run_study"]
+__all__ = ["Candidate", "RoundStudy", "StudyConfig", "StudyResult", "run_batch", "run_study",
+           "stored_by"]

@@ -139,11 +139,7 @@ class Verifier:
         tasks = [self._task(k) for k in todo]
         try:
             for n, (i, (quality, audit)) in enumerate(self._results(tasks, executor), start=1):
-                key = todo[i]
-                badness = self.budget.badness(quality)
-                self.measured[key] = Measurement(key, labels[key], quality,
-                                                 self.tables.surrogate(key), badness,
-                                                 badness <= self.budget.limit, audit)
+                self.record(todo[i], labels[todo[i]], quality, audit)
                 if on_done:
                     on_done(n)
         except (RuntimeError, MemoryError) as exc:
@@ -151,6 +147,15 @@ class Verifier:
                 raise
             raise self.out_of_memory("verifying candidates") from None
         return [self.measured[k] for k in keys]
+
+    def record(self, picks: Sequence[int], label: str, quality: QualityResult,
+               audit: dict[str, dict[str, str]]) -> Measurement:
+        """Keep a measurement (made here, or by another process of the search)."""
+        key = tuple(picks)
+        badness = self.budget.badness(quality)
+        self.measured[key] = Measurement(key, label, quality, self.tables.surrogate(key),
+                                         badness, badness <= self.budget.limit, audit)
+        return self.measured[key]
 
     def slope(self, prior: float) -> float:
         """Measured badness per surrogate nat: the largest ratio seen (conservative)."""

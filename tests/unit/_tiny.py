@@ -88,6 +88,16 @@ def shared_dirs(factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return _shared["model"], _shared["cache"]
 
 
+@pytest.fixture(scope="module", name="model_dir")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - Iterator[Path]
+    """`model_dir`: the shared tiny model folder, with AUTOPLAN_CACHE set to the shared cache
+    (and so exported to subprocesses) for the module's tests. Import into a module to use."""
+    folder, cache = shared_dirs(tmp_path_factory)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOPLAN_CACHE", str(cache))
+        yield folder
+
+
 # ---- synthetic tables ----------------------------------------------------------------------
 def synthetic_profile(space: SearchSpace, seed: int = 0) -> SensitivityProfile:
     """Scores grow as a choice keeps fewer bits, times a per-layer log-normal sensitivity."""

@@ -1,0 +1,29 @@
+"""`autoplan worker`: join a running search. Thin over autoplan.search.worker.run_worker."""
+
+from __future__ import annotations
+
+import click
+
+from autoplan.cli._execution import execution_options, settings_from
+from autoplan.cli._output import err_console
+from autoplan.cli._progress import RichReporter
+
+
+@click.command("worker")
+@click.option("--storage", required=True,
+              help="The search's Optuna storage URL (journal:PATH, postgresql://...).")
+@click.option("--study", required=True, help="The search's study name (autoplan-...).")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=120.0,
+              show_default=True, help="Seconds to wait for the search to start, and to "
+                                      "keep waiting once its driver is gone.")
+@execution_options
+@click.option("--quiet", is_flag=True, help="No progress output.")
+def command(storage, study, wait_s, device, execution, offload_dir, quiet) -> None:  # noqa: ANN001
+    """Take trial batches and candidate measurements of a running search until it is done."""
+    from autoplan.search.worker import run_worker
+
+    with RichReporter(quiet=quiet) as reporter:
+        report = run_worker(storage, study, settings_from(device, execution, offload_dir),
+                            reporter, wait_s=wait_s)
+    err_console.print(f"worker stopped ({report.reason}): {report.trials} trials in "
+                      f"{report.batches} batches, {report.verified} candidates measured")

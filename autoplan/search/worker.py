@@ -1,0 +1,137 @@
+"""`autoplan worker`: join a running search and take its jobs (trial batches, measurements).
+
+A worker is given the storage and the study name only. It waits for the search to record
+its request (record.py), rebuilds the same inputs (the driver's profile and kernel times,
+its own copy of the model, checked by hash), then claims jobs from the queue (jobs.py)
+until the search is done: batches of surrogate trials, each stored as it finishes, and
+candidates to measure on the real model. It never writes a plan. Killed, it loses only the
+trial it was running: its batch is re-queued (at once on this machine, after the grace
+period from another) and finished by another process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from optuna.storages import BaseStorage
+
+from autoplan.backends.registry import resolve_target
+from autoplan.errors import UserInputError
+from autoplan.runtimes import get_runtime
+from autoplan.search.jobs import POLL_S, Job, JobQueue, queue_name
+from autoplan.search.preflight import Platform, check_model
+from autoplan.search.prepare import Prepared, prepare
+from autoplan.search.record import check_same_inputs, request_from_record
+from autoplan.search.reporter import Reporter
+from autoplan.search.request import ExecutionSettings
+from autoplan.search.rounds import run_verify_jobs
+from autoplan.search.storage import check_storage, open_storage, redact
+from autoplan.search.study import RoundStudy, StudyConfig, run_batch
+
+
+@dataclass
+class WorkerReport:
+    trials: int = 0  # surrogate trials this worker stored
+    batches: int = 0
+    verified: int = 0
+    reason: str = ""  # why it stopped
+
+
+def _wait_for_record(storage: BaseStorage, study: str, label: str, wait_s: float,
+                     rep: Reporter) -> tuple[JobQueue, dict]:
+    deadline = time.monotonic() + wait_s
+    rep.stage(f"waiting for search {study}")
+    while True:
+        try:
+            storage.get_study_id_from_name(queue_name(study))
+        except KeyError:
+            pass
+        else:
+            queue = JobQueue(storage, study)
+            rec = queue.attr("request")
+            if rec is not None:
+                return queue, rec
+        if time.monotonic() > deadline:
+            raise UserInputError(f"no search named {study} in {label} after {wait_s:g} s: "
+                                 f"start `autoplan search --storage URL --study {study}` (the "
+                                 "study name its plan and progress show), then the worker")
+        time.sleep(1.0)
+
+
+def _platform(rec: dict, storage: BaseStorage, label: str) -> Platform:
+    target = resolve_target(rec["target"])
+    runtime = get_runtime(rec["runtime"]).name
+    check_model(rec["model"], runtime)
+    return Platform(target, runtime, False, storage, label)
+
+
+def run_worker(storage: str | BaseStorage, study: str,
+               execution: ExecutionSettings | None = None, reporter: Reporter | None = None,
+               wait_s: float = 120.0) -> WorkerReport:
+    """Work for the search `study` in `storage` until it is done (or its driver has been
+    gone for `wait_s` seconds).
+
+    Raises:
+        UserInputError: the storage cannot be opened, no such search appears within
+            `wait_s`, or this machine's model or text differ from the search's.
+    """
+    rep = reporter or Reporter()
+    if isinstance(storage, str):
+        check_storage(storage)
+        label, storage = redact(storage), open_storage(storage)
+    else:
+        label = type(storage).__name__
+    queue, rec = _wait_for_record(storage, study, label, wait_s, rep)
+    req, profile = request_from_record(rec, storage, execution or ExecutionSettings())
+    prep = prepare(req, _platform(rec, storage, label), rep, profile=profile)
+    check_same_inputs(rec, prep)
+    queue.set_attr(f"worker:{queue.worker}", {"joined": time.time()})  # who helped
+    report = WorkerReport()
+    studies: dict[str, RoundStudy] = {}
+
+    def run(job: Job) -> None:
+        if job.kind == "verify":
+            rep.stage(f"measuring {job.attrs['label']}")
+            run_verify_jobs(prep, queue, [job])
+            report.verified += 1
+            return
+        name = job.attrs["study"]
+        if name not in studies:
+            studies[name] = RoundStudy(prep.tables, float(job.attrs["limit"]), prep.cost,
+                                       _config(prep, name), storage)
+        before = studies[name].stored_here
+        run_batch(queue, job, studies[name])
+        report.trials += studies[name].stored_here - before
+        report.batches += 1
+        rep.progress("trials", report.trials, report.trials)
+
+    rep.stage(f"working for {study}")
+    driver_seen = time.monotonic()
+    while True:
+        queue.fail_stale()
+        with queue.claim(lambda j: j.kind in ("trials", "verify")) as job:
+            if job is not None:
+                run(job)
+                continue
+        if queue.attr("done"):
+            report.reason = "the search is done"
+            return report
+        if queue.driver_alive():
+            driver_seen = time.monotonic()
+        elif time.monotonic() - driver_seen > wait_s:
+            report.reason = f"no search has driven {study} for {wait_s:g} s"
+            return report
+        time.sleep(POLL_S)
+
+
+def _config(prep: Prepared, name: str) -> StudyConfig:
+    """The round study's config in a worker: the driver's objective, a sampler seeded for
+    this process (workers sharing one seed would propose the same moves)."""
+    req = prep.req
+    return StudyConfig(req.objective, req.trials, int.from_bytes(os.urandom(4), "little") >> 1,
+                       name, None, req.multi_objective)
+
+
+__all__ = ["WorkerReport", "run_worker"]
