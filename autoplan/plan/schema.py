@@ -139,6 +139,9 @@ class Plan(_Strict):
     quality: Quality
     search: SearchMeta
     audit: Audit
+    # How the workload's batch was chosen when it was not given (`--batch max`, a TTFT/TPOT
+    # SLO): mode, batch, what bounds it, one line of detail (autoplan/cost/operating.py).
+    operating_point: dict[str, Any] | None = None
 
 
 __all__ = [

@@ -116,6 +116,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
                            seq_len=req.seq_len, n_calib=req.calib_blocks,
                            n_eval=req.eval_blocks, seed=req.seed, batch_size=CALIB_BATCH),
                        tensors=m.audit),
+        operating_point=prep.platform.point.to_json() if prep.platform.point else None,
     )
 
 

@@ -7,6 +7,7 @@ the verifier that measures candidates on the real model.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 from dataclasses import dataclass
@@ -97,6 +98,8 @@ def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
 
 def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     """Load, profile and time everything the study and the verifier need."""
+    if platform.point is not None:  # `--batch max` / SLO: plan for the resolved batch
+        req = dataclasses.replace(req, workload=platform.point.workload)
     torch.manual_seed(req.seed)
     rep.stage("loading model")
     runner = open_model(req.model, req.execution, trust_remote_code=req.trust_remote_code,
