@@ -102,6 +102,9 @@ class SearchMeta(_Strict):
     best_uniform_kl: float | None = Field(None, description="measured KL of the best uniform recipe")
     outcome: str = Field(description="'plan' | 'uniform-fallback' | 'baseline-fallback'")
     note: str = ""
+    # The objective vs KL of every uniform recipe and every measured candidate (and the
+    # study's Pareto front with --multi-objective): what `autoplan report` plots.
+    points: list[dict[str, Any]] = []
 
 
 class CalibrationSettings(_Strict):

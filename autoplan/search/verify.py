@@ -61,6 +61,24 @@ def evaluate_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple[Qual
     return quality, audit_digests(swapped)
 
 
+def decisions_key(decisions: dict[str, Choice], baseline: Choice) -> tuple:
+    """What a measurement depends on besides the shared model, tokens and settings: the
+    layers compressed (those not at the baseline) and the baseline itself."""
+    return (str(baseline), tuple(sorted((n, str(c)) for n, c in decisions.items()
+                                        if c != baseline)))
+
+
+@dataclass
+class SharedMeasurements:
+    """Measurements by decisions, shared by the verifiers of several platforms that search
+    one model with one budget and compression settings (`autoplan compare`): two platforms
+    whose candidates compress the same layers the same way measure them once."""
+
+    results: dict[tuple, tuple[QualityResult, dict]] = field(default_factory=dict)
+    stats: dict[tuple[str, ...], dict] = field(default_factory=dict)  # by layer names
+    reused: int = 0  # measurements answered from `results`
+
+
 @dataclass
 class Verifier:
     model: torch.nn.Module
@@ -71,6 +89,7 @@ class Verifier:
     settings: CompressionSettings
     calib_batches: Sequence[torch.Tensor]
     measured: dict[tuple[int, ...], Measurement] = field(default_factory=dict)
+    shared: SharedMeasurements | None = None
     _stats: dict | None = None
 
     @property
@@ -83,7 +102,10 @@ class Verifier:
     def _calibration_stats(self) -> dict:
         if self._stats is None:
             names = [la.name for u in self.space.units for la in u.layers]
-            self._stats = collect_stats(self.model, names, self.calib_batches)
+            cached = self.shared.stats.get(tuple(names)) if self.shared else None
+            self._stats = cached or collect_stats(self.model, names, self.calib_batches)
+            if self.shared is not None:
+                self.shared.stats[tuple(names)] = self._stats
         return self._stats
 
     def _task(self, key: tuple[int, ...]) -> CandidateTask:
@@ -104,6 +126,17 @@ class Verifier:
         keys = [tuple(p) for p, _ in candidates]
         labels = dict(zip(keys, (lb for _, lb in candidates)))
         todo = [k for k in dict.fromkeys(keys) if k not in self.measured]
+        done = 0
+        if self.shared is not None:  # measured already for another platform
+            for k in list(todo):
+                hit = self.shared.results.get(self._shared_key(k))
+                if hit is not None:
+                    todo.remove(k)
+                    self._record(k, labels[k], *hit)
+                    self.shared.reused += 1
+                    done += 1
+                    if on_done:
+                        on_done(done)
         tasks = [self._task(k) for k in todo]
         if isinstance(self.evaluator, StreamedEvaluator):
             # Streamed: each candidate is compressed block by block on the fly, with
@@ -118,14 +151,23 @@ class Verifier:
                                    self.space.baseline)
             results = (executor or SerialExecutor()).imap_unordered(
                 partial(evaluate_candidate, ctx), tasks)
-        for n, (i, (quality, audit)) in enumerate(results, start=1):
+        for n, (i, (quality, audit)) in enumerate(results, start=done + 1):
             key = todo[i]
-            badness = self.budget.badness(quality)
-            self.measured[key] = Measurement(key, labels[key], quality, self.tables.surrogate(key),
-                                             badness, badness <= self.budget.limit, audit)
+            self._record(key, labels[key], quality, audit)
+            if self.shared is not None:
+                self.shared.results[self._shared_key(key)] = (quality, audit)
             if on_done:
                 on_done(n)
         return [self.measured[k] for k in keys]
+
+    def _shared_key(self, picks: tuple[int, ...]) -> tuple:
+        return decisions_key(self.decisions(picks), self.space.baseline)
+
+    def _record(self, key: tuple[int, ...], label: str, quality: QualityResult,
+                audit: dict) -> None:
+        badness = self.budget.badness(quality)
+        self.measured[key] = Measurement(key, label, quality, self.tables.surrogate(key),
+                                         badness, badness <= self.budget.limit, audit)
 
     def slope(self, prior: float) -> float:
         """Measured badness per surrogate nat: the largest ratio seen (conservative)."""
@@ -133,4 +175,5 @@ class Verifier:
         return max(ratios) if ratios else prior
 
 
-__all__ = ["CandidateContext", "CandidateTask", "Measurement", "Verifier", "evaluate_candidate"]
+__all__ = ["CandidateContext", "CandidateTask", "Measurement", "SharedMeasurements", "Verifier",
+           "decisions_key", "evaluate_candidate"]
