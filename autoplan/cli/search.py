@@ -27,7 +27,7 @@ from autoplan.workload import Workload
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="Alias, HF folder or GGUF file.")
 @click.option("--target", default="h100-sxm", show_default=True, help="Catalog target (autoplan targets).")
-@click.option("--runtime", default=None, help="vllm | tensorrt-llm | sglang | onnxruntime | llama.cpp | autoplan (default: the target's usual engine).")
+@click.option("--runtime", default=None, help="vllm | tensorrt-llm | sglang | torchao | onnxruntime | llama.cpp | autoplan (default: the target's usual engine).")
 @click.option("--budget", default="kl<=0.05", show_default=True,
               help="kl<=X, ppl<=+P% (or ppl<=+X), or suite:FILE>=-POINTS.")
 @click.option("--objective", type=click.Choice([o.value for o in Objective]), default="throughput",
