@@ -1,7 +1,7 @@
 """Wall time of `autoplan compare` over six targets on the embedded model, cold and warm.
 
     python benchmarks/compare_walltime.py [--targets h100,h200,b200,mi300x,mi355x,xeon-8480]
-        [--extra --execution memory]
+        [--extra=--execution=memory]
 
 Cold: a fresh AUTOPLAN_CACHE holding only the converted embedded model (copied from the
 current cache, so the one-time GGUF conversion is not counted) and no profile. Warm: the

@@ -30,7 +30,8 @@ class CompareEntry:
         return f"{self.target}.{self.runtime}"
 
 
-def parse_entries(targets: str | list[str], runtimes: tuple[str, ...] = ()) -> tuple[CompareEntry, ...]:
+def parse_entries(targets: str | list[str],
+                  runtimes: tuple[str, ...] = ()) -> tuple[CompareEntry, ...]:
     """`h100,mi300x` and `--runtime h100=tensorrt-llm --runtime h100=vllm`: one entry per
     target and runtime (a target without `--runtime` gets its default runtime).
 
@@ -44,7 +45,7 @@ def parse_entries(targets: str | list[str], runtimes: tuple[str, ...] = ()) -> t
         raise UserInputError("--targets is empty: list catalog targets, e.g. h100,mi300x,xeon-8480")
     resolved = [resolve_target(n) for n in names]
     seen: dict[str, str] = {}
-    for given, t in zip(names, resolved):
+    for given, t in zip(names, resolved, strict=True):
         if t.name in seen:
             raise UserInputError(f"target '{given}' is listed twice (as '{seen[t.name]}' too): "
                                  "give several runtimes with --runtime T=R instead")
@@ -53,7 +54,8 @@ def parse_entries(targets: str | list[str], runtimes: tuple[str, ...] = ()) -> t
     for spec in runtimes:
         target_text, sep, runtime = spec.partition("=")
         if not sep or not target_text.strip() or not runtime.strip():
-            raise UserInputError(f"--runtime '{spec}': write TARGET=RUNTIME, e.g. h100=tensorrt-llm")
+            raise UserInputError(f"--runtime '{spec}': write TARGET=RUNTIME, "
+                                 "e.g. h100=tensorrt-llm")
         t = resolve_target(target_text.strip())
         if t.name not in seen:
             raise UserInputError(f"--runtime '{spec}': target {t.name} is not in --targets")

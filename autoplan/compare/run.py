@@ -31,8 +31,14 @@ from autoplan.runtimes import supports
 from autoplan.search.build import build_plan
 from autoplan.search.choose import certify, choose
 from autoplan.search.preflight import Platform, preflight
-from autoplan.search.prepare import (CALIB_BATCH, model_work, open_model_work, platform_space,
-                                     prepare_platform, profile_spaces)
+from autoplan.search.prepare import (
+    CALIB_BATCH,
+    model_work,
+    open_model_work,
+    platform_space,
+    prepare_platform,
+    profile_spaces,
+)
 from autoplan.search.reporter import Reporter
 from autoplan.search.request import SearchRequest
 from autoplan.search.rounds import run_rounds
@@ -205,7 +211,7 @@ def run_compare(req: CompareRequest, reporter: Reporter | None = None) -> Compar
         considered = list(dict.fromkeys(
             [str(c) for sp in spaces for c in sp.all_choices]
             + [c for sp in spaces for c in sp.dropped]))
-        for (entry, sub, platform), space in zip(live, spaces):
+        for (entry, sub, platform), space in zip(live, spaces, strict=True):
             t_entry = time.perf_counter()
             sub_rep = _Prefixed(rep, entry.name)
             prep = prepare_platform(sub, platform, work, space, profile, sub_rep)

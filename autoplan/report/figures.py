@@ -160,7 +160,7 @@ def cost_breakdown(plan: Plan, plan_est: Estimate, base_est: Estimate) -> bytes:
     for role, by_block in per.items():
         vals = [by_block.get(b, 0.0) * 1e6 for b in blocks] + [0.0, 0.0]
         ax.bar(range(len(labels)), vals, bottom=bottom, label=role, width=0.8)
-        bottom = [x + v for x, v in zip(bottom, vals)]
+        bottom = [x + v for x, v in zip(bottom, vals, strict=True)]
     fixed = sum(t.decode_s for t in plan_est.fixed.values()) * 1e6
     tail = [outside * 1e6, fixed]
     ax.bar([len(labels) - 2, len(labels) - 1], tail, bottom=bottom[-2:], color="tab:gray",

@@ -198,5 +198,5 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     return prepare_platform(req, platform, work, space, profile, rep)
 
 
-__all__ = ["CALIB_BATCH", "ModelWork", "Prepared", "model_work", "open_model_work", "platform_space",
-           "prepare", "prepare_platform", "profile_spaces", "study_name"]
+__all__ = ["CALIB_BATCH", "ModelWork", "Prepared", "model_work", "open_model_work",
+           "platform_space", "prepare", "prepare_platform", "profile_spaces", "study_name"]

@@ -5,7 +5,6 @@ the objective, 'does not fit' rows with their bytes, and bad input refused befor
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,7 @@ from autoplan.plan.io import load_plan
 from autoplan.search.request import SearchRequest
 from autoplan.streaming import runner as runner_module
 from autoplan.targets import _MEASURED, get_target
-from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, shared_dirs  # noqa: F401
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder, cache = shared_dirs(tmp_path_factory)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AUTOPLAN_CACHE", str(cache))
-        yield folder
+from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
 
 
 def _base(model_dir: Path, **kw) -> SearchRequest:  # noqa: ANN003

@@ -108,7 +108,8 @@ def test_fleet_counts_memory_domains() -> None:
 
 def test_fleet_cli_layout_and_batch_max(tmp_path: Path) -> None:
     plan = tmp_path / "p.json"
-    plan.write_text(json.dumps({"decisions": {"model.layers.0.mlp.down_proj": "dense+int8a8_g128"}}))
+    layer = "model.layers.0.mlp.down_proj"
+    plan.write_text(json.dumps({"decisions": {layer: "dense+int8a8_g128"}}))
     args = ["fleet", "--plan", str(plan), "--model", "smollm2-135m", "--node", "xeon-8480",
             "--qps", "2", "--p99-ms", "60000", "--json"]
     res = CliRunner().invoke(cli, args)

@@ -40,7 +40,8 @@ def test_points_out_of_sample_and_leave_one_family_out() -> None:
     assert point.lofo["hopper"] != point.predicted
     h100 = get_target("h100")
     row = transfer_row("hopper")
-    assert row is not None and row.family == "hopper" and "hopper" not in row.evidence.split(": ")[1]
+    assert row is not None and row.family == "hopper"
+    assert "hopper" not in row.evidence.split(": ")[1]
     with replaced_family("hopper", row):
         assert family_efficiency(h100) is row
     assert family_efficiency(h100) is _FAMILIES["hopper"]
