@@ -129,3 +129,18 @@ def test_cli_table_and_json(model_dir: Path, tmp_path: Path) -> None:
     assert costs == sorted(costs) and doc["objective"] == "cost"
     res = CliRunner().invoke(cli, args, env={"COLUMNS": "200"})
     assert res.exit_code == 0 and "mi300x / vllm" in res.output and "PREDICTED" in res.output
+
+
+def test_batch_max_is_resolved_per_target_and_recorded(model_dir: Path, tmp_path: Path) -> None:
+    # million-token prompts, so the tiny model's KV cache (256 B per token) binds the batch
+    base = _base(model_dir, operating=OperatingRequest("max", 1_000_000, 32))
+    comparison = run_compare(CompareRequest(base, parse_entries("l40s,h200"), tmp_path / "o"))
+    batches = {}
+    for row in comparison.rows:
+        plan = load_plan(tmp_path / "o" / row.plan_file)
+        assert plan.operating_point["mode"] == "max" and plan.operating_point["bound"]
+        assert plan.workload["batch"] == row.batch == plan.operating_point["batch"] > 8
+        assert plan.operating_point["bound"] == "memory"
+        assert plan.predicted["baseline"].fits and plan.predicted["plan"].fits
+        batches[row.target] = row.batch
+    assert batches["h200"] > batches["l40s"]  # 141 GB hold more sequences than 48 GB
