@@ -1,5 +1,7 @@
-"""`autoplan compare` and `autoplan report` on the embedded model: a GPU and a CPU target,
-one profile, plans that meet the budget as measured, a report with every plot.
+"""`autoplan compare` and `autoplan report` on the embedded model: an NVIDIA and an AMD
+target (vLLM), one profile, verifications shared, plans that meet the budget as measured, a
+report with every plot. (The CPU side of compare is covered on the tiny model: verifying
+ONNX Runtime's int8-activation formats on the embedded model takes minutes on 2 cores.)
 Uses the shared cache (the converted model and profile are reused across runs)."""
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ def test_compare_and_report_embedded(tmp_path):
 
     comparison = run_compare(CompareRequest(
         SearchRequest(trials=150, execution=ExecutionSettings(execution="memory")),
-        parse_entries("h100,xeon-8480"), tmp_path))
+        parse_entries("h100,mi300x"), tmp_path))
     assert [r.status for r in comparison.rows] == ["ok", "ok"]
     for row in comparison.rows:
         plan = load_plan(tmp_path / row.plan_file)
         assert plan.quality.budget_met and plan.quality.kl <= 0.05
         assert row.plan["tokens_per_s"] >= row.baseline["tokens_per_s"] * 0.999
-    assert comparison.profile_entries >= 211 * 8
+    assert comparison.profile_entries >= 210 * 8
     page = render_report(tmp_path)
     assert re.findall(r'data-plot="([a-z-]+)"', page) == (
         ["compare"] + ["pareto", "choice-map", "cost-breakdown"] * 2)
