@@ -4,10 +4,13 @@ A pure function of its inputs (the CLI feeds it cost-model service times), every
 recorded so the report can print the arithmetic:
 
 1. per-replica memory  = weights + batch x (input + output) x KV bytes per token
-2. replicas per node   = min(floor(usable memory / per-replica memory), max_replicas)
-3. replicas share the node's memory bandwidth and cores, so each one's TTFT and TPOT are
-   the single-replica figures x replicas (decode is bandwidth-bound: R copies each stream
-   their own weights through one memory bus)
+2. replicas per domain = min(floor(usable memory of one memory domain / per-replica
+   memory), max_replicas); replicas per node = domains x that. A GPU node here is one
+   device (one domain); a two-socket CPU node run one replica per socket has two domains,
+   each with its socket's memory and bandwidth (autoplan/nodes.py)
+3. replicas in one domain share its memory bandwidth and cores, so each one's TTFT and TPOT
+   are the single-replica figures x replicas per domain (decode is bandwidth-bound: R
+   copies each stream their own weights through one memory bus)
 4. service time S      = TTFT + (output_len - 1) x TPOT; servers per node c = replicas x batch
    (each batch slot serves one request at a time)
 5. queueing: the fleet is one M/M/k queue, k = nodes x c, service rate mu = 1/S, arrivals
@@ -91,20 +94,24 @@ def wait_quantile(servers: int, rate: float, arrivals: float, p: float) -> float
 def size_fleet(*, weight_bytes: float, kv_bytes_per_token: float, node_memory_bytes: float,
                batch: int, input_len: int, output_len: int, ttft_s: float, tpot_s: float,
                qps: float, p99_s: float, price_per_hour: float, usable_fraction: float = 0.9,
-               max_replicas: int | None = 1, quantile: float = 0.99) -> FleetSizing:
+               max_replicas: int | None = 1, quantile: float = 0.99,
+               domains: int = 1) -> FleetSizing:
     """Size a fleet (see the module docstring for the model); all figures in SI units.
 
     Args:
         weight_bytes: model weights as stored, bytes.
         kv_bytes_per_token: KV-cache bytes per token of context.
-        node_memory_bytes: memory of one node; `usable_fraction` of it is planned with.
+        node_memory_bytes: memory of one memory domain of a node (a GPU; a CPU socket);
+            `usable_fraction` of it is planned with.
         batch: sequences one replica decodes together.
         input_len, output_len: tokens per request.
         ttft_s, tpot_s: one replica alone on the node at `batch` (from the cost model).
         qps: request arrival rate of the whole fleet.
         p99_s: the latency SLA at `quantile` (end-to-end request latency).
         price_per_hour: $ per node-hour.
-        max_replicas: cap on model copies per node (None: memory alone decides).
+        max_replicas: cap on model copies per memory domain (None: memory alone decides).
+        domains: memory domains per node, each running its own replicas (sockets of a CPU
+            node run one replica per socket; 1 for a GPU).
     """
     named = {"qps": qps, "p99": p99_s, "TTFT": ttft_s, "weights": weight_bytes,
              "node memory": node_memory_bytes}
@@ -113,6 +120,8 @@ def size_fleet(*, weight_bytes: float, kv_bytes_per_token: float, node_memory_by
             raise UserInputError(f"fleet sizing needs a finite {name} > 0, got {value}")
     if not 0 <= tpot_s < math.inf:
         raise UserInputError(f"fleet sizing needs a finite TPOT >= 0, got {tpot_s}")
+    if domains < 1:
+        raise UserInputError(f"domains must be >= 1, got {domains}")
     if max_replicas is not None and max_replicas < 1:
         raise UserInputError(f"max_replicas must be >= 1 or None, got {max_replicas}")
     steps: list[Step] = []
@@ -124,18 +133,24 @@ def size_fleet(*, weight_bytes: float, kv_bytes_per_token: float, node_memory_by
     per_replica = step("memory per replica", f"{weight_bytes:.4g} B + {batch} x "
                        f"({input_len}+{output_len}) x {kv_bytes_per_token:.4g} B",
                        weight_bytes + batch * (input_len + output_len) * kv_bytes_per_token, "B")
-    usable = step("usable node memory", f"{usable_fraction} x {node_memory_bytes:.4g} B",
+    where = "node" if domains == 1 else "memory domain"
+    usable = step(f"usable memory per {where}", f"{usable_fraction} x {node_memory_bytes:.4g} B",
                   usable_fraction * node_memory_bytes, "B")
     by_memory = math.floor(usable / per_replica)
     if by_memory < 1:
-        raise UserInputError(f"one replica needs {per_replica / 1e9:.1f} GB but a node has "
+        raise UserInputError(f"one replica needs {per_replica / 1e9:.1f} GB but a {where} has "
                              f"{usable / 1e9:.1f} GB usable: choose a smaller plan or batch")
-    replicas = int(step("replicas per node", f"min(floor({usable:.4g} / {per_replica:.4g}) = "
-                        f"{by_memory}, cap {max_replicas})", min(by_memory, max_replicas or
-                                                                   by_memory)))
-    ttft = step("TTFT per replica", f"{ttft_s:.4g} s x {replicas} replicas sharing the node",
-                ttft_s * replicas, "s")
-    tpot = step("TPOT per replica", f"{tpot_s:.4g} s x {replicas}", tpot_s * replicas, "s")
+    local = min(by_memory, max_replicas or by_memory)
+    if domains > 1:
+        step("replicas per memory domain", f"min(floor({usable:.4g} / {per_replica:.4g}) = "
+             f"{by_memory}, cap {max_replicas})", local)
+        replicas = int(step("replicas per node", f"{domains} domains x {local}", domains * local))
+    else:
+        replicas = int(step("replicas per node", f"min(floor({usable:.4g} / {per_replica:.4g}) "
+                            f"= {by_memory}, cap {max_replicas})", local))
+    ttft = step("TTFT per replica", f"{ttft_s:.4g} s x {local} replicas sharing the {where}",
+                ttft_s * local, "s")
+    tpot = step("TPOT per replica", f"{tpot_s:.4g} s x {local}", tpot_s * local, "s")
     service = step("service time S", f"{ttft:.4g} + ({output_len} - 1) x {tpot:.4g}",
                    ttft + (output_len - 1) * tpot, "s")
     servers = int(step("servers per node c", f"{replicas} x {batch}", replicas * batch))

@@ -54,6 +54,31 @@ class Figure(BaseModel):
         return self
 
 
+class CpuNode(BaseModel):
+    """How a CPU is sold: sockets per server node, SMT, NUMA domains per socket.
+
+    The target's own figures (memory, bandwidth, peaks, TDP, price) are per SOCKET, one
+    memory domain: what one replica pinned to a socket gets. A node of `sockets` sockets
+    has that many memory domains; `autoplan/nodes.py` says how a runtime uses them.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sockets: int = Field(ge=1, description="sockets per server node")
+    threads_per_core: int = Field(ge=1, description="hardware threads per core (SMT)")
+    numa_per_socket: int = Field(1, ge=1, description="NUMA domains per socket as configured "
+                                 "(sub-NUMA clustering / NPS off: 1)")
+    source: str = Field(min_length=1)
+    uncertain: bool = False
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _honest(self) -> CpuNode:
+        if self.source == "assumed" and not (self.uncertain and self.note):
+            raise ValueError("an 'assumed' node needs uncertain = true and a note saying why")
+        return self
+
+
 class Target(BaseModel):
     """One piece of hardware as data."""
 
@@ -86,6 +111,14 @@ class Target(BaseModel):
         default=(), description="regexes on the normalized driver name; probes match by them"
     )
     measured: bool = False
+    node: CpuNode | None = Field(default=None, description="CPUs: sockets, SMT and NUMA of a "
+                                 "server node (the figures above are per socket)")
+
+    @model_validator(mode="after")
+    def _node_for_cpus(self) -> Target:
+        if self.node is not None and self.kind != "cpu":
+            raise ValueError("a [node] table (sockets, SMT, NUMA) is for CPU targets")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -190,6 +223,8 @@ def load_catalog() -> dict[str, Target]:
             raise AutoplanError(f"catalog file {stem}.toml declares name '{target.name}'")
         for path, fig in target.figures().items():
             check_source(fig.source, f"catalog file {stem}.toml, {path}")
+        if target.node is not None:
+            check_source(target.node.source, f"catalog file {stem}.toml, node")
         catalog[target.name] = target
     _check_aliases(catalog)
     return catalog
@@ -284,6 +319,7 @@ def get_target(name: str) -> Target:
 
 
 __all__ = [
+    "CpuNode",
     "Figure",
     "MathDtype",
     "SPECIAL_SOURCES",

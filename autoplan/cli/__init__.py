@@ -17,8 +17,8 @@ from autoplan.errors import AutoplanError
 
 # Order is the order `autoplan --help` lists them.
 _COMMAND_MODULES = (
-    "targets", "probe", "estimate", "validate", "profile", "search", "show",
-    "worker", "apply", "export", "bench", "fleet", "engines",
+    "targets", "probe", "estimate", "validate", "profile", "search", "compare", "show",
+    "worker", "apply", "export", "bench", "fleet", "report", "engines",
 )
 
 

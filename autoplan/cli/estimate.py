@@ -9,8 +9,10 @@ from rich.table import Table
 
 from autoplan.cli._args import finite_non_negative, positive_int
 from autoplan.cli._output import console, emit_json, err_console, json_option
+from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, Estimate, resolve_config
 from autoplan.cost.measured import load_cost_table
+from autoplan.cost.operating import OperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
 from autoplan.runtimes import default_runtime, runtime_names, supports
@@ -39,8 +41,10 @@ def _speedups(cand: Estimate, base: Estimate) -> dict[str, float]:
 
 
 def _summary(cand: Estimate, base: Estimate, choice: Choice, runtime: str) -> Table:
+    batches = (f"{cand.workload['batch']}" if cand.workload == base.workload
+               else f"{cand.workload['batch']} vs {base.workload['batch']}")
     table = Table(title=f"{cand.model} on {cand.target} ({runtime}), batch "
-                        f"{cand.workload['batch']}, {cand.workload['input_len']} in / "
+                        f"{batches}, {cand.workload['input_len']} in / "
                         f"{cand.workload['output_len']} out: PREDICTED by the cost model")
     table.add_column("metric")
     table.add_column(str(choice), justify="right")
@@ -104,36 +108,51 @@ def _pick_runtime(tgt, runtime: str | None, choice: Choice):
 @click.option("--sparsity", default="dense", show_default=True,
               help="dense, 2:4, block32@50, channel@25, unstructured@50.")
 @click.option("--runtime", default=None, help="Serving runtime (default: the target's).")
-@click.option("--batch", type=int, default=1, show_default=True, help="Concurrent sequences.")
-@click.option("--input-len", type=int, default=512, show_default=True)
-@click.option("--output-len", type=int, default=128, show_default=True)
+@workload_options(1)
 @click.option("--price-per-hour", type=float, default=None, help="$/hour (default: catalog).")
 @click.option("--cost-table", default=None, help="Measured GEMM times (cost_table.json from benchmarks/gpu_check.sh).")
 @click.option("--breakdown", is_flag=True, help="Show the per-layer breakdown.")
 @json_option
 def command(model: str, target: str, precision: str | None, sparsity: str, runtime: str | None,
-            batch: int, input_len: int, output_len: int, price_per_hour: float | None,
-            cost_table: str | None, breakdown: bool, as_json: bool) -> None:
-    """Predict speed, memory, energy and $/1M tokens of one choice for every linear layer."""
-    for name, value in (("batch", batch), ("input-len", input_len), ("output-len", output_len)):
+            batch: str | None, input_len: int, output_len: int, ttft_ms: float | None,
+            tpot_ms: float | None, price_per_hour: float | None, cost_table: str | None,
+            breakdown: bool, as_json: bool) -> None:
+    """Predict speed, memory, energy and $/1M tokens of one choice for every linear layer.
+
+    With `--batch max` or an SLO each side is evaluated at its own operating point (a
+    smaller format fits, or meets the SLO at, a larger batch), as vendors' "max throughput"
+    tables compare them."""
+    for name, value in (("input-len", input_len), ("output-len", output_len)):
         positive_int(name, value)
     finite_non_negative("price-per-hour", price_per_hour)
+    operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 1)
     measured = load_cost_table(cost_table)
     tgt = get_target(target)
     spec = resolve_config(model, command="estimate")
+
+    def model_for(workload: Workload) -> CostModel:
+        return CostModel(spec, tgt, workload, price_per_hour=price_per_hour, measured=measured)
+
     try:
-        workload = Workload(batch=batch, input_len=input_len, output_len=output_len)
+        probe = model_for(Workload(batch=1, input_len=input_len, output_len=output_len))
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise UserInputError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
-    cm = CostModel(spec, tgt, workload, price_per_hour=price_per_hour,
-                   measured=measured)
-    prec = Precision.parse(precision) if precision else cm.baseline.precision
+        flag = str(first['loc'][0]).replace('_', '-')
+        raise UserInputError(f"--{flag}: {first['msg']}") from None
+    prec = Precision.parse(precision) if precision else probe.baseline.precision
     choice = Choice(Sparsity.parse(sparsity), prec)
     runtime, support = _pick_runtime(tgt, runtime, choice)
     if not support.ok:
         raise UnsupportedFormatError(support.reason)
-    cand, base = cm.evaluate(choice), cm.evaluate(None)
+    points: dict[str, OperatingPoint] = {}
+    for side, decisions in (("candidate", choice), ("baseline", None)):
+        points[side] = resolve_operating_point(spec, tgt, decisions, operating,
+                                               model_for=model_for)
+    cand = model_for(points["candidate"].workload).evaluate(choice)
+    base = model_for(points["baseline"].workload).evaluate(None)
+    if operating.mode != "fixed":
+        for side, point in points.items():
+            err_console.print(f"{side}: {point.detail}")
     for est in {id(cand): cand, id(base): base}.values():
         if not est.memory.fits:
             err_console.print(f"warning: {est.baseline if est is base else choice} needs "
@@ -142,7 +161,8 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     if as_json:
         doc = {"predicted": True, "runtime": runtime, "choice": str(choice),
                "candidate": cand.to_json(), "baseline": base.to_json(),
-               "speedup": _speedups(cand, base)}
+               "speedup": _speedups(cand, base),
+               "operating_point": {k: p.to_json() for k, p in points.items()}}
         if not breakdown:
             for side in ("candidate", "baseline"):
                 doc[side].pop("layers")

@@ -9,20 +9,23 @@ import click
 from rich.table import Table
 
 from autoplan.cli._args import positive_int
+from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.plan.io import read_plan
 from autoplan.cli._output import console, emit_json, json_option
 from autoplan.cost import CostModel, resolve_config
 from autoplan.cost.model import USABLE_MEMORY
 from autoplan.errors import UserInputError
+from autoplan.cost.operating import resolve_operating_point
 from autoplan.fleet import FleetSizing, size_fleet
 from autoplan.formats import Choice
+from autoplan.nodes import NodeLayout, node_layout
 from autoplan.search.space import load_space_file
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.workload import Workload
 
 
 def _size(cm: CostModel, decisions, workload: Workload, qps: float, p99_s: float,
-          max_replicas: int | None) -> FleetSizing:
+          max_replicas: int | None, layout: NodeLayout) -> FleetSizing:
     est = cm.evaluate(decisions)
     tokens = workload.batch * (workload.input_len + workload.output_len)
     return size_fleet(
@@ -31,7 +34,8 @@ def _size(cm: CostModel, decisions, workload: Workload, qps: float, p99_s: float
         node_memory_bytes=cm.target.memory_bytes, batch=workload.batch,
         input_len=workload.input_len, output_len=workload.output_len,
         ttft_s=est.metrics.ttft_s, tpot_s=est.metrics.tpot_s, qps=qps, p99_s=p99_s,
-        price_per_hour=cm.price_per_hour, usable_fraction=USABLE_MEMORY, max_replicas=max_replicas)
+        price_per_hour=layout.node_price_per_hour, usable_fraction=USABLE_MEMORY,
+        max_replicas=max_replicas, domains=layout.domains)
 
 
 def _steps_table(title: str, sizing: FleetSizing) -> Table:
@@ -49,13 +53,13 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _check_args(*, qps: float, p99_ms: float, input_len: int, output_len: int, batch: int,
+def _check_args(*, qps: float, p99_ms: float, input_len: int, output_len: int,
                 max_replicas: int) -> None:
     """One line naming the first bad flag, before the plan or the model is read."""
     for flag, value in (("qps", qps), ("p99-ms", p99_ms)):
         if not 0 < value < math.inf:  # also False for NaN
             raise UserInputError(f"--{flag} must be a finite number > 0, got {value}")
-    for flag, count in (("input-len", input_len), ("output-len", output_len), ("batch", batch)):
+    for flag, count in (("input-len", input_len), ("output-len", output_len)):
         positive_int(flag, count)
     if max_replicas < 0:
         raise UserInputError(f"--max-replicas must be >= 0 (0: as many as memory allows), "
@@ -67,39 +71,64 @@ def _check_args(*, qps: float, p99_ms: float, input_len: int, output_len: int, b
 @click.option("--model", default=None, help="Model (default: the plan's).")
 @click.option("--node", required=True, help="Node target, e.g. xeon-8480 or h100.")
 @click.option("--qps", type=float, required=True, help="Requests per second, whole fleet.")
-@click.option("--input-len", type=int, default=512, show_default=True)
-@click.option("--output-len", type=int, default=128, show_default=True)
-@click.option("--batch", type=int, default=1, show_default=True,
-              help="Sequences one replica decodes together.")
+@workload_options(1, "Sequences one replica decodes together.")
 @click.option("--p99-ms", type=float, required=True, help="p99 request-latency SLA, ms.")
 @click.option("--max-replicas", type=int, default=1, show_default=True,
-              help="Model copies per node (0: as many as memory allows).")
+              help="Model copies per memory domain (0: as many as memory allows).")
+@click.option("--layout", default=None,
+              help="CPU nodes: socket (default: one replica per socket, pinned) | spanning "
+                   "(one replica over all sockets, weights local to their threads) | "
+                   "interleaved (one replica, memory interleaved).")
 @json_option
 def command(plan_path: str, model: str | None, node: str, qps: float, input_len: int,
-            output_len: int, batch: int, p99_ms: float, max_replicas: int, as_json: bool) -> None:
-    """Size a fleet for a plan and its baseline on one node type, showing the arithmetic."""
+            output_len: int, batch: str | None, ttft_ms: float | None, tpot_ms: float | None,
+            p99_ms: float, max_replicas: int, layout: str | None, as_json: bool) -> None:
+    """Size a fleet for a plan and its baseline on one node type, showing the arithmetic.
+
+    With `--batch max` or `--ttft-ms/--tpot-ms` each side runs at its own operating point on
+    one replica's share of the node (a smaller plan fits, or meets the SLO at, a larger batch).
+    """
     _check_args(qps=qps, p99_ms=p99_ms, input_len=input_len, output_len=output_len,
-                batch=batch, max_replicas=max_replicas)
+                max_replicas=max_replicas)
+    operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 1)
     plan = read_plan(plan_path)
     model = model or plan.model_id
     if not model:
         raise UserInputError("this plan does not name its model: pass --model")
     target = get_target(node)
-    workload = Workload(batch=batch, input_len=input_len, output_len=output_len)
+    lay = node_layout(target, layout)
     # The "before" is what the search compares plans against on this platform (its search
     # space's baseline: fp32 on CPUs, bf16 on GPUs), not the fastest dtype the node has.
     base = Choice.parse(load_space_file(target.platform).baseline)
-    cm = CostModel(resolve_config(model), target, workload, baseline=base)
+    spec = resolve_config(model)
+
+    def model_for(w: Workload) -> CostModel:
+        return CostModel(spec, lay.target, w, baseline=base)
+
     cap = max_replicas or None
-    before = _size(cm, {layer.name: base for layer in cm.spec.layers}, workload, qps,
-                   p99_ms / 1e3, cap)
-    after = _size(cm, plan.decisions, workload, qps, p99_ms / 1e3, cap)
+    sides = {"baseline": {layer.name: base for layer in spec.layers}, "plan": plan.decisions}
+    sized: dict[str, FleetSizing] = {}
+    points = {}
+    for side, decisions in sides.items():
+        points[side] = resolve_operating_point(spec, lay.target, decisions, operating,
+                                               model_for=model_for)
+        w = points[side].workload
+        sized[side] = _size(model_for(w), decisions, w, qps, p99_ms / 1e3, cap, lay)
+    before, after = sized["baseline"], sized["plan"]
     if as_json:
         emit_json({"predicted": True, "node": target.name, "qps": qps, "p99_sla_s": p99_ms / 1e3,
-                   "workload": workload.model_dump(), "baseline": before.to_json(),
-                   "plan": after.to_json()})
+                   "layout": lay.to_json(),
+                   "workload": points["plan"].workload.model_dump(),
+                   "operating_point": {k: p.to_json() for k, p in points.items()},
+                   "baseline": before.to_json(), "plan": after.to_json()})
         return
-    console.print(_steps_table(f"baseline {cm.baseline} on {target.name}", before))
+    console.print(f"node: {target.name}, layout {lay.name} ({lay.domains} memory domain"
+                  f"{'s' if lay.domains > 1 else ''}, ${lay.node_price_per_hour:,.2f}/h per "
+                  f"node); the runtime must: {lay.runtime_must}")
+    if operating.mode != "fixed":
+        for side, point in points.items():
+            console.print(f"{side}: {point.detail}")
+    console.print(_steps_table(f"baseline {base} on {target.name}", before))
     console.print(_steps_table(f"plan on {target.name}", after))
     summary = Table(title=f"fleet for {qps:g} req/s, p99 <= {p99_ms:g} ms (cost-model service "
                           "times, M/M/k queueing)")

@@ -12,6 +12,7 @@ from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._plan_view import render
 from autoplan.cli._progress import RichReporter
 from autoplan.cli._ray import executor_for, ray_option
+from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
@@ -26,14 +27,12 @@ from autoplan.workload import Workload
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="Alias, HF folder or GGUF file.")
 @click.option("--target", default="h100-sxm", show_default=True, help="Catalog target (autoplan targets).")
-@click.option("--runtime", default=None, help="vllm | tensorrt-llm | sglang | onnxruntime | llama.cpp | autoplan (default: the target's usual engine).")
+@click.option("--runtime", default=None, help="vllm | tensorrt-llm | sglang | torchao | onnxruntime | llama.cpp | autoplan (default: the target's usual engine).")
 @click.option("--budget", default="kl<=0.05", show_default=True,
               help="kl<=X, ppl<=+P% (or ppl<=+X), or suite:FILE>=-POINTS.")
 @click.option("--objective", type=click.Choice(Objective.values()),
               default=Objective.THROUGHPUT.value, show_default=True)
-@click.option("--batch", type=int, default=32, show_default=True)
-@click.option("--input-len", type=int, default=512, show_default=True)
-@click.option("--output-len", type=int, default=128, show_default=True)
+@workload_options(32)
 @click.option("--trials", type=int, default=2000, show_default=True, help="Surrogate trials.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--storage", default=None, help="Optuna storage URL (default: journal file beside --out).")
@@ -66,8 +65,8 @@ from autoplan.workload import Workload
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 @ray_option
-def command(model, target, runtime, budget, objective, batch, input_len, output_len, trials,  # noqa: ANN001, PLR0913
-            seed, storage, study, out, multi_objective, prune_score, quant_method, text,
+def command(model, target, runtime, budget, objective, batch, input_len, output_len, ttft_ms,  # noqa: ANN001, PLR0913
+            tpot_ms, trials, seed, storage, study, out, multi_objective, prune_score, quant_method, text,
             protect_first, protect_last, price_per_hour, cost_table, measure_kernels, choices,
             threads, device, execution, offload_dir, trust_remote_code, as_json, quiet,
             ray_address) -> None:
@@ -76,8 +75,10 @@ def command(model, target, runtime, budget, objective, batch, input_len, output_
 
     from autoplan.errors import UserInputError
 
-    try:
-        workload = Workload(batch=batch, input_len=input_len, output_len=output_len)
+    operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 32)
+    try:  # a placeholder batch when it is resolved per target (max / SLO)
+        workload = operating.fixed() or Workload(batch=1, input_len=input_len,
+                                                 output_len=output_len)
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
@@ -92,6 +93,7 @@ def command(model, target, runtime, budget, objective, batch, input_len, output_
         trust_remote_code=trust_remote_code,
         cost_table=CostTable.load(cost_table) if cost_table else None,
         measure_kernels=measure_kernels, execution=settings_from(device, execution, offload_dir, threads),
+        operating=None if operating.mode == "fixed" else operating,
         choices=None if choices is None else parse_choices(
             tuple(c.strip() for c in choices.split(",") if c.strip())),
         # connected now, so a bad --ray fails before the model loads; closed with the command

@@ -27,11 +27,22 @@ def _sparse(target: Target) -> str:
     return " ".join(f"{d}×{_cell(f, '{:g}')}" for d, f in target.sparse24.items()) or "-"
 
 
+def _node(target: Target) -> str:
+    """CPUs: sockets x cores x SMT and NUMA domains of a server node (figures per socket)."""
+    n = target.node
+    if n is None:
+        return "-"
+    return (f"{n.sockets}S x {target.cores or '?'}C x {n.threads_per_core}T, "
+            f"{n.sockets * n.numa_per_socket} NUMA{'~' if n.uncertain else ''}")
+
+
 def _table(targets: list[Target]) -> Table:
-    table = Table(title="autoplan targets (dense peaks in TFLOPS/TOPS; ~ = uncertain)")
+    table = Table(title="autoplan targets (dense peaks in TFLOPS/TOPS; ~ = uncertain; CPU "
+                        "figures per socket, `node`: the server node they are sold in)")
     table.add_column("name", no_wrap=True)
     table.add_column("source", no_wrap=True)
-    for col in ("aliases", "family", "mem GB", "BW GB/s", "dense peaks", "2:4", "TDP W", "$/h"):
+    for col in ("aliases", "family", "mem GB", "BW GB/s", "dense peaks", "2:4", "TDP W", "$/h",
+                "node"):
         table.add_column(col, overflow="fold")
     for t in targets:
         table.add_row(
@@ -45,6 +56,7 @@ def _table(targets: list[Target]) -> Table:
             _sparse(t),
             _cell(t.tdp_w),
             _cell(t.price_per_hour, "{:.2f}"),
+            _node(t),
         )
     return table
 

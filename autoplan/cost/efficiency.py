@@ -18,6 +18,9 @@ Terms (see autoplan/cost/linear.py for how they enter the step time):
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from autoplan.formats import Choice, Precision
@@ -110,9 +113,48 @@ BLOCK_COMPUTE_EFF = {16: 0.60, 32: 0.70, 64: 0.80}
 BLOCK_BW_FACTOR = 0.85  # index gathers cost some streaming efficiency (prior)
 
 
+# Rows replacing a family's own for a while (`autoplan validate`'s leave-one-family-out).
+_OVERRIDES: dict[str, FamilyEfficiency] = {}
+
+
+def family_of(target: Target) -> str:
+    """The efficiency row a target uses (catalog family names resolved through aliases)."""
+    family = _FAMILY_ALIASES.get(target.family, target.family)
+    if family in _FAMILIES:
+        return family
+    return "cpu" if target.kind == "cpu" else "hopper"
+
+
+@contextmanager
+def replaced_family(family: str, row: FamilyEfficiency) -> Iterator[None]:
+    """Predict with `row` instead of `family`'s own constants inside the block."""
+    _OVERRIDES[family] = row
+    try:
+        yield
+    finally:
+        del _OVERRIDES[family]
+
+
+def transfer_row(family: str) -> FamilyEfficiency | None:
+    """Constants for `family` taken from the OTHER families of its kind (the median of each
+    constant), none of them set on this family's points; None when it has no such peer."""
+    kind_of = lambda f: "cpu" if f == "cpu" else "gpu"  # noqa: E731
+    peers = [r for f, r in _FAMILIES.items() if f != family and kind_of(f) == kind_of(family)]
+    if not peers:
+        return None
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    return FamilyEfficiency(
+        family, med([r.eta_bw for r in peers]), med([r.eta_c for r in peers]),
+        med([r.kernel_s for r in peers]), med([r.step_s for r in peers]),
+        med([r.power_frac for r in peers]),
+        f"leave-one-family-out: median of {', '.join(r.family for r in peers)}")
+
+
 def family_efficiency(target: Target) -> FamilyEfficiency:
     """The constants of a target's family; CPUs share one row, unknown GPUs get Hopper's."""
     family = _FAMILY_ALIASES.get(target.family, target.family)
+    if _OVERRIDES and family_of(target) in _OVERRIDES and not target.measured:
+        return _OVERRIDES[family_of(target)]
     if family in _FAMILIES:
         return _FAMILIES[family]
     if target.kind == "cpu" and target.measured:
@@ -159,5 +201,6 @@ def all_families() -> dict[str, FamilyEfficiency]:
 
 __all__ = [
     "BLOCK_BW_FACTOR", "BLOCK_COMPUTE_EFF", "FamilyEfficiency", "SPARSE24_BW_FACTOR",
-    "all_families", "bandwidth_factor", "baseline_precision", "family_efficiency",
+    "all_families", "bandwidth_factor", "baseline_precision", "family_efficiency", "family_of",
+    "replaced_family", "transfer_row",
 ]

@@ -4,18 +4,26 @@ Each point predicts the candidate/baseline ratio with the same global per-family
 (efficiency.py): nothing is fitted per point. MAPE is the mean absolute percentage error of
 the predicted speedup ratios against the published ones, over every point that could be
 evaluated (a point whose target is missing from the catalog is reported as skipped).
+
+Three MAPEs, so a constant is not judged on the points it was set with:
+- in sample: the points in view when the constants were chosen (`tuned`, the default);
+- out of sample: points added afterwards without moving any constant (`tuned = false`);
+- leave-one-family-out (in-sample points): each point predicted once per hardware family
+  it involves, with that family's constants replaced by the median of the other families
+  of its kind (`efficiency.transfer_row`); a family with no peer keeps its own row.
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
 
 from autoplan.cost.configs import resolve_config
-from autoplan.cost.efficiency import baseline_precision, family_efficiency
+from autoplan.cost.efficiency import (baseline_precision, family_efficiency, family_of,
+                                      replaced_family, transfer_row)
 from autoplan.cost.linear import gemm_time, kernels_per_call
 from autoplan.cost.model import CostModel
 from autoplan.errors import AutoplanError
@@ -38,6 +46,9 @@ class PointResult:
     published: float
     predicted: float | None
     detail: str  # batch sizes used, or why the point was skipped
+    tuned: bool = True  # in view when the constants were set (in sample)
+    families: tuple[str, ...] = ()  # efficiency rows the point's targets use
+    lofo: dict[str, float] = field(default_factory=dict)  # family held out -> predicted
 
     @property
     def error(self) -> float | None:
@@ -45,6 +56,14 @@ class PointResult:
         if self.predicted is None:
             return None
         return (self.predicted - self.published) / self.published
+
+    def lofo_errors(self) -> dict[str, float]:
+        """Signed relative error with each family's constants held out."""
+        return {f: (v - self.published) / self.published for f, v in self.lofo.items()}
+
+
+def _mape(errors: list[float]) -> float:
+    return sum(abs(e) for e in errors) / len(errors) if errors else float("nan")
 
 
 @dataclass(frozen=True)
@@ -55,13 +74,40 @@ class ValidationReport:
 
     @property
     def mape(self) -> float:
-        errors = [abs(p.error) for p in self.points if p.error is not None]
-        return sum(errors) / len(errors) if errors else float("nan")
+        """Over every evaluated point."""
+        return _mape([p.error for p in self.points if p.error is not None])
+
+    @property
+    def mape_in_sample(self) -> float:
+        return _mape([p.error for p in self.points if p.error is not None and p.tuned])
+
+    @property
+    def mape_out_of_sample(self) -> float:
+        return _mape([p.error for p in self.points if p.error is not None and not p.tuned])
+
+    def lofo_by_family(self) -> dict[str, float]:
+        """Leave-one-family-out MAPE of the in-sample points, per family held out."""
+        by: dict[str, list[float]] = {}
+        for p in self.points:
+            if p.tuned:
+                for f, e in p.lofo_errors().items():
+                    by.setdefault(f, []).append(e)
+        return {f: _mape(v) for f, v in sorted(by.items())}
+
+    @property
+    def mape_lofo(self) -> float:
+        """Over every (in-sample point, family it involves) pair."""
+        return _mape([e for p in self.points if p.tuned for e in p.lofo_errors().values()])
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "mape": self.mape, "evaluated": sum(p.predicted is not None for p in self.points),
-            "points": [p.__dict__ | {"error": p.error} for p in self.points],
+            "mape": self.mape, "mape_in_sample": self.mape_in_sample,
+            "mape_out_of_sample": self.mape_out_of_sample, "mape_lofo": self.mape_lofo,
+            "lofo_by_family": self.lofo_by_family(),
+            "evaluated": sum(p.predicted is not None for p in self.points),
+            "in_sample": sum(p.predicted is not None and p.tuned for p in self.points),
+            "out_of_sample": sum(p.predicted is not None and not p.tuned for p in self.points),
+            "points": [asdict(p) | {"error": p.error} for p in self.points],
         }
 
 
@@ -117,21 +163,32 @@ def _value(point: dict[str, Any], side_name: str) -> tuple[float, str]:
     return getattr(metrics, _LOWER_IS_BETTER[metric]), f"B={batch}"
 
 
+def _ratio(point: dict[str, Any]) -> tuple[float, str]:
+    cand, cand_detail = _value(point, "candidate")
+    ref, ref_detail = _value(point, "baseline")
+    # times: speedup = baseline time / candidate time
+    ratio = cand / ref if point["metric"] in _HIGHER_IS_BETTER else ref / cand
+    return ratio, cand_detail if cand_detail == ref_detail else f"{cand_detail} vs {ref_detail}"
+
+
 def validate_point(point: dict[str, Any]) -> PointResult:
-    """Predict one point's speedup ratio."""
+    """Predict one point's speedup ratio (and, for in-sample points, with each of its
+    families' constants held out)."""
     base = dict(id=point["id"], source=point["source"], metric=point["metric"],
-                published=float(point["published"]))
+                published=float(point["published"]), tuned=bool(point.get("tuned", True)))
     try:
-        cand, cand_detail = _value(point, "candidate")
-        ref, ref_detail = _value(point, "baseline")
+        families = tuple(dict.fromkeys(family_of(get_target(point[s]["target"]))
+                                       for s in ("candidate", "baseline")))
+        ratio, detail = _ratio(point)
     except AutoplanError as exc:
         return PointResult(**base, predicted=None, detail=f"skipped: {exc}")
-    if point["metric"] in _HIGHER_IS_BETTER:
-        ratio = cand / ref
-    else:  # times: speedup = baseline time / candidate time
-        ratio = ref / cand
-    detail = cand_detail if cand_detail == ref_detail else f"{cand_detail} vs {ref_detail}"
-    return PointResult(**base, predicted=ratio, detail=detail)
+    lofo = {}
+    for family in families if base["tuned"] else ():
+        row = transfer_row(family)
+        if row is not None:
+            with replaced_family(family, row):
+                lofo[family] = _ratio(point)[0]
+    return PointResult(**base, predicted=ratio, detail=detail, families=families, lofo=lofo)
 
 
 def validate() -> ValidationReport:

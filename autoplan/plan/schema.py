@@ -102,6 +102,9 @@ class SearchMeta(_Strict):
     best_uniform_kl: float | None = Field(None, description="measured KL of the best uniform recipe")
     outcome: str = Field(description="'plan' | 'uniform-fallback' | 'baseline-fallback'")
     note: str = ""
+    # The objective vs KL of every uniform recipe and every measured candidate (and the
+    # study's Pareto front with --multi-objective): what `autoplan report` plots.
+    points: list[dict[str, Any]] = []
 
 
 class CalibrationSettings(_Strict):
@@ -139,6 +142,9 @@ class Plan(_Strict):
     quality: Quality
     search: SearchMeta
     audit: Audit
+    # How the workload's batch was chosen when it was not given (`--batch max`, a TTFT/TPOT
+    # SLO): mode, batch, what bounds it, one line of detail (autoplan/cost/operating.py).
+    operating_point: dict[str, Any] | None = None
 
 
 __all__ = [

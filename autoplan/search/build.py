@@ -66,6 +66,33 @@ def _predictions(prep: Prepared, chosen: Chosen) -> tuple[dict[str, ps.Predicted
     return preds, gain
 
 
+def _points(prep: Prepared, rounds: Rounds, chosen: Chosen) -> list[dict]:
+    """Objective (predicted) vs KL (surrogate; measured where measured) of every uniform
+    recipe, every measured candidate, and the study's Pareto front when there is one."""
+    measured = prep.verifier.measured
+    out = []
+
+    def point(kind: str, label: str, picks) -> dict:  # noqa: ANN001 - any pick sequence
+        m = measured.get(tuple(picks))
+        return {"kind": kind, "label": label, "objective": prep.value(picks),
+                "surrogate_kl": prep.tables.surrogate(picks),
+                "measured_kl": m.quality.kl if m else None,
+                "passed": m.passed if m else None}
+
+    out.append(point("baseline", "baseline", prep.baseline_picks))
+    for name, picks in prep.uniform.items():
+        out.append(point("uniform", f"uniform {name}", picks))
+    uniform = {tuple(p) for p in prep.uniform.values()} | {prep.baseline_picks}
+    for key, m in measured.items():
+        if key not in uniform:
+            out.append(point("candidate", m.label, key))
+    for f in rounds.front:
+        out.append({"kind": "front", "label": "front", "objective": f["value"],
+                    "surrogate_kl": f["surrogate_kl"], "measured_kl": None, "passed": None})
+    out.append(point("plan", "plan", chosen.measurement.picks))
+    return out
+
+
 def _search_meta(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate,
                  gain: float | None, wall_time_s: float) -> ps.SearchMeta:
     req, uniform = prep.req, chosen.best_uniform
@@ -79,7 +106,8 @@ def _search_meta(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps
         real_evaluations=prep.verifier.count, rounds=rounds.log, certificate=certificate,
         gain_over_best_uniform=gain, best_uniform=uniform.label if uniform else None,
         best_uniform_kl=uniform.quality.kl if uniform else None,
-        outcome=chosen.outcome.value, note=SpeedSource.of(prep).note())
+        outcome=chosen.outcome.value, note=SpeedSource.of(prep).note(),
+        points=_points(prep, rounds, chosen))
 
 
 def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate,
@@ -116,6 +144,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
                            seq_len=req.seq_len, n_calib=req.calib_blocks,
                            n_eval=req.eval_blocks, seed=req.seed, batch_size=CALIB_BATCH),
                        tensors=m.audit),
+        operating_point=prep.platform.point.to_json() if prep.platform.point else None,
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from optuna.storages import BaseStorage
 
 from autoplan.backends.registry import resolve_target as get_target
+from autoplan.cost.operating import OperatingPoint, resolve_operating_point
 from autoplan.errors import UserInputError
 from autoplan.runtimes import default_runtime, get_runtime
 from autoplan.search.request import SearchRequest
@@ -37,6 +38,7 @@ class Platform:
     measure_kernels: bool
     storage: BaseStorage | str  # an Optuna storage object, or a URL checked and reachable
     storage_label: str  # for the plan: the URL without its password, or the object's type
+    point: OperatingPoint | None = None  # the resolved `--batch max` / SLO operating point
 
 
 def measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:
@@ -88,6 +90,26 @@ def check_model(model: str, runtime: str) -> None:
         check_safetensors(source.path)
 
 
+def operating_point(req: SearchRequest, target: Target) -> OperatingPoint | None:
+    """The request's `--batch max` / SLO operating point on this target, from the model's
+    config alone, for the uncompressed baseline of the target's search space (so every plan
+    fits there too); None when the workload's batch is fixed."""
+    if req.operating is None or req.operating.mode == "fixed":
+        return None
+    from autoplan.cost.model import CostModel
+    from autoplan.formats import Choice
+    from autoplan.models.loader import load_spec
+    from autoplan.search.space import load_space_file
+
+    spec = load_spec(req.model)
+    baseline = Choice.parse(load_space_file(target.platform).baseline)
+    measured = req.cost_table.document if req.cost_table else None
+    return resolve_operating_point(
+        spec, target, None, req.operating,
+        model_for=lambda w: CostModel(spec, target, w, price_per_hour=req.price_per_hour,
+                                      measured=measured, baseline=baseline))
+
+
 def preflight(req: SearchRequest) -> Platform:
     """Resolve and check everything that can be checked before loading the model.
 
@@ -102,8 +124,10 @@ def preflight(req: SearchRequest) -> Platform:
     resolve_device(req.execution.device)  # a GPU that is not there: one line, before any work
     check_writable_file(req.out, "plan", "pass --out FILE in a writable folder")
     check_model(req.model, runtime)
+    point = operating_point(req, target)  # config only; "nothing fits" is refused here
     storage, label = _storage(req)  # last: opening an SQLite URL creates its file
-    return Platform(target, runtime, measure, storage, label)
+    return Platform(target, runtime, measure, storage, label, point)
 
 
-__all__ = ["KERNEL_TABLES", "Platform", "check_model", "measures_kernels", "preflight"]
+__all__ = ["KERNEL_TABLES", "Platform", "check_model", "measures_kernels", "operating_point",
+           "preflight"]

@@ -7,6 +7,7 @@ the verifier that measures candidates on the real model.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from autoplan.search.reporter import Reporter
 from autoplan.search.request import SearchRequest
 from autoplan.search.space import SearchSpace, build_space
 from autoplan.search.tables import Tables, build_tables
-from autoplan.search.verify import Verifier
+from autoplan.search.verify import SharedMeasurements, Verifier
 from autoplan.sensitivity import SensitivityProfile, calibration_key
 from autoplan.streaming import open_model
 from autoplan.streaming.runner import ModelRunner, workload_of
@@ -95,60 +96,113 @@ def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
         loaded, space, req.workload, threads=req.threads, progress=rep.note)
 
 
-def prepare(req: SearchRequest, platform: Platform, rep: Reporter,
-            profile: SensitivityProfile | None = None) -> Prepared:
-    """Load, profile and time everything the study and the verifier need (a worker passes
-    the search's `profile`, so its tables are the driver's to the last bit)."""
+@dataclass(frozen=True)
+class ModelWork:
+    """What every platform's search of one model shares: the model, its tokens, the
+    evaluator of the original (its reference log-probs) and the verifications made so far."""
+
+    runner: ModelRunner
+    data: TextDataset
+    calib: list[torch.Tensor]
+    evaluator: Any
+    shared: SharedMeasurements
+
+    @property
+    def loaded(self) -> LoadedModel:
+        return self.runner.loaded
+
+
+def open_model_work(req: SearchRequest, rep: Reporter,
+                    measure_kernels: bool = False) -> tuple[ModelRunner, TextDataset]:
+    """Load the model and draw its calibration/evaluation tokens."""
     torch.manual_seed(req.seed)
     rep.stage("loading model")
     runner = open_model(req.model, req.execution, trust_remote_code=req.trust_remote_code,
                         workload=workload_of(req.seq_len, req.calib_blocks, req.eval_blocks,
                                              CALIB_BATCH))
-    loaded = runner.loaded
     rep.note(f"{runner.execution} execution on {runner.device} ({runner.why})")
-    if runner.execution == "stream" and (platform.measure_kernels or req.budget.suite_file):
+    if runner.execution == "stream" and (measure_kernels or req.budget.suite_file):
         # refused before profiling: both need the whole model in memory
-        raise UserInputError(f"{'--measure-kernels' if platform.measure_kernels else 'a suite budget'} "
+        raise UserInputError(f"{'--measure-kernels' if measure_kernels else 'a suite budget'} "
                              "needs the model in memory: pass --execution memory")
+    data = load_text_dataset(req.text, tokenizer=runner.loaded.tokenizer, seq_len=req.seq_len,
+                             n_calib=req.calib_blocks, n_eval=req.eval_blocks, seed=req.seed)
+    return runner, data
+
+
+def platform_space(req: SearchRequest, platform: Platform, loaded: LoadedModel) -> SearchSpace:
+    """The decision space of one platform (what its runtime accelerates on its target)."""
     if platform.runtime == ONNX_RUNTIME:  # what the config alone could not show (window, act)
         from autoplan.backends.cpu.onnx_graph import check_supported
 
         check_supported(loaded.model.config)
-    space = build_space(loaded.spec, platform.target, platform.runtime,
-                        protect_first_block=req.protect_first_block,
-                        protect_last_block=req.protect_last_block,
-                        candidates=list(req.choices) if req.choices else None)
-    data = load_text_dataset(req.text, tokenizer=loaded.tokenizer, seq_len=req.seq_len,
-                             n_calib=req.calib_blocks, n_eval=req.eval_blocks, seed=req.seed)
+    return build_space(loaded.spec, platform.target, platform.runtime,
+                       protect_first_block=req.protect_first_block,
+                       protect_last_block=req.protect_last_block,
+                       candidates=list(req.choices) if req.choices else None)
+
+
+def profile_spaces(req: SearchRequest, runner: ModelRunner, calib: list[torch.Tensor],
+                   spaces: list[SearchSpace], rep: Reporter) -> SensitivityProfile:
+    """One sensitivity profile over the union of the spaces' layers and choices (one
+    calibration pass; the cache is per layer x choice, so only missing entries are scored)."""
+    rep.stage("profiling sensitivity")
+    choices = list(dict.fromkeys(c for sp in spaces for c in sp.all_choices if c != sp.baseline))
+    layers = list(dict.fromkeys(la.name for sp in spaces for u in sp.units for la in u.layers))
+    loaded = runner.loaded
+    return runner.build_profile(
+        layers, choices, calib, model_hash=loaded.content_hash,
+        calib_hash=calibration_key(calib), settings=req.settings,
+        cache_dir=cache_root() / "profiles", seed=req.seed,
+        on_progress=lambda d, t: rep.progress("profile", d, t), executor=req.executor)
+
+
+def model_work(req: SearchRequest, runner: ModelRunner, data: TextDataset,
+               rep: Reporter) -> ModelWork:
+    """The evaluator of the original model (measured once) with an empty verification cache."""
     calib = list(data.calib.split(CALIB_BATCH))
+    budget = req.budget
+    suite = load_suite(budget.suite_file, runner.loaded.tokenizer) if budget.suite_file else None
+    rep.stage("measuring the original model")
+    evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite,
+                                 cache_dir=cache_root() / "references")
+    return ModelWork(runner, data, calib, evaluator, SharedMeasurements())
 
-    if profile is None:
-        rep.stage("profiling sensitivity")
-        choices = [c for c in space.all_choices if c != space.baseline]
-        layers = [la.name for u in space.units for la in u.layers]
-        profile = runner.build_profile(
-            layers, choices, calib, model_hash=loaded.content_hash,
-            calib_hash=calibration_key(calib), settings=req.settings,
-            cache_dir=cache_root() / "profiles", seed=req.seed,
-            on_progress=lambda d, t: rep.progress("profile", d, t), executor=req.executor)
 
+def prepare_platform(req: SearchRequest, platform: Platform, work: ModelWork,
+                     space: SearchSpace, profile: SensitivityProfile,
+                     rep: Reporter) -> Prepared:
+    """The cost model, tables and verifier of one platform, on the shared model work."""
+    if platform.point is not None:  # `--batch max` / SLO: plan for the resolved batch
+        req = dataclasses.replace(req, workload=platform.point.workload)
+    loaded = work.loaded
     kernel_times = _kernel_times(req, platform, loaded, space, rep)
     cost = CostModel(loaded.spec, platform.target, req.workload,
                      price_per_hour=req.price_per_hour, measured=kernel_times,
                      baseline=space.baseline)
     tables = build_tables(space, cost, profile,
                           prefill_weight=0.0 if req.objective is Objective.TPOT else 1.0)
-    budget = req.budget
-    suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
-    rep.stage("measuring the original model")
-    evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite,
-                                 cache_dir=cache_root() / "references")
-    verifier = Verifier(loaded.model, space, tables, evaluator, budget, req.settings, calib,
-                        out_of_memory=lambda what: runner.out_of_memory(
-                            what, sum(b.numel() for b in calib)))
-    name = req.study or study_name(req, platform, loaded.content_hash, data.content_hash)
-    return Prepared(req, platform, loaded, runner, space, data, profile, kernel_times, cost, tables,
-                    verifier, name)
+    calib_tokens = sum(b.numel() for b in work.calib)
+    verifier = Verifier(loaded.model, space, tables, work.evaluator, req.budget, req.settings,
+                        work.calib, shared=work.shared,
+                        out_of_memory=lambda what: work.runner.out_of_memory(what, calib_tokens))
+    name = req.study or study_name(req, platform, loaded.content_hash, work.data.content_hash)
+    return Prepared(req, platform, loaded, work.runner, space, work.data, profile, kernel_times,
+                    cost, tables, verifier, name)
 
 
-__all__ = ["CALIB_BATCH", "Prepared", "prepare", "study_name"]
+def prepare(req: SearchRequest, platform: Platform, rep: Reporter,
+            profile: SensitivityProfile | None = None) -> Prepared:
+    """Load, profile and time everything the study and the verifier need (a worker passes
+    the search's `profile`, so its tables are the driver's to the last bit)."""
+    runner, data = open_model_work(req, rep, platform.measure_kernels)
+    space = platform_space(req, platform, runner.loaded)
+    calib = list(data.calib.split(CALIB_BATCH))
+    if profile is None:
+        profile = profile_spaces(req, runner, calib, [space], rep)
+    work = model_work(req, runner, data, rep)
+    return prepare_platform(req, platform, work, space, profile, rep)
+
+
+__all__ = ["CALIB_BATCH", "ModelWork", "Prepared", "model_work", "open_model_work",
+           "platform_space", "prepare", "prepare_platform", "profile_spaces", "study_name"]

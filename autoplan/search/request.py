@@ -19,6 +19,7 @@ from optuna.storages import BaseStorage
 
 from autoplan.compress import CompressionSettings
 from autoplan.cost.measured import load_cost_table
+from autoplan.cost.operating import OperatingRequest
 from autoplan.cost.report import Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
@@ -107,6 +108,9 @@ class SearchRequest:
     execution: ExecutionSettings = field(default_factory=ExecutionSettings)
     sampler: BaseSampler | None = None
     executor: Executor | None = None
+    # `--batch max` or a TTFT/TPOT SLO: the batch is resolved per target before the search
+    # (autoplan/cost/operating.py) and replaces `workload`'s; None: `workload` as given.
+    operating: OperatingRequest | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:

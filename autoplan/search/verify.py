@@ -62,6 +62,24 @@ def evaluate_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple[Qual
     return quality, audit_digests(swapped)
 
 
+def decisions_key(decisions: dict[str, Choice], baseline: Choice) -> tuple:
+    """What a measurement depends on besides the shared model, tokens and settings: the
+    layers compressed (those not at the baseline) and the baseline itself."""
+    return (str(baseline), tuple(sorted((n, str(c)) for n, c in decisions.items()
+                                        if c != baseline)))
+
+
+@dataclass
+class SharedMeasurements:
+    """Measurements by decisions, shared by the verifiers of several platforms that search
+    one model with one budget and compression settings (`autoplan compare`): two platforms
+    whose candidates compress the same layers the same way measure them once."""
+
+    results: dict[tuple, tuple[QualityResult, dict]] = field(default_factory=dict)
+    stats: dict[tuple[str, ...], dict] = field(default_factory=dict)  # by layer names
+    reused: int = 0  # measurements answered from `results`
+
+
 @dataclass
 class Verifier:
     model: torch.nn.Module
@@ -74,6 +92,7 @@ class Verifier:
     measured: dict[tuple[int, ...], Measurement] = field(default_factory=dict)
     # what to raise when a measurement runs out of memory (ModelRunner.out_of_memory)
     out_of_memory: Callable[[str], Exception] | None = None
+    shared: SharedMeasurements | None = None
     _stats: dict | None = None
 
     @property
@@ -86,8 +105,11 @@ class Verifier:
     def _calibration_stats(self) -> dict:
         if self._stats is None:
             names = [la.name for u in self.space.units for la in u.layers]
-            self._stats = collect_stats(self.model, names, self.calib_batches,
-                                        full=self.settings.needs_hessian)
+            cached = self.shared.stats.get(tuple(names)) if self.shared else None
+            self._stats = cached or collect_stats(self.model, names, self.calib_batches,
+                                                  full=self.settings.needs_hessian)
+            if self.shared is not None:
+                self.shared.stats[tuple(names)] = self._stats
         return self._stats
 
     def _task(self, key: tuple[int, ...]) -> CandidateTask:
@@ -136,10 +158,25 @@ class Verifier:
         keys = [tuple(p) for p, _ in candidates]
         labels = dict(zip(keys, (lb for _, lb in candidates)))
         todo = [k for k in dict.fromkeys(keys) if k not in self.measured]
+        done = 0
+        if self.shared is not None:  # measured already for another platform
+            for k in list(todo):
+                hit = self.shared.results.get(self._shared_key(k))
+                if hit is not None:
+                    todo.remove(k)
+                    self.record(k, labels[k], *hit)
+                    self.shared.reused += 1
+                    done += 1
+                    if on_done:
+                        on_done(done)
         tasks = [self._task(k) for k in todo]
         try:
-            for n, (i, (quality, audit)) in enumerate(self._results(tasks, executor), start=1):
-                self.record(todo[i], labels[todo[i]], quality, audit)
+            for n, (i, (quality, audit)) in enumerate(self._results(tasks, executor),
+                                                      start=done + 1):
+                key = todo[i]
+                self.record(key, labels[key], quality, audit)
+                if self.shared is not None:
+                    self.shared.results[self._shared_key(key)] = (quality, audit)
                 if on_done:
                     on_done(n)
         except (RuntimeError, MemoryError) as exc:
@@ -148,9 +185,13 @@ class Verifier:
             raise self.out_of_memory("verifying candidates") from None
         return [self.measured[k] for k in keys]
 
+    def _shared_key(self, picks: tuple[int, ...]) -> tuple:
+        return decisions_key(self.decisions(picks), self.space.baseline)
+
     def record(self, picks: Sequence[int], label: str, quality: QualityResult,
                audit: dict[str, dict[str, str]]) -> Measurement:
-        """Keep a measurement (made here, or by another process of the search)."""
+        """Keep a measurement (made here, by another process of the search, or for another
+        platform of a compare)."""
         key = tuple(picks)
         badness = self.budget.badness(quality)
         self.measured[key] = Measurement(key, label, quality, self.tables.surrogate(key),
@@ -163,4 +204,5 @@ class Verifier:
         return max(ratios) if ratios else prior
 
 
-__all__ = ["CandidateContext", "CandidateTask", "Measurement", "Verifier", "evaluate_candidate"]
+__all__ = ["CandidateContext", "CandidateTask", "Measurement", "SharedMeasurements", "Verifier",
+           "decisions_key", "evaluate_candidate"]

@@ -176,3 +176,20 @@ def test_accelerated_choices_keeps_order_and_filters():
     h100 = get_target("h100")
     candidates = [Choice.parse(c) for c in ("int4_g128", "2:4+fp8", "fp8", "bf16", "nvfp4")]
     assert accelerated_choices(h100, "vllm", candidates) == [candidates[0], candidates[2], candidates[3]]
+
+
+def test_torchao_matrix_as_of_its_0_18_release() -> None:
+    """torchao 0.18: W8A16/W4A16 on Ampere+, FP8 W8A8, FP8 2:4 on Hopper only; Sparse-Marlin
+    (2:4 + INT4) gone since 0.16 (PR #3613), its W8A8 int8 refused for decode."""
+    from autoplan.runtimes import get_runtime, supports
+    from autoplan.targets import get_target
+
+    rt = get_runtime("torchao")
+    assert rt.checked == "2026-08" and rt.version == "0.18"
+    ask = lambda t, c: supports(get_target(t), "torchao", Choice.parse(c))  # noqa: E731
+    assert ask("a100", "dense+int8_wo") and ask("a100", "dense+int4_g64")
+    assert ask("h100", "dense+fp8_e4m3") and ask("h100", "2:4+fp8_e4m3")
+    assert not ask("b200", "2:4+fp8_e4m3")  # CUTLASS sm9x kernels
+    refused = ask("a100", "2:4+int4_g128")
+    assert not refused and "3613" in refused.reason
+    assert not ask("h100", "dense+int8") and not ask("mi300x", "dense+bf16")

@@ -5,7 +5,6 @@ storage passed in as objects, and no password in the plan or in any message."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -28,17 +27,9 @@ from autoplan.search.space import load_space_file
 from autoplan.search.storage import redact
 from autoplan.search.study import Candidate
 from autoplan.targets import get_target
-from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, shared_dirs  # noqa: F401
+from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder, cache = shared_dirs(tmp_path_factory)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AUTOPLAN_CACHE", str(cache))
-        yield folder
 
 
 def _request(model_dir: Path, out: Path, **kw) -> SearchRequest:  # noqa: ANN003

@@ -1,0 +1,204 @@
+"""`autoplan report`: one self-contained HTML file for a plan or a compare folder.
+
+Every plot is a PNG drawn by matplotlib and embedded as a data URI, styles are inline and
+the page references nothing outside itself, so it opens offline. A few lines of inline
+script record, once the page has loaded, how many plots decoded (`data-plots-loaded` on the
+body, next to `data-plots`) and any script error (`data-errors`): what the browser test reads.
+
+A plan gets: its summary, the Pareto front (objective vs measured/surrogate KL, uniform
+recipes marked), the per-layer choice map (blocks x roles) and the per-layer decode-time
+breakdown (cost model). A compare folder gets its table, $/1M tokens and tokens/s per
+target, then each plan's section.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoplan.atomic import check_writable_dir, write_text_atomic
+from autoplan.errors import AutoplanError, UserInputError
+from autoplan.plan.io import load_plan
+from autoplan.plan.schema import Plan
+from autoplan.report import figures
+
+COMPARE_FILE = "compare.json"
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;
+padding:3px 7px;text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{
+text-align:left}figure{margin:1.5em 0}img{max-width:100%;border:1px solid #eee}
+.note{color:#666;font-size:13px}section{border-top:2px solid #ddd;margin-top:2em}"""
+_SCRIPT = """window.addEventListener('error',function(e){var b=document.body;
+b.dataset.errors=(b.dataset.errors||'')+String(e.message)+';'});
+window.addEventListener('load',function(){var imgs=document.querySelectorAll('figure img');
+var n=0;imgs.forEach(function(i){if(i.complete&&i.naturalWidth>0){n++}});
+document.body.dataset.plotsLoaded=String(n)});"""
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str  # data-plot attribute: pareto | choice-map | cost-breakdown | compare
+    caption: str
+    png: bytes
+
+
+def _img(fig: Figure) -> str:
+    data = base64.b64encode(fig.png).decode()
+    return (f'<figure data-plot="{fig.name}"><img alt="{html.escape(fig.caption)}" '
+            f'src="data:image/png;base64,{data}"><figcaption class="note">'
+            f"{html.escape(fig.caption)}</figcaption></figure>")
+
+
+def _estimates(plan: Plan, model: str | None):  # noqa: ANN202 - (plan, baseline) Estimates
+    """The cost model's per-layer breakdown of the plan and its baseline, from the model's
+    config (`model` overrides the plan's model id); None when either cannot be resolved."""
+    from autoplan.backends.registry import resolve_target
+    from autoplan.cost.model import CostModel
+    from autoplan.formats import Choice
+    from autoplan.models.loader import load_spec
+    from autoplan.search.space import load_space_file
+    from autoplan.workload import Workload
+
+    try:
+        spec = load_spec(model or plan.model.id)
+        target = resolve_target(plan.target.name)
+    except AutoplanError:
+        return None
+    baseline = Choice.parse(load_space_file(target.platform).baseline)
+    cm = CostModel(spec, target, Workload(**plan.workload), baseline=baseline,
+                   price_per_hour=plan.target.price_per_hour)
+    try:
+        return cm.evaluate(plan.decisions), cm.evaluate(None)
+    except AutoplanError:  # decisions for another model
+        return None
+
+
+def _summary(plan: Plan) -> str:
+    rows = [("output tokens/s (predicted)", "tokens_per_s", "{:,.1f}", 1.0),
+            ("TTFT ms (predicted)", "ttft_s", "{:,.2f}", 1e3),
+            ("TPOT ms (predicted)", "tpot_s", "{:,.3f}", 1e3),
+            ("$ / 1M tokens (predicted)", "usd_per_1m_tokens", "{:,.4f}", 1.0),
+            ("J / token (predicted)", "energy_j_per_token", "{:,.5f}", 1.0),
+            ("memory GB (predicted)", "memory_gb", "{:,.3f}", 1.0)]
+    cols = [k for k in ("plan", "baseline", "best_uniform") if k in plan.predicted]
+    head = "".join(f"<th>{html.escape(plan.predicted[k].label)}</th>" for k in cols)
+    body = "".join(
+        f"<tr><td>{label}</td>" + "".join(
+            f"<td>{fmt.format(getattr(plan.predicted[k], attr) * scale)}</td>" for k in cols)
+        + "</tr>" for label, attr, fmt, scale in rows)
+    q, w = plan.quality, plan.workload
+    point = (plan.operating_point or {}).get("detail", f"batch {w['batch']}")
+    return (f"<table><tr><th>metric</th>{head}</tr>{body}</table>"
+            f"<p class='note'>measured KL {q.kl:.5f} (budget {html.escape(plan.budget.text)}, "
+            f"{'met' if q.budget_met else 'NOT met'}); outcome {plan.search.outcome}; "
+            f"{w['input_len']} in / {w['output_len']} out, {html.escape(point)}; "
+            f"{html.escape(plan.search.note)}</p>")
+
+
+def plan_section(plan: Plan, title: str, model: str | None = None) -> tuple[str, int]:
+    """One plan's HTML and its number of plots."""
+    figs = [Figure("pareto", "objective vs KL: uniform recipes (squares), measured "
+                   "candidates, the plan (star), the baseline", figures.pareto_front(plan)),
+            Figure("choice-map", "choice per layer, blocks x roles", figures.choice_map(plan))]
+    est = _estimates(plan, model)
+    note = ""
+    if est is None:
+        note = ("<p class='note'>per-layer cost breakdown left out: the plan's model config "
+                "or target could not be resolved here (pass --model)</p>")
+    else:
+        figs.append(Figure("cost-breakdown", "predicted decode time per block and role, "
+                           "baseline as a line", figures.cost_breakdown(plan, *est)))
+    body = "".join(_img(f) for f in figs)
+    return (f"<section><h2>{html.escape(title)}</h2>{_summary(plan)}{note}{body}</section>",
+            len(figs))
+
+
+def _compare_table(doc: dict[str, Any]) -> str:
+    head = ("<tr><th>target / runtime</th><th>batch</th><th>plan tok/s</th><th>baseline "
+            "tok/s</th><th>TTFT ms</th><th>TPOT ms</th><th>$/1M tok</th><th>J/tok</th>"
+            "<th>memory GB</th><th>KL (measured)</th><th>x baseline</th><th>x best uniform</th>"
+            "<th>not accelerated</th></tr>")
+    rows = []
+    for r in doc["rows"]:
+        name = html.escape(f"{r['target']} / {r['runtime']}")
+        if r["status"] != "ok":
+            rows.append(f"<tr><td>{name}</td><td colspan='12' style='text-align:left'>"
+                        f"<b>{html.escape(r['status'])}</b>: {html.escape(r['reason'])}</td></tr>")
+            continue
+        p, b = r["plan"], r["baseline"]
+        gain_u = r.get("gain_over_best_uniform")
+        rows.append(
+            f"<tr><td>{name}</td><td>{r['batch']:,}</td><td>{p['tokens_per_s']:,.0f}</td>"
+            f"<td>{b['tokens_per_s']:,.0f}</td><td>{p['ttft_s'] * 1e3:,.2f}</td>"
+            f"<td>{p['tpot_s'] * 1e3:,.3f}</td><td>{p['usd_per_1m_tokens']:,.4f}</td>"
+            f"<td>{p['energy_j_per_token']:,.4f}</td><td>{p['memory_gb']:,.2f}"
+            f"{'' if p['fits'] else ' (no fit)'}</td><td>{r['kl']:.5f}</td>"
+            f"<td>{r['gain_over_baseline']:.3f}x</td>"
+            f"<td>{'-' if gain_u is None else f'{gain_u:.3f}x'}</td>"
+            f"<td style='text-align:left'>{html.escape(', '.join(sorted(r['not_accelerated'])))}"
+            "</td></tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def render_report(source: Path, model: str | None = None) -> str:
+    """The HTML of a plan file or a compare folder.
+
+    Raises:
+        UserInputError: the source is neither, or a plan in it cannot be read.
+    """
+    parts: list[str] = []
+    plots = 0
+    if source.is_dir():
+        index = source / COMPARE_FILE
+        if not index.is_file():
+            raise UserInputError(f"{source} has no {COMPARE_FILE}: pass a plan file or a folder "
+                                 "written by autoplan compare")
+        try:
+            doc = json.loads(index.read_text())
+        except json.JSONDecodeError as exc:
+            raise UserInputError(f"{index} is not JSON ({exc}): rerun autoplan compare") from None
+        title = f"autoplan compare: {doc['model']}, budget {doc['budget']}"
+        parts.append(f"<p class='note'>ranked by {html.escape(doc['objective'])}; speed, $ and "
+                     "energy are cost-model predictions, KL is measured on the compressed "
+                     f"model; one sensitivity profile ({doc['profile_entries']:,} scores), "
+                     f"{doc['measurements']} real-model measurements, "
+                     f"{doc['reused_measurements']} shared between targets</p>")
+        parts.append(_compare_table(doc))
+        if any(r["status"] == "ok" for r in doc["rows"]):
+            parts.append(_img(Figure("compare", "$ per 1M tokens and tokens/s per target, plan "
+                                     "vs baseline", figures.compare_bars(doc["rows"]))))
+            plots += 1
+        for r in doc["rows"]:
+            if r["status"] == "ok":
+                html_part, n = plan_section(load_plan(source / r["plan_file"]),
+                                            f"{r['target']} / {r['runtime']}",
+                                            model or doc["model"])
+                parts.append(html_part)
+                plots += n
+    elif source.is_file():
+        plan = load_plan(source)
+        title = f"autoplan plan: {plan.model.id} on {plan.target.name}"
+        html_part, plots = plan_section(plan, f"{plan.target.name} / {plan.runtime.name}", model)
+        parts.append(html_part)
+    else:
+        raise UserInputError(f"{source} does not exist: pass a plan file or a compare folder")
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+            f"<script>{_SCRIPT}</script></head><body data-plots='{plots}'>"
+            f"<h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>")
+
+
+def write_report(source: str | Path, out: str | Path, model: str | None = None) -> Path:
+    """Render and write the report atomically (nothing is written when rendering fails)."""
+    out = Path(out)
+    check_writable_dir(out)
+    if out.is_dir():
+        raise UserInputError(f"--out '{out}' is a folder: pass a file name such as report.html")
+    return write_text_atomic(out, render_report(Path(source), model))
+
+
+__all__ = ["COMPARE_FILE", "plan_section", "render_report", "write_report"]

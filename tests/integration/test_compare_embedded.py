@@ -1,0 +1,37 @@
+"""`autoplan compare` and `autoplan report` on the embedded model: an NVIDIA and an AMD
+target (vLLM), one profile, verifications shared, plans that meet the budget as measured, a
+report with every plot. (The CPU side of compare is covered on the tiny model: verifying
+ONNX Runtime's int8-activation formats on the embedded model takes minutes on 2 cores.)
+Uses the shared cache (the converted model and profile are reused across runs)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from autoplan.compare import CompareRequest, parse_entries, run_compare
+from autoplan.plan.io import load_plan
+from autoplan.search.request import ExecutionSettings, SearchRequest
+from tests.integration._embedded import needs_embedded
+
+pytestmark = pytest.mark.slow
+
+
+@needs_embedded
+def test_compare_and_report_embedded(tmp_path):
+    pytest.importorskip("matplotlib", reason="autoplan[report] (matplotlib) not installed")
+    from autoplan.report import render_report
+
+    comparison = run_compare(CompareRequest(
+        SearchRequest(trials=150, execution=ExecutionSettings(execution="memory")),
+        parse_entries("h100,mi300x"), tmp_path))
+    assert [r.status for r in comparison.rows] == ["ok", "ok"]
+    for row in comparison.rows:
+        plan = load_plan(tmp_path / row.plan_file)
+        assert plan.quality.budget_met and plan.quality.kl <= 0.05
+        assert row.plan["tokens_per_s"] >= row.baseline["tokens_per_s"] * 0.999
+    assert comparison.profile_entries >= 210 * 8
+    page = render_report(tmp_path)
+    assert re.findall(r'data-plot="([a-z-]+)"', page) == (
+        ["compare"] + ["pareto", "choice-map", "cost-breakdown"] * 2)
