@@ -142,6 +142,57 @@ def _stored_value(arch: str, gguf_name: str, values: torch.Tensor) -> torch.Tens
     return values
 
 
+# llama.cpp sizes Gemma 2/3's attention scale from the model size, not from a key: the 27B
+# models (46 / 62 blocks) use hidden / heads, the others head_dim (llama-model.cpp,
+# LLM_TYPE_27B); transformers' GGUF reader leaves query_pre_attn_scalar at its default 256.
+_GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}
+
+
+def apply_dropped_keys(config, path: Path) -> None:  # noqa: ANN001 - an HF config
+    """Set the config values a GGUF holds but transformers' GGUF reader does not map.
+
+    Attention and final logit soft-caps (Gemma 2), the sliding window (Phi-3), linear RoPE
+    scaling (Gemma 3's global layers in the 4B and larger models) and Gemma's attention
+    scale; without them the converted model would not be the one llama.cpp runs.
+
+    Raises:
+        UserInputError: the GGUF sets a RoPE scaling this cannot carry over.
+    """
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    arch = _gguf_architecture(path) or ""
+
+    def value(key: str):  # noqa: ANN202 - a GGUF scalar
+        field = fields.get(f"{arch}.{key}")
+        return None if field is None else field.contents()
+
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if value(key) is not None and hasattr(config, key):
+            setattr(config, key, float(value(key)))
+    window = value("attention.sliding_window")  # read for Gemma, dropped for Phi-3
+    if window and hasattr(config, "sliding_window"):
+        config.sliding_window = int(window)
+    kind = value("rope.scaling.type")
+    if kind == "linear" and value("rope.scaling.factor"):
+        factor = float(value("rope.scaling.factor"))
+        rope = dict(config.rope_parameters)
+        if "full_attention" in rope:  # per layer type: llama.cpp scales the global layers only
+            rope["full_attention"] = {**rope["full_attention"], "rope_type": "linear",
+                                      "factor": factor}
+        else:
+            rope.update(rope_type="linear", factor=factor)
+        config.rope_parameters = rope
+    elif kind not in (None, "none", "linear"):
+        raise UserInputError(f"GGUF '{path.name}' sets '{kind}' RoPE scaling, which "
+                             "transformers' GGUF reader drops; convert the model from its HF "
+                             "folder instead")
+    if arch in _GEMMA_27B_BLOCKS:
+        config.query_pre_attn_scalar = (
+            config.hidden_size // config.num_attention_heads
+            if _GEMMA_27B_BLOCKS[arch] == config.num_hidden_layers else config.head_dim)
+
+
 def _gguf_architecture(path: Path) -> str | None:
     """``general.architecture`` of a GGUF file (header only, no tensor is read)."""
     try:
@@ -321,6 +372,7 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
             raise UserInputError(f"cannot read GGUF '{src}': {exc}".splitlines()[0]) from None
         check_name_map(config.model_type, _gguf_architecture(src))  # before any tensor
         ModelSpec.from_config(config.to_dict())  # a model autoplan cannot plan: refused now
+        apply_dropped_keys(config, src)
         remove_stale_temps(dest)
         lock = None
         try:
@@ -373,5 +425,5 @@ def _convert_into(tmp: Path, src: Path, config, bar: Progress,  # noqa: ANN001 -
     step(6)
 
 
-__all__ = ["check_name_map", "convert_gguf", "gguf_arch", "hf_to_gguf_names",
+__all__ = ["apply_dropped_keys", "check_name_map", "convert_gguf", "gguf_arch", "hf_to_gguf_names",
            "quiet_transformers", "verify_against_gguf"]

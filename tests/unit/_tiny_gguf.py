@@ -41,6 +41,14 @@ def write_tiny_gguf(model: torch.nn.Module, path: Path, vocab: list[str]) -> Pat
     w.add_vocab_size(len(vocab))
     if getattr(cfg, "sliding_window", None):
         w.add_sliding_window(cfg.sliding_window)
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # as llama.cpp writes
+        if getattr(cfg, key, None):
+            getattr(w, f"add_{key}")(getattr(cfg, key))
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    scaled = rope.get("full_attention", rope)
+    if scaled.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(scaled["factor"])
     w.add_tokenizer_model("llama")
     w.add_token_list(vocab)
     w.add_token_scores([-float(i) for i in range(len(vocab))])

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from autoplan.errors import AutoplanError, ModelConfigError
+from autoplan.errors import AutoplanError, ModelConfigError, UserInputError
 from autoplan.models import gguf_convert
 from autoplan.modelspec import ModelSpec
 from tests.unit._tiny_archs import tiny_arch_config
@@ -49,8 +49,8 @@ def _model(arch: str):  # noqa: ANN202 - a transformers CausalLM
     cfg = tiny_arch_config(arch)
     if arch == "qwen3":  # transformers' GGUF reader has no head_dim key for qwen3: its
         cfg.head_dim = 128  # default (128, as in every released Qwen3) is what it builds
-    if arch == "gemma2":  # nor softcap keys: Gemma 2's released values are its defaults
-        cfg.attn_logit_softcapping, cfg.final_logit_softcapping = 50.0, 30.0
+    if arch == "gemma2":  # llama.cpp scales attention by head_dim (27B: hidden / heads)
+        cfg.query_pre_attn_scalar = cfg.head_dim
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -68,6 +68,9 @@ def test_a_tiny_gguf_converts_into_a_verified_folder(arch, tmp_path):
     spec = ModelSpec.from_path(out)
     assert spec.model_type == arch and spec.n_layers == 2
     back = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    for key in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
+                "rope_parameters", "sliding_window", "head_dim"):  # what llama.cpp runs
+        assert getattr(back.config, key, None) == getattr(model.config, key, None), key
     want, got = model.state_dict(), back.state_dict()
     for name, value in got.items():
         if name.endswith("norm.weight"):  # F32 in the file: back exactly (Gemma: up to w+1-1)
@@ -88,6 +91,20 @@ def test_gemmas_stored_norms_are_what_the_verification_undoes(tmp_path, monkeypa
     with pytest.raises(AutoplanError, match="norm.weight differs"):
         gguf_convert.convert_gguf(src, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_rope_scaling_the_reader_drops_is_refused(tmp_path):
+    config = SimpleNamespace(rope_parameters={}, num_hidden_layers=2)
+    yarn = tmp_path / "yarn.gguf"
+    w = gguf.GGUFWriter(str(yarn), "qwen3")
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(4.0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UserInputError, match="'yarn' RoPE scaling"):
+        gguf_convert.apply_dropped_keys(config, yarn)
 
 
 def test_a_model_autoplan_cannot_plan_is_refused_before_any_tensor(tmp_path, monkeypatch):
