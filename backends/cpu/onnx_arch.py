@@ -19,9 +19,13 @@ Gemma's (1 + w) norm is known by model_type, as transformers' own Gemma norms de
 | rotary tables | one | one | one | one | local and global | one (partial) |
 | q/k/v, gate/up weights | separate | separate | separate | separate | separate | one each |
 
+Longrope (Phi-3 128k, Phi-3.5, Phi-4-mini) switches from its short to its long frequencies
+once a call's largest position reaches original_max_position_embeddings; the graph makes the
+same switch per call (primitive attention only: GroupQueryAttention takes one table).
+
 A fact the graph cannot reproduce exactly is refused here, in one line, before any export:
-RoPE that changes with the sequence length (dynamic NTK, longrope), bidirectional attention,
-an activation other than SiLU / GELU / GELU-tanh.
+dynamic-NTK RoPE (its frequencies follow the longest sequence seen so far, a state no graph
+input holds), bidirectional attention, an activation other than SiLU / GELU / GELU-tanh.
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ _ACTIVATIONS = {"SiLUActivation": "silu", "SiLU": "silu", "GELUTanh": "gelu_tanh
 _ACT_NAMES = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh",
               "gelu_python_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu",
               "gelu_python": "gelu"}
-# RoPE variants whose frequencies follow the sequence length at run time: one baked table
-# would be exact only below the switch point.
-_DYNAMIC_ROPE = ("dynamic", "longrope")
+# RoPE whose frequencies depend on every sequence seen before (transformers keeps the
+# longest): a graph's inputs cannot carry that state.
+_DYNAMIC_ROPE = ("dynamic",)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class Rope:
 
     inv_freq: np.ndarray  # [rotary_dim / 2] float32
     scale: float
+    # longrope: the frequencies used when a call's largest position + 1 exceeds `switch_at`
+    long_inv_freq: np.ndarray | None = None
+    switch_at: int | None = None
 
     @property
     def dim(self) -> int:
@@ -120,8 +127,8 @@ def check_supported(cfg) -> None:  # noqa: ANN001 - an HF config
     dynamic = [t for t in _rope_types(cfg) if t in _DYNAMIC_ROPE]
     if dynamic:
         raise ModelConfigError(
-            f"ONNX export bakes one rotary table, but '{dynamic[0]}' RoPE changes its "
-            "frequencies with the sequence length: plan this model for another runtime")
+            f"ONNX export cannot follow '{dynamic[0]}' RoPE, whose frequencies depend on the "
+            "longest sequence seen so far: plan this model for another runtime")
     if getattr(cfg, "use_bidirectional_attention", False):
         raise ModelConfigError("ONNX export builds causal decoders; this config sets "
                                "use_bidirectional_attention (an embedding model)")
@@ -137,15 +144,36 @@ def _windows(cfg, n_layers: int) -> list[int | None]:  # noqa: ANN001 - an HF co
     return [window if t == "sliding_attention" else None for t in types[:n_layers]]
 
 
+def _np32(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).cpu().numpy()
+
+
+def _longrope(rotary: torch.nn.Module, cfg) -> tuple[np.ndarray, int]:  # noqa: ANN001
+    """Longrope's long frequencies, computed as transformers computes them when it switches
+    (its rope function at seq_len = original_max_position_embeddings + 1)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    switch = int(cfg.rope_parameters["original_max_position_embeddings"])
+    long_inv, _ = ROPE_INIT_FUNCTIONS["longrope"](cfg, None, seq_len=switch + 1)
+    return _np32(long_inv), switch
+
+
 def _ropes(rotary: torch.nn.Module, cfg, n_layers: int) -> tuple[dict[str, Rope], list[str]]:  # noqa: ANN001
     """Rotary tables and the one each block uses (Gemma 3: local and global)."""
     def read(prefix: str) -> Rope:
-        # the *original* frequencies: a dynamic variant would have rewritten inv_freq in place
+        # the *original* frequencies: longrope rewrites inv_freq in place on each forward
         inv = getattr(rotary, f"{prefix}original_inv_freq", None)
         if inv is None:
             inv = getattr(rotary, f"{prefix}inv_freq")
         scale = float(getattr(rotary, f"{prefix}attention_scaling", 1.0))
-        return Rope(inv.detach().to(torch.float32).cpu().numpy(), scale)
+        kind = getattr(rotary, "rope_type", None)
+        kind = kind.get(prefix[:-1]) if isinstance(kind, dict) else kind
+        if kind == "longrope":
+            if prefix:
+                raise ModelConfigError("ONNX export implements longrope for one rotary table, "
+                                       "not per layer type")
+            return Rope(_np32(inv), scale, *_longrope(rotary, cfg))
+        return Rope(_np32(inv), scale)
 
     if getattr(rotary, "inv_freq", None) is not None:
         return {"default": read("")}, ["default"] * n_layers

@@ -318,9 +318,10 @@ class _Fused:
 
 
 def _fusable(arch: Arch) -> bool:
-    # GroupQueryAttention's rotary takes cos/sin tables without a magnitude factor, whose
-    # width (rotary_dim / 2, partial rotary included) is a multiple of 8.
-    return all(rope.scale == 1.0 and (rope.dim // 2) % 8 == 0 for rope in arch.ropes.values())
+    # GroupQueryAttention's rotary takes one cos/sin table (no longrope switch) without a
+    # magnitude factor, whose width (rotary_dim / 2, partial rotary included) is a multiple of 8.
+    return all(rope.scale == 1.0 and (rope.dim // 2) % 8 == 0 and rope.long_inv_freq is None
+               for rope in arch.ropes.values())
 
 
 def _weight(g: _Graph, module: torch.nn.Linear, name: str) -> np.ndarray:
@@ -376,7 +377,16 @@ def _rotary(g: _Graph, rope: Rope, key: str) -> tuple[str, str]:
     """cos/sin [B, 1, S, rotary_dim] from position_ids, using the model's inv_freq and scaling."""
     pos = g.op("Unsqueeze", [g.op("Cast", ["position_ids"], to=TensorProto.FLOAT),
                              g.ints("axis_last", [-1])])
-    freqs = g.op("Mul", [pos, g.const(f"rope.{key}.inv_freq", rope.inv_freq)])
+    inv_freq = g.const(f"rope.{key}.inv_freq", rope.inv_freq)
+    if rope.long_inv_freq is not None:  # longrope: long frequencies past the switch point,
+        # decided per call on its largest position, as transformers decides it
+        longest = g.op("Add", [g.op("ReduceMax", ["position_ids"], keepdims=0),
+                               g.const("int_one", np.asarray(1, np.int64))])
+        use_long = g.op("Greater", [longest, g.const(f"rope.{key}.switch",
+                                                     np.asarray(rope.switch_at, np.int64))])
+        inv_freq = g.op("Where", [use_long, g.const(f"rope.{key}.long_inv_freq",
+                                                    rope.long_inv_freq), inv_freq])
+    freqs = g.op("Mul", [pos, inv_freq])
     emb = g.op("Concat", [freqs, freqs], axis=-1)
     cos = g.op("Mul", [g.op("Cos", [emb]), g.scalar(rope.scale)])
     sin = g.op("Mul", [g.op("Sin", [emb]), g.scalar(rope.scale)])

@@ -266,9 +266,8 @@ _NOT_EXPORTED = {
     "gpt_neox": ({"model_type": "gpt_neox", **_TINY}, "supports model_type llama, mistral"),
     "gemma3": ({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", **_TINY}},
                "not 'gemma3'"),  # the image-text wrapper; gemma3_text is exported
-    "phi3-longrope": ({"model_type": "phi3", **_TINY, "rope_scaling": {
-        "type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}},
-        "'longrope' RoPE changes its frequencies"),
+    "llama-dynamic-rope": ({"model_type": "llama", **_TINY, "rope_scaling": {
+        "type": "dynamic", "factor": 2.0}}, "'dynamic' RoPE"),
     "embeddinggemma": ({"model_type": "gemma3_text", **_TINY,
                         "use_bidirectional_attention": True}, "bidirectional"),
 }

@@ -186,14 +186,43 @@ def test_exported_artifact_generates_what_transformers_generates(model, tmp_path
     np.testing.assert_array_equal(ours, TorchGenerator(model, threads=1).generate(ids, 8).tokens)
 
 
+@pytest.mark.parametrize(("partial", "heads"), [(1.0, 4), (0.5, 2)])
+def test_longrope_switches_tables_per_call_as_transformers_does(partial, heads):
+    """Phi-3 128k / Phi-3.5 / Phi-4-mini: short factors while a call's positions stay within
+    original_max_position_embeddings (8 here), long ones past it; a decode step at t uses
+    long factors from t + 1 > 8 on, the cache keeping keys rotated by either, as in
+    transformers (compared step by step with its own cache). Partial rotary included."""
+    head_dim = 64 // heads
+    rot = int(head_dim * partial)
+    cfg = transformers.Phi3Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=heads,
+        num_key_value_heads=max(heads // 2, 1), vocab_size=VOCAB, max_position_embeddings=64,
+        original_max_position_embeddings=8, partial_rotary_factor=partial, pad_token_id=0,
+        initializer_range=0.15, rope_scaling={
+            "rope_type": "longrope", "short_factor": np.linspace(1, 1.5, rot // 2).tolist(),
+            "long_factor": np.linspace(1, 6, rot // 2).tolist()})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    proto = build_decoder(model)
+    assert not any(n.op_type == "GroupQueryAttention" for n in proto.graph.node)
+    ids = _ids()
+    with torch.no_grad():
+        full_ref = model(torch.from_numpy(ids)).logits.numpy()
+        first = model(torch.from_numpy(ids[:, :6]), use_cache=True)
+        cache = getattr(first, "cache", None) or first.past_key_values
+        steps_ref = [model(torch.from_numpy(ids[:, t:t + 1]), use_cache=True, cache=cache,
+                           position_ids=torch.full((2, 1), t)).logits.numpy()
+                     for t in range(6, SEQ)]
+    full, decoded = _prefill_and_decode(model, proto, ids)
+    np.testing.assert_allclose(full, full_ref, atol=TOL_EXACT)  # 11 positions: long factors
+    np.testing.assert_allclose(decoded, np.concatenate(steps_ref, axis=1), atol=TOL_EXACT)
+    assert np.abs(first.logits.numpy() - full_ref[:, :6]).max() > 100 * TOL_EXACT  # it switched
+
+
 def test_what_cannot_be_exact_is_refused_in_one_line():
-    cfg = transformers.Phi3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
-                                  max_position_embeddings=64, original_max_position_embeddings=32,
-                                  rope_scaling={"rope_type": "longrope",
-                                                "short_factor": [1.0] * 8,
-                                                "long_factor": [2.0] * 8})
-    with pytest.raises(ModelConfigError, match="'longrope' RoPE") as err:
+    cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                   rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ModelConfigError, match="'dynamic' RoPE") as err:
         onnx_graph.check_supported(cfg)
     assert "\n" not in str(err.value)
     cfg = transformers.Gemma3TextConfig(hidden_size=64, num_hidden_layers=2, head_dim=16,
