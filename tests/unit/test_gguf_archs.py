@@ -131,3 +131,32 @@ def test_phi3_tensors_map_onto_the_fused_gguf_names():
     names = gguf_convert.hf_to_gguf_names(model, 2)
     assert names["model.layers.1.self_attn.qkv_proj.weight"] == "blk.1.attn_qkv.weight"
     assert names["model.layers.1.mlp.gate_up_proj.weight"] == "blk.1.ffn_up.weight"
+
+
+def test_a_phi3_plan_exports_its_fused_tensors_to_gguf_whole(tmp_path, monkeypatch):
+    """GGUF in, plan, GGUF out: Phi-3's attn_qkv and double-width ffn_up hold the plan's
+    one tensor each, in the plan's type, bit for bit the plan's own weights."""
+    from autoplan.compress import CompressionSettings, compressed_copy
+    from autoplan.export import export_plan
+    from autoplan.formats import Choice
+    from autoplan.models import load_model
+    from tests.unit.test_export_common import make_plan
+
+    monkeypatch.setenv("AUTOPLAN_CACHE", str(tmp_path / "cache"))
+    model = _model("phi3")
+    src = write_tiny_gguf(model, tmp_path / "phi3.gguf", _vocab(model.config.vocab_size))
+    loaded = load_model(str(src))
+    decisions = {la.name: "dense+q4_1" for la in loaded.spec.layers}
+    decisions["model.layers.0.self_attn.qkv_proj"] = "dense+q8_0"
+    decisions["model.layers.1.mlp.gate_up_proj"] = "dense+q5_0"
+    plan = make_plan(loaded, decisions, target="local", runtime="llama.cpp")
+    out = export_plan(plan, loaded, "gguf", tmp_path / "out.gguf")
+    tensors = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}
+    _, sims = compressed_copy(loaded.model, {n: Choice.parse(c) for n, c in decisions.items()},
+                              None, CompressionSettings("magnitude", "rtn"))
+    for layer, gguf_name, kind in (("model.layers.0.self_attn.qkv_proj", "blk.0.attn_qkv", "Q8_0"),
+                                   ("model.layers.1.mlp.gate_up_proj", "blk.1.ffn_up", "Q5_0")):
+        t = tensors[f"{gguf_name}.weight"]
+        assert t.tensor_type.name == kind
+        deq = torch.from_numpy(gguf.dequantize(t.data, t.tensor_type).copy()).float()
+        assert torch.equal(deq.reshape(sims[layer].weight.shape), sims[layer].weight), layer
