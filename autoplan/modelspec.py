@@ -181,39 +181,38 @@ def _llama_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: in
     return out
 
 
+def _own_gemms(n_layers: int, rows, head: str, hidden: int,  # noqa: ANN001 - a callable
+               vocab: int) -> list[LinearLayer]:
+    """Layers of which each runs as its own GEMM (its own fuse group): `rows(i)` gives
+    block i's (module path, role, in_features, out_features); `head` names the lm_head."""
+    out = [LinearLayer(name, role, i, n_in, n_out, name)
+           for i in range(n_layers) for name, role, n_in, n_out in rows(i)]
+    out.append(LinearLayer(head, "lm_head", -1, hidden, vocab, head))
+    return out
+
+
 def _phi3_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: int,
                  vocab: int) -> list[LinearLayer]:
     """Phi-3: q/k/v in one `qkv_proj` weight [q | k | v], gate/up in one `gate_up_proj`
     weight [gate | up] (2 x intermediate outputs)."""
-    out: list[LinearLayer] = []
-    for i in range(n_layers):
+    def rows(i: int) -> list[tuple[str, str, int, int]]:
         attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
-        out += [
-            LinearLayer(f"{attn}.qkv_proj", "qkv", i, hidden, q_out + 2 * kv_out,
-                        f"{attn}.qkv_proj"),
-            LinearLayer(f"{attn}.o_proj", "o", i, q_out, hidden, f"{attn}.o_proj"),
-            LinearLayer(f"{mlp}.gate_up_proj", "gate_up", i, hidden, 2 * inter,
-                        f"{mlp}.gate_up_proj"),
-            LinearLayer(f"{mlp}.down_proj", "down", i, inter, hidden, f"{mlp}.down_proj"),
-        ]
-    out.append(LinearLayer("lm_head", "lm_head", -1, hidden, vocab, "lm_head"))
-    return out
+        return [(f"{attn}.qkv_proj", "qkv", hidden, q_out + 2 * kv_out),
+                (f"{attn}.o_proj", "o", q_out, hidden),
+                (f"{mlp}.gate_up_proj", "gate_up", hidden, 2 * inter),
+                (f"{mlp}.down_proj", "down", inter, hidden)]
+    return _own_gemms(n_layers, rows, "lm_head", hidden, vocab)
 
 
 def _neox_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: int,
                  vocab: int) -> list[LinearLayer]:
-    out: list[LinearLayer] = []
-    for i in range(n_layers):
+    def rows(i: int) -> list[tuple[str, str, int, int]]:
         attn, mlp = f"gpt_neox.layers.{i}.attention", f"gpt_neox.layers.{i}.mlp"
-        out += [
-            LinearLayer(f"{attn}.query_key_value", "qkv", i, hidden, q_out + 2 * kv_out,
-                        f"{attn}.query_key_value"),
-            LinearLayer(f"{attn}.dense", "o", i, q_out, hidden, f"{attn}.dense"),
-            LinearLayer(f"{mlp}.dense_h_to_4h", "up", i, hidden, inter, f"{mlp}.dense_h_to_4h"),
-            LinearLayer(f"{mlp}.dense_4h_to_h", "down", i, inter, hidden, f"{mlp}.dense_4h_to_h"),
-        ]
-    out.append(LinearLayer("embed_out", "lm_head", -1, hidden, vocab, "embed_out"))
-    return out
+        return [(f"{attn}.query_key_value", "qkv", hidden, q_out + 2 * kv_out),
+                (f"{attn}.dense", "o", q_out, hidden),
+                (f"{mlp}.dense_h_to_4h", "up", hidden, inter),
+                (f"{mlp}.dense_4h_to_h", "down", inter, hidden)]
+    return _own_gemms(n_layers, rows, "embed_out", hidden, vocab)
 
 
 __all__ = ["LinearLayer", "ModelSpec", "ROLES"]

@@ -232,3 +232,17 @@ def test_what_cannot_be_exact_is_refused_in_one_line():
     gpt2 = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4)
     with pytest.raises(ModelConfigError, match="got 'gpt2'"):
         onnx_graph.check_supported(gpt2)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "phi3"])
+def test_left_padding_with_a_sliding_window(arch):
+    """Primitive attention honours a left-padded attention_mask together with the window:
+    the padded row's logits are those of the unpadded prompt."""
+    model = tiny_arch_model(arch)
+    prompt = [5, 6, 7, 8, 9, 10, 11]  # longer than the 4-token window
+    ids = np.array([[0, 0, 0, *prompt]], np.int64)
+    feeds = _feeds(model, ids, None, 0)
+    feeds["attention_mask"] = np.array([[0, 0, 0] + [1] * len(prompt)], np.int64)
+    feeds["position_ids"] = np.array([[0, 0, 0, *range(len(prompt))]], np.int64)
+    got = _session(build_decoder(model, fused_attention=False)).run(None, feeds)[0][:, 3:]
+    np.testing.assert_allclose(got, _reference(model, np.array([prompt])), atol=TOL_EXACT)
