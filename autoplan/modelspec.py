@@ -1,9 +1,15 @@
 """ModelSpec / LayerGraph: a model's architecture from its HF config alone (no weights).
 
 Every linear layer is listed under its HF module path with its role (q, k, v, qkv, o, gate,
-up, down, lm_head), block index and shape, plus the groups a serving runtime fuses (q/k/v
-into one GEMM, gate/up into one GEMM) so the search can make them share a choice. The same
-names address the modules of a loaded transformers model.
+up, gate_up, down, lm_head), block index and shape, plus the groups a serving runtime fuses
+(q/k/v into one GEMM, gate/up into one GEMM) so the search can make them share a choice. The
+same names address the modules of a loaded transformers model.
+
+A model that stores q/k/v or gate/up as one weight (Phi-3's `qkv_proj` and `gate_up_proj`)
+lists that weight as one layer: it is one tensor, so it is one decision (one format, one
+sparsity pattern). Every exporter keeps it whole: vLLM and compressed-tensors load Phi-3's
+fused modules as they are, llama.cpp's GGUF stores them as `attn_qkv` and a double-width
+`ffn_up`, and the ONNX export runs each as one MatMul node.
 """
 
 from __future__ import annotations
@@ -19,12 +25,16 @@ from autoplan.errors import ModelConfigError
 _FAMILIES = {
     "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
     "gemma": "llama", "gemma2": "llama", "gemma3_text": "llama", "gpt_neox": "gpt_neox",
+    "phi3": "phi3",
 }
+# RMSNorm weights per block beyond input/post-attention: Gemma 2/3's pre/post-feedforward
+# norms (hidden each); q_norm / k_norm (head_dim each) in Qwen3 and Gemma 3.
+_EXTRA_BLOCK_NORMS = {"gemma2": (2, 0), "gemma3_text": (2, 2), "qwen3": (0, 2)}
 _MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx",
               "jamba", "olmoe", "phimoe", "gpt_oss", "llama4"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
-ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "down", "lm_head")
+ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -74,7 +84,7 @@ class ModelSpec:
         if model_type in _MOE_TYPES or any((cfg.get(k) or 0) > 1 for k in _MOE_KEYS):
             raise ModelConfigError(
                 f"'{model_type}' is a mixture-of-experts model; autoplan does not plan MoE models "
-                "yet. Use a dense model (Llama, Mistral, Qwen2/3, Gemma, GPT-NeoX)"
+                "yet. Use a dense model (Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, GPT-NeoX)"
             )
         if model_type not in _FAMILIES:
             raise ModelConfigError(
@@ -99,12 +109,13 @@ class ModelSpec:
             raise ModelConfigError(f"num_attention_heads {n_heads} is not a multiple of "
                                    f"num_key_value_heads {n_kv}")
         family = _FAMILIES[model_type]
-        tie = bool(cfg.get("tie_word_embeddings", family == "llama" and model_type == "gemma"))
+        # absent from config.json, transformers' own default for the type applies
+        tie = bool(cfg.get("tie_word_embeddings", model_type in ("gemma", "gemma2", "gemma3_text")))
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-        builder = _llama_layers if family == "llama" else _neox_layers
+        builder = {"llama": _llama_layers, "phi3": _phi3_layers, "gpt_neox": _neox_layers}[family]
         layers = builder(n_layers, hidden, intermediate, n_heads * head_dim, n_kv * head_dim, vocab)
         return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv, head_dim,
-                   vocab, tie, family == "llama", dtype, tuple(layers), name)
+                   vocab, tie, family != "gpt_neox", dtype, tuple(layers), name)
 
     @classmethod
     def from_path(cls, path: str | Path) -> ModelSpec:
@@ -140,7 +151,9 @@ class ModelSpec:
     @property
     def total_params(self) -> int:
         """Unique parameters (a tied lm_head shares the embedding matrix)."""
-        norms = (2 * self.n_layers + 1) * self.hidden
+        wide, per_head = _EXTRA_BLOCK_NORMS.get(self.model_type, (0, 0))
+        norms = (((2 + wide) * self.hidden + per_head * self.head_dim) * self.n_layers
+                 + self.hidden)
         lm_head = self.vocab * self.hidden if not self.tie_embeddings else 0
         return self.linear_params - self.vocab * self.hidden + lm_head + self.embedding_params + norms
 
@@ -168,20 +181,38 @@ def _llama_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: in
     return out
 
 
+def _own_gemms(n_layers: int, rows, head: str, hidden: int,  # noqa: ANN001 - a callable
+               vocab: int) -> list[LinearLayer]:
+    """Layers of which each runs as its own GEMM (its own fuse group): `rows(i)` gives
+    block i's (module path, role, in_features, out_features); `head` names the lm_head."""
+    out = [LinearLayer(name, role, i, n_in, n_out, name)
+           for i in range(n_layers) for name, role, n_in, n_out in rows(i)]
+    out.append(LinearLayer(head, "lm_head", -1, hidden, vocab, head))
+    return out
+
+
+def _phi3_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: int,
+                 vocab: int) -> list[LinearLayer]:
+    """Phi-3: q/k/v in one `qkv_proj` weight [q | k | v], gate/up in one `gate_up_proj`
+    weight [gate | up] (2 x intermediate outputs)."""
+    def rows(i: int) -> list[tuple[str, str, int, int]]:
+        attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        return [(f"{attn}.qkv_proj", "qkv", hidden, q_out + 2 * kv_out),
+                (f"{attn}.o_proj", "o", q_out, hidden),
+                (f"{mlp}.gate_up_proj", "gate_up", hidden, 2 * inter),
+                (f"{mlp}.down_proj", "down", inter, hidden)]
+    return _own_gemms(n_layers, rows, "lm_head", hidden, vocab)
+
+
 def _neox_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: int,
                  vocab: int) -> list[LinearLayer]:
-    out: list[LinearLayer] = []
-    for i in range(n_layers):
+    def rows(i: int) -> list[tuple[str, str, int, int]]:
         attn, mlp = f"gpt_neox.layers.{i}.attention", f"gpt_neox.layers.{i}.mlp"
-        out += [
-            LinearLayer(f"{attn}.query_key_value", "qkv", i, hidden, q_out + 2 * kv_out,
-                        f"{attn}.query_key_value"),
-            LinearLayer(f"{attn}.dense", "o", i, q_out, hidden, f"{attn}.dense"),
-            LinearLayer(f"{mlp}.dense_h_to_4h", "up", i, hidden, inter, f"{mlp}.dense_h_to_4h"),
-            LinearLayer(f"{mlp}.dense_4h_to_h", "down", i, inter, hidden, f"{mlp}.dense_4h_to_h"),
-        ]
-    out.append(LinearLayer("embed_out", "lm_head", -1, hidden, vocab, "embed_out"))
-    return out
+        return [(f"{attn}.query_key_value", "qkv", hidden, q_out + 2 * kv_out),
+                (f"{attn}.dense", "o", q_out, hidden),
+                (f"{mlp}.dense_h_to_4h", "up", hidden, inter),
+                (f"{mlp}.dense_4h_to_h", "down", inter, hidden)]
+    return _own_gemms(n_layers, rows, "embed_out", hidden, vocab)
 
 
 __all__ = ["LinearLayer", "ModelSpec", "ROLES"]

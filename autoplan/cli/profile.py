@@ -96,7 +96,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
         return
     table = Table(title=f"sensitivity of {loaded.model_id} for {tgt.name}: surrogate KL "
                         f"(nats/token x 1e3) per layer x choice, {prof.tokens} calibration tokens")
-    table.add_column("layer")
+    table.add_column("layer", overflow="fold")  # a narrow terminal folds a name, never cuts it
     for k in keys:
         table.add_column(k, justify="right")
     for n in layers:

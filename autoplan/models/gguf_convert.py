@@ -30,6 +30,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoplan.errors import AutoplanError, UserInputError
 from autoplan.models._cache import atomic_dir
+from autoplan.modelspec import ModelSpec
 
 # GGUF block types whose values lie on a 4-bit grid per 32-weight block.
 _FOUR_BIT = {"Q4_0", "Q4_1"}
@@ -88,11 +89,34 @@ def _gguf_tensors(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
             for t in reader.tensors}
 
 
-def gguf_arch(model_type: str):  # noqa: ANN201 - a gguf.MODEL_ARCH member, or None
-    """gguf-py's MODEL_ARCH for an HF ``model_type`` (its tensor name map), or None."""
+# HF model_type -> gguf-py architecture name where the two are not the same word up to "_"
+# versus "-" or no separator (qwen2_moe = qwen2moe, gpt_oss = gpt-oss, gpt_neox = gptneox);
+# transformers' own GGUF loader uses the same spellings (get_gguf_hf_weights_map), and
+# llama.cpp writes Mistral models as "llama".
+_GGUF_ALIASES = {"cohere": "command-r", "gemma3_text": "gemma3", "gemma4_text": "gemma4",
+                 "umt5": "t5", "mistral": "llama"}
+# llama.cpp's convert_hf_to_gguf.py stores these architectures' RMSNorm weights as 1 + w
+# (the multiplier the kernel applies); transformers subtracts the 1 again on the way in.
+_NORMS_PLUS_ONE = {"gemma", "gemma2", "gemma3", "gemma3n", "gemma4", "gemma-embedding",
+                   "nemotron"}
+
+
+def gguf_arch(model_type: str, gguf_architecture: str | None = None):  # noqa: ANN201 - a gguf.MODEL_ARCH member, or None
+    """gguf-py's MODEL_ARCH for an HF ``model_type`` (its tensor name map), or None.
+
+    ``gguf_architecture`` (a file's ``general.architecture``) is used when gguf-py knows it;
+    otherwise the HF name is spelled the way gguf-py spells it.
+    """
     from gguf import MODEL_ARCH_NAMES
 
-    return {v: k for k, v in MODEL_ARCH_NAMES.items()}.get(model_type)
+    by_name = {v: k for k, v in MODEL_ARCH_NAMES.items()}
+    if gguf_architecture in by_name:
+        return by_name[gguf_architecture]
+    name = _GGUF_ALIASES.get(model_type, model_type)
+    for spelling in (name, name.replace("_", "-"), name.replace("_", "")):
+        if spelling in by_name:
+            return by_name[spelling]
+    return None
 
 
 def check_name_map(model_type: str, gguf_architecture: str | None = None) -> None:
@@ -101,13 +125,72 @@ def check_name_map(model_type: str, gguf_architecture: str | None = None) -> Non
     Called on the config alone, before any tensor is dequantized: without a name map the
     verification would fail only after minutes of conversion and gigabytes of tensors.
     """
-    if gguf_arch(model_type) is None:
+    if gguf_arch(model_type, gguf_architecture) is None:
         named = f"'{gguf_architecture}' (HF model type '{model_type}')" \
             if gguf_architecture and gguf_architecture != model_type else f"'{model_type}'"
         raise UserInputError(
             f"GGUF architecture {named} has no tensor name map in gguf-py, so autoplan "
             "cannot verify its conversion; convert the model to an HF safetensors folder "
             "and pass that folder instead")
+
+
+def _stored_value(arch: str, gguf_name: str, values: torch.Tensor) -> torch.Tensor:
+    """What the HF tensor must hold for a GGUF tensor's dequantized values (``arch``: the
+    gguf-py architecture name)."""
+    if arch in _NORMS_PLUS_ONE and gguf_name.endswith("norm.weight"):
+        return values - 1
+    return values
+
+
+# llama.cpp sizes Gemma 2/3's attention scale from the model size, not from a key: the 27B
+# models (46 / 62 blocks) use hidden / heads, the others head_dim (llama-model.cpp,
+# LLM_TYPE_27B); transformers' GGUF reader leaves query_pre_attn_scalar at its default 256.
+_GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}
+
+
+def apply_dropped_keys(config, path: Path) -> None:  # noqa: ANN001 - an HF config
+    """Set the config values a GGUF holds but transformers' GGUF reader does not map.
+
+    Attention and final logit soft-caps (Gemma 2), the sliding window (Phi-3), linear RoPE
+    scaling (Gemma 3's global layers in the 4B and larger models) and Gemma's attention
+    scale; without them the converted model would not be the one llama.cpp runs.
+
+    Raises:
+        UserInputError: the GGUF sets a RoPE scaling this cannot carry over.
+    """
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    arch = _gguf_architecture(path) or ""
+
+    def value(key: str):  # noqa: ANN202 - a GGUF scalar
+        field = fields.get(f"{arch}.{key}")
+        return None if field is None else field.contents()
+
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if value(key) is not None and hasattr(config, key):
+            setattr(config, key, float(value(key)))
+    window = value("attention.sliding_window")  # read for Gemma, dropped for Phi-3
+    if window and hasattr(config, "sliding_window"):
+        config.sliding_window = int(window)
+    kind = value("rope.scaling.type")
+    if kind == "linear" and value("rope.scaling.factor"):
+        factor = float(value("rope.scaling.factor"))
+        rope = dict(config.rope_parameters)
+        if "full_attention" in rope:  # per layer type: llama.cpp scales the global layers only
+            rope["full_attention"] = {**rope["full_attention"], "rope_type": "linear",
+                                      "factor": factor}
+        else:
+            rope.update(rope_type="linear", factor=factor)
+        config.rope_parameters = rope
+    elif kind not in (None, "none", "linear"):
+        raise UserInputError(f"GGUF '{path.name}' sets '{kind}' RoPE scaling, which "
+                             "transformers' GGUF reader drops; convert the model from its HF "
+                             "folder instead")
+    if arch in _GEMMA_27B_BLOCKS:
+        config.query_pre_attn_scalar = (
+            config.hidden_size // config.num_attention_heads
+            if _GEMMA_27B_BLOCKS[arch] == config.num_hidden_layers else config.head_dim)
 
 
 def _gguf_architecture(path: Path) -> str | None:
@@ -174,8 +257,11 @@ def verify_against_gguf(model: torch.nn.Module, gguf_path: Path) -> dict[str, in
     Raises:
         AutoplanError: a tensor is missing or differs.
     """
+    from gguf import MODEL_ARCH_NAMES
+
     ref = _gguf_tensors(gguf_path)
     state = model.state_dict()
+    arch = MODEL_ARCH_NAMES[gguf_arch(model.config.model_type)]
     mapping = hf_to_gguf_names(model, model.config.num_hidden_layers)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     unmapped = set(ref) - set(mapping.values())
@@ -186,7 +272,7 @@ def verify_against_gguf(model: torch.nn.Module, gguf_path: Path) -> dict[str, in
         if hf_name in tied or gguf_name not in ref:
             continue
         kind, expect = ref[gguf_name]
-        if not _same_rows(state[hf_name], expect):
+        if not _same_rows(state[hf_name], _stored_value(arch, gguf_name, expect)):
             raise AutoplanError(f"converted tensor {hf_name} differs from GGUF {gguf_name}")
         if kind in _FOUR_BIT:
             if not _on_4bit_grid(state[hf_name]):
@@ -285,6 +371,8 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
         except (ValueError, OSError, KeyError) as exc:
             raise UserInputError(f"cannot read GGUF '{src}': {exc}".splitlines()[0]) from None
         check_name_map(config.model_type, _gguf_architecture(src))  # before any tensor
+        ModelSpec.from_config(config.to_dict())  # a model autoplan cannot plan: refused now
+        apply_dropped_keys(config, src)
         remove_stale_temps(dest)
         lock = None
         try:
@@ -337,5 +425,5 @@ def _convert_into(tmp: Path, src: Path, config, bar: Progress,  # noqa: ANN001 -
     step(6)
 
 
-__all__ = ["check_name_map", "convert_gguf", "gguf_arch", "hf_to_gguf_names",
+__all__ = ["apply_dropped_keys", "check_name_map", "convert_gguf", "gguf_arch", "hf_to_gguf_names",
            "quiet_transformers", "verify_against_gguf"]

@@ -9,6 +9,7 @@ load. Pickle weights (.bin/.pt) are refused: loading them can run arbitrary code
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,24 @@ def load_spec(spec: str) -> ModelSpec:
     return ModelSpec.from_config(_gguf_config(source.path), name=source.model_id)
 
 
+def load_config_dict(spec: str) -> dict[str, Any]:
+    """The config (config.json's object, or a GGUF's metadata as transformers reads it) of
+    any model argument, without loading weights: for checks that need more than ModelSpec
+    keeps (rope variants, attention flags)."""
+    source = resolve_model_arg(spec)
+    folder = source.path if source.kind in ("hf", "config") else converted_dir(source)
+    path = folder if folder.suffix == ".json" else folder / "config.json"
+    if source.kind not in ("hf", "config") and not path.is_file():
+        return _gguf_config(source.path)
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"cannot read '{path}': {exc}".splitlines()[0]) from None
+    if not isinstance(cfg, dict):
+        raise UserInputError(f"'{path}' must hold a JSON object")
+    return cfg
+
+
 def _tokenizer(folder: Path, trust_remote_code: bool) -> Any:
     from transformers import AutoTokenizer
 
@@ -165,5 +184,5 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
                        source)
 
 
-__all__ = ["LoadedModel", "converted_dir", "ensure_hf_folder", "load_model", "load_spec",
-           "open_checkpoint"]
+__all__ = ["LoadedModel", "converted_dir", "ensure_hf_folder", "load_config_dict", "load_model",
+           "load_spec", "open_checkpoint"]

@@ -73,18 +73,10 @@ def check_model(model: str, runtime: str) -> None:
     search would profile and time kernels for minutes and write a plan `apply` cannot use.
     """
     from autoplan.models.check import check_safetensors
-    from autoplan.models.loader import load_spec
     from autoplan.models.registry import resolve_model_arg
 
     if runtime == ONNX_RUNTIME:
-        from autoplan.backends.cpu.onnx_graph import SUPPORTED_TYPES
-
-        model_type = load_spec(model).model_type
-        if model_type not in SUPPORTED_TYPES:
-            raise UserInputError(
-                f"--runtime onnxruntime plans are applied through autoplan's ONNX export, which "
-                f"supports model_type {', '.join(SUPPORTED_TYPES)}, not '{model_type}': plan "
-                "this model for another runtime or target")
+        _check_onnx_exportable(model)
     source = resolve_model_arg(model)
     if source.kind == "hf":
         check_safetensors(source.path)
@@ -108,6 +100,31 @@ def operating_point(req: SearchRequest, target: Target) -> OperatingPoint | None
         spec, target, None, req.operating,
         model_for=lambda w: CostModel(spec, target, w, price_per_hour=req.price_per_hour,
                                       measured=measured, baseline=baseline))
+
+
+def _check_onnx_exportable(model: str) -> None:
+    """The architecture and the config flags autoplan's ONNX export needs, from the config
+    alone (a multimodal wrapper such as Gemma 3's image-text `gemma3` is refused by its own
+    model_type, although its text model is supported)."""
+    from types import SimpleNamespace
+
+    from autoplan.backends.cpu.onnx_graph import SUPPORTED_TYPES, check_supported
+    from autoplan.errors import ModelConfigError
+    from autoplan.models.loader import load_config_dict, load_spec
+
+    load_spec(model)  # refuses what autoplan cannot plan at all (MoE, unknown types)
+    cfg = load_config_dict(model)
+    model_type = str(cfg.get("model_type", ""))
+    if model_type not in SUPPORTED_TYPES:
+        raise UserInputError(
+            f"--runtime onnxruntime plans are applied through autoplan's ONNX export, which "
+            f"supports model_type {', '.join(SUPPORTED_TYPES)}, not '{model_type}': plan "
+            "this model for another runtime or target")
+    try:
+        check_supported(SimpleNamespace(**cfg))
+    except ModelConfigError as exc:
+        raise UserInputError(f"--runtime onnxruntime plans are applied through autoplan's "
+                             f"ONNX export: {exc}") from None
 
 
 def preflight(req: SearchRequest) -> Platform:

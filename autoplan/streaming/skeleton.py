@@ -10,8 +10,11 @@ x 2 matrix pair (0.5 GiB in fp32 for TinyLlama-1.1B, 4.2 GiB for Llama-3.1-8B) t
 loops and the reverse pass never touch.
 
 Blocks are called with the exact keyword arguments the model's own forward passes them
-(rotary embeddings, mask, positions): they are caught once per batch by a pre-hook on block 0,
-as llm-compressor and GPTQModel do, so no model-specific forward is rewritten here.
+(rotary embeddings, mask, positions): they are caught once per batch, as llm-compressor and
+GPTQModel do, so no model-specific forward is rewritten here. They are caught for every
+block, because they can differ between blocks: Gemma 2/3 and Qwen3 give sliding-window
+layers their own mask, Gemma 3 gives local layers their own rotary table. The model's own
+post-processing of the logits (Gemma 2's final soft-cap) is applied by `logits`.
 """
 
 from __future__ import annotations
@@ -29,8 +32,36 @@ from autoplan.errors import UserInputError
 from autoplan.streaming.weights import CheckpointReader
 
 
-class _Caught(Exception):
-    """Carries block 0's call arguments out of the model's forward."""
+class BlockArgs(dict):
+    """Block 0's keyword arguments, with every block's own in `per_block` (run_block uses
+    block i's)."""
+
+    def __init__(self, per_block: list[dict[str, Any]]) -> None:
+        super().__init__(per_block[0])
+        self.per_block = per_block
+
+
+class _Recorder(nn.Module):
+    """Stands in for a block during `block_inputs`: records the call and passes the hidden
+    states through, so the model's forward reaches every block with its own arguments.
+    Attributes the forward reads from a block come from the block it replaces."""
+
+    def __init__(self, block: nn.Module, calls: list) -> None:
+        super().__init__()
+        object.__setattr__(self, "_block", block)  # not a submodule: nothing is registered
+        object.__setattr__(self, "_calls", calls)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "_block"), name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        kwargs = dict(kwargs)
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        self._calls.append((hidden, kwargs))
+        return hidden
 
 
 def _set_tensor(model: nn.Module, name: str, device: torch.device | str,
@@ -71,9 +102,6 @@ class StreamedModel:
         self.reader = CheckpointReader(self.folder)
         with quiet_transformers():
             config = AutoConfig.from_pretrained(self.folder, trust_remote_code=trust_remote_code)
-            if getattr(config, "final_logit_softcapping", None):
-                raise UserInputError("streamed execution does not apply final logit "
-                                     "soft-capping (Gemma 2): use --execution memory")
             with init_empty_weights(include_buffers=False):
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype,
                                                          trust_remote_code=trust_remote_code)
@@ -165,33 +193,39 @@ class StreamedModel:
         with self._hold(self.block_keys[i]):
             yield self.blocks[i]
 
-    def block_inputs(self, batch: Tensor) -> tuple[Tensor, dict[str, Any]]:
-        """Block 0's hidden states and keyword arguments for token ids `batch` [b, seq]."""
-        def catch(_m, args, kwargs):  # noqa: ANN001 - torch hook signature
-            raise _Caught(args, kwargs)
-
-        handle = self.blocks[0].register_forward_pre_hook(catch, with_kwargs=True)
+    def block_inputs(self, batch: Tensor) -> tuple[Tensor, BlockArgs]:
+        """Block 0's hidden states and each block's keyword arguments for token ids `batch`
+        [b, seq]."""
+        calls: list[tuple[Tensor, dict[str, Any]]] = []
+        blocks = list(self.blocks)
+        for i, block in enumerate(blocks):
+            self.blocks[i] = _Recorder(block, calls)
         try:
             with torch.no_grad(), self.embeddings():
                 self.base(input_ids=batch.to(self.device), use_cache=False)
-        except _Caught as caught:
-            args, kwargs = caught.args
-        else:  # pragma: no cover - a model without blocks
-            raise UserInputError("the model has no decoder blocks to stream")
         finally:
-            handle.remove()
-        kwargs = dict(kwargs)
-        hidden = args[0] if args else kwargs.pop("hidden_states")
-        return hidden, kwargs
+            for i, block in enumerate(blocks):
+                self.blocks[i] = block
+        if len(calls) != len(blocks):  # pragma: no cover - a forward that skips blocks
+            raise UserInputError("the model's forward did not call each decoder block once: "
+                                 "use --execution memory")
+        return calls[0][0], BlockArgs([kw for _, kw in calls])
 
     def run_block(self, i: int, hidden: Tensor, kwargs: dict[str, Any]) -> Tensor:
+        if isinstance(kwargs, BlockArgs):
+            kwargs = kwargs.per_block[i]
         out = self.blocks[i](hidden, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """What the CausalLM computes after the blocks: final norm, then lm_head."""
+        """What the CausalLM computes after the blocks: final norm, lm_head, and Gemma 2's
+        final soft-cap (cap * tanh(logits / cap), in transformers' order of operations)."""
         with self.head_resident():
-            return self.head(self.base.norm(hidden))
+            logits = self.head(self.base.norm(hidden))
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
 
-__all__ = ["StreamedModel"]
+__all__ = ["BlockArgs", "StreamedModel"]

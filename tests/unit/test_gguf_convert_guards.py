@@ -20,28 +20,29 @@ from autoplan.models._cache import atomic_dir
 
 def test_an_architecture_without_a_name_map_is_named():
     with pytest.raises(UserInputError) as info:
-        gguf_convert.check_name_map("gemma3_text", "gemma3")
+        gguf_convert.check_name_map("opt", "opt-gguf")
     msg = str(info.value)
-    assert "'gemma3' (HF model type 'gemma3_text')" in msg and "\n" not in msg
+    assert "'opt-gguf' (HF model type 'opt')" in msg and "\n" not in msg
     gguf_convert.check_name_map("llama")  # mapped: no error
+    gguf_convert.check_name_map("gemma3_text", "gemma3")  # gguf-py's name for it
 
 
 def test_refused_before_any_dequantization(tmp_path, monkeypatch):
     import transformers
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    src = tmp_path / "gemma-3-270m.gguf"
+    src = tmp_path / "opt-125m.gguf"
     src.write_bytes(b"GGUF" + b"\0" * 64)
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
-                        lambda *a, **k: SimpleNamespace(model_type="gemma3_text"))
+                        lambda *a, **k: SimpleNamespace(model_type="opt"))
 
     def never(*_a, **_k):
         raise AssertionError("tensors were read before the name-map check")
 
     monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", never)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", never)
-    dest = tmp_path / "cache" / "gemma"
-    with pytest.raises(UserInputError, match="gemma3_text"):
+    dest = tmp_path / "cache" / "opt"
+    with pytest.raises(UserInputError, match="'opt'"):
         gguf_convert.convert_gguf(src, dest)
     assert not dest.exists() and not list((tmp_path / "cache").glob(".*"))
 
