@@ -11,11 +11,18 @@ import re
 import pytest
 
 from autoplan.compare import CompareRequest, parse_entries, run_compare
+from autoplan.models.loader import load_spec
 from autoplan.plan.io import load_plan
 from autoplan.search.request import ExecutionSettings, SearchRequest
+from autoplan.search.space import build_space
+from autoplan.targets import get_target
 from tests.integration._embedded import needs_embedded
 
 pytestmark = pytest.mark.slow
+
+
+def _space(target: str):
+    return build_space(load_spec("smollm2-135m"), get_target(target), "vllm")
 
 
 @needs_embedded
@@ -31,7 +38,13 @@ def test_compare_and_report_embedded(tmp_path):
         plan = load_plan(tmp_path / row.plan_file)
         assert plan.quality.budget_met and plan.quality.kl <= 0.05
         assert row.plan["tokens_per_s"] >= row.baseline["tokens_per_s"] * 0.999
-    assert comparison.profile_entries >= 210 * 8
+    # one profile over the union of both spaces: every layer either searches x every
+    # choice either considers (profile_spaces), so it holds each (layer, choice) they pick
+    spaces = [_space(t) for t in ("h100", "mi300x")]
+    layers = {la.name for sp in spaces for u in sp.units for la in u.layers}
+    choices = {c for sp in spaces for c in sp.all_choices if c != sp.baseline}
+    assert len(layers) == 210 and len(choices) >= 5
+    assert comparison.profile_entries == len(layers) * len(choices)
     page = render_report(tmp_path)
     assert re.findall(r'data-plot="([a-z-]+)"', page) == (
         ["compare"] + ["pareto", "choice-map", "cost-breakdown"] * 2)
