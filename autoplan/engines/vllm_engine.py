@@ -90,7 +90,8 @@ def run_vllm(model_dir: str | Path, prompts: Sequence[Sequence[int]], *, max_tok
 def serve_command(model_dir: str | Path, port: int, *, served_name: str,
                   dtype: str = "bfloat16", max_model_len: int = 1024, max_num_seqs: int = 16,
                   python: str | Path | None = None) -> list[str]:
-    """``vllm serve`` for one checkpoint on 127.0.0.1:port (remote code off, no request log).
+    """``vllm serve`` for one checkpoint on 127.0.0.1:port (remote code off; vLLM 0.32 logs no
+    requests unless ``--enable-log-requests``, and no longer accepts ``--disable-log-requests``).
 
     Raises:
         UserInputError: the engine is not installed.
@@ -102,7 +103,7 @@ def serve_command(model_dir: str | Path, port: int, *, served_name: str,
             "--host", HOST, "--port", str(port), "--served-model-name", served_name,
             "--dtype", dtype, "--max-model-len", str(max_model_len),
             "--max-num-seqs", str(max_num_seqs), "--seed", "0",
-            "--disable-log-requests"]
+            "--no-trust-remote-code"]  # request logging is off by default since vLLM 0.11
 
 
 def serve_env() -> dict[str, str]:
