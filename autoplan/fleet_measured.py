@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autoplan.errors import UserInputError
-from autoplan.fleet import HOURS_PER_MONTH, Step
+from autoplan.fleet import HOURS_PER_MONTH, FleetSizing, Step
 
 SUSTAINED = 0.9  # achieved / offered request rate below which the node fell behind
 
@@ -83,10 +83,7 @@ class MeasuredSizing:
     steps: tuple[Step, ...] = field(repr=False)
     reason: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["steps"] = [asdict(s) for s in self.steps]
-        return out
+    to_json = FleetSizing.to_json  # the fields, the steps as a list of dicts
 
 
 def _point(doc: dict[str, Any], output_len: int) -> MeasuredPoint:
@@ -113,8 +110,8 @@ def read_capacity_curves(path: str | Path) -> MeasuredCurves:
     try:
         doc = json.loads(path.read_text())
     except OSError as exc:
-        raise UserInputError(f"cannot read the measured result '{path}': {exc.strerror}: pass "
-                             "the JSON benchmarks/serve_bench.py or llamacpp_serve.py wrote")
+        raise UserInputError(f"cannot read the measured result '{path}': {exc.strerror}: "
+                             "pass the JSON benchmarks/serve_bench.py or llamacpp_serve.py wrote") from None
     except ValueError as exc:
         raise UserInputError(f"'{path}' is not JSON ({exc}): pass the JSON "
                              "benchmarks/serve_bench.py or llamacpp_serve.py wrote") from None
