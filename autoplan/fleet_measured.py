@@ -111,7 +111,8 @@ def read_capacity_curves(path: str | Path) -> MeasuredCurves:
         doc = json.loads(path.read_text())
     except OSError as exc:
         raise UserInputError(f"cannot read the measured result '{path}': {exc.strerror}: "
-                             "pass the JSON benchmarks/serve_bench.py or llamacpp_serve.py wrote") from None
+                             "pass the JSON benchmarks/serve_bench.py or llamacpp_serve.py "
+                             "wrote") from None
     except ValueError as exc:
         raise UserInputError(f"'{path}' is not JSON ({exc}): pass the JSON "
                              "benchmarks/serve_bench.py or llamacpp_serve.py wrote") from None
