@@ -24,11 +24,18 @@ def _avx2():  # noqa: ANN202 - a Target
 
 
 def test_w4a16_refused_on_avx2_with_vllms_error_allowed_on_avx512():
-    for fmt in ("int4_g32", "uint4_g64", "int8_wo"):
+    for fmt in ("int4_g32", "uint4_g64"):
         answer = supports(_avx2(), "vllm", Choice.parse(fmt))
         assert not answer.ok and "cpu_gemm_wna16" in answer.reason
         assert answer.source == "VLLM-CPU-032"
-        assert supports(get_target("epyc-9654"), "vllm", Choice.parse(fmt)).ok
+        for target in ("epyc-9654", "xeon-8480"):
+            assert supports(get_target(target), "vllm", Choice.parse(fmt)).ok
+
+
+def test_w8a16_refused_on_every_cpu_in_vllms_words():
+    for target in (_avx2(), get_target("epyc-9654"), get_target("xeon-8480")):
+        answer = supports(target, "vllm", Choice.parse("int8_wo"))
+        assert not answer.ok and "uint8b128" in answer.reason
 
 
 def test_fp_formats_refused_on_every_cpu_int8_and_bf16_served():
@@ -36,6 +43,8 @@ def test_fp_formats_refused_on_every_cpu_int8_and_bf16_served():
         for fmt in ("fp8_e4m3", "nvfp4"):
             answer = supports(get_target(target), "vllm", Choice.parse(fmt))
             assert not answer.ok and "vLLM CPU" in answer.reason
+        assert "weight-only" in supports(get_target(target), "vllm",
+                                         Choice.parse("fp8_e4m3")).reason
         assert supports(get_target(target), "vllm", Choice.parse("int8")).ok
         assert supports(get_target(target), "vllm", Choice.parse("bf16")).ok
     # the GPU rows are unchanged: FP8 on Hopper, NVFP4 on Blackwell
