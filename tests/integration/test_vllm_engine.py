@@ -19,8 +19,13 @@ LAYERS = ["model.layers.0.mlp.down_proj", "model.layers.0.self_attn.o_proj"]
 
 
 def test_vllm_runs_a_w8a8_export_as_simulated(tmp_path):
-    from autoplan.engines.vllm_check import (check_layer, compare, layer_inputs,
-                                             reference_logprobs, simulated_model)
+    from autoplan.engines.vllm_check import (
+        check_layer,
+        compare,
+        layer_inputs,
+        reference_logprobs,
+        simulated_model,
+    )
     from autoplan.engines.vllm_engine import run_vllm
     from autoplan.export import export_plan
     from autoplan.models import load_model
