@@ -14,11 +14,11 @@ error text, or, when it loads, the two checks of autoplan/engines/vllm_check.py:
   (the simulation in bf16 and with 1e-7 input noise, several seeds) plus vLLM's bf16 floor on
   the unquantized model; greedy tokens; the NLL the quantization adds, in vLLM vs simulated.
 
-Mixed plans (a searched one with --mixed-plan, and fixed mixes of the formats vLLM CPU runs)
+Mixed plans (searched ones with --mixed-plan, and fixed mixes of the formats vLLM CPU runs)
 are checked the same way. The result records the CPU's ISA flags and the vLLM C++ library
 it loaded: vLLM CPU's kernels depend on them.
 
-    python benchmarks/vllm_formats.py [--mixed-plan PLAN.json]   # -> results/vllm_formats.json
+    python benchmarks/vllm_formats.py [--mixed-plan A.json,B.json]  # -> results/vllm_formats.json
 
 Exports go to a temp folder (or --keep DIR). Needs `autoplan engines install vllm`.
 """
@@ -50,8 +50,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=12)
     p.add_argument("--dtype", default="bfloat16", help="vLLM's activation dtype")
     p.add_argument("--formats", default="", help="comma list (default: every one the "
-                   "compressed-tensors exporter writes)")
-    p.add_argument("--mixed-plan", default="", help="a plan file to check as the mixed plan")
+                   "compressed-tensors exporter writes; none: only the mixed plans)")
+    p.add_argument("--no-fixed-mixes", action="store_true",
+                   help="skip the fixed mixed plans (check --mixed-plan ones only)")
+    p.add_argument("--mixed-plan", default="",
+                   help="searched plan files to check too (comma list)")
     p.add_argument("--keep", default="", help="keep the exports in this folder")
     p.add_argument("--noise-seeds", default="1,2,3", help="seeds of the simulation's noise draws")
     p.add_argument("--seed", type=int, default=0)
@@ -119,10 +122,11 @@ def _prompts(loaded, n: int, length: int) -> list[list[int]]:  # noqa: ANN001
 
 def probe_layers(plan) -> list[str]:  # noqa: ANN001
     """The layers the layer check runs in vLLM: the unfused ones (vLLM fuses q/k/v and
-    gate/up) in PROBE_BLOCKS, plus the first unfused layer of every quantized format that
-    those miss (a mixed plan's)."""
-    unfused = [n for n in plan.decisions if n.endswith(("o_proj", "down_proj"))]
-    names = [n for n in unfused if any(f"layers.{b}." in n for b in PROBE_BLOCKS)]
+    gate/up) in PROBE_BLOCKS and lm_head, plus the first unfused layer of every quantized
+    format that those miss (a mixed plan's)."""
+    unfused = [n for n in plan.decisions if n.endswith(("o_proj", "down_proj", "lm_head"))]
+    names = [n for n in unfused if n == "lm_head" or any(f"layers.{b}." in n
+                                                         for b in PROBE_BLOCKS)]
     seen = {plan.decisions[n] for n in names}
     for n in unfused:
         if plan.decisions[n] not in seen:
@@ -239,17 +243,6 @@ def _markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def _mixed_wna16(loaded) -> dict[str, str]:  # noqa: ANN001
-    """W4A16 g32 everywhere except down_proj in int8 W8A8 and lm_head in bf16: the two vLLM
-    CPU kernels (CPUWNA16 and oneDNN INT8) in one checkpoint."""
-    def pick(name: str) -> str:
-        if name == "lm_head":
-            return "dense+bf16"
-        return "dense+int8" if name.endswith("down_proj") else "dense+int4_g32"
-
-    return {layer.name: pick(layer.name) for layer in loaded.spec.layers}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     info, command = start_run(args.seed, argv)
@@ -263,14 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()  # SIGTERM/SIGHUP stop the vLLM worker too
     try:
         engine_python("vllm")  # a missing engine is one line before minutes of work
-        searched = load_plan(args.mixed_plan) if args.mixed_plan else None
+        searched = {Path(f).name: load_plan(f) for f in args.mixed_plan.split(",") if f}
     except AutoplanError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     loaded = load_model("smollm2-135m")
     template = load_plan(TEMPLATE)
     prompts = _prompts(loaded, args.prompts, args.prompt_len)
-    formats = [f for f in args.formats.split(",") if f] or exported_formats()
+    formats = ([] if args.formats == "none" else
+               [f for f in args.formats.split(",") if f] or exported_formats())
     load0 = os.getloadavg()
     try:
         baseline = _baseline(loaded, prompts, args)
@@ -288,12 +282,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{baseline['greedy_total']}")
     plans = {f"uniform {f}": _plan(template, _uniform(loaded, f), EXPORT_TARGET)
              for f in formats}
-    if searched is not None:
-        plans[f"searched ({Path(args.mixed_plan).name})"] = _plan(searched, searched.decisions,
-                                                                 EXPORT_TARGET)
-    plans["mixed int8 / int4_g64 / uint4_g128"] = _plan(template, _mixed(loaded), EXPORT_TARGET)
-    plans["mixed int4_g32 / int8"] = _plan(template, _mixed_wna16(loaded), EXPORT_TARGET)
-    plans["mixed int8 / bf16"] = _plan(template, _mixed_int8(loaded), EXPORT_TARGET)
+    for fname, plan in searched.items():
+        plans[f"searched ({fname})"] = _plan(plan, plan.decisions, EXPORT_TARGET)
+    if not args.no_fixed_mixes:
+        plans["mixed int8 / int4_g64 / uint4_g128"] = _plan(template, _mixed(loaded),
+                                                             EXPORT_TARGET)
+        plans["mixed int8 / bf16"] = _plan(template, _mixed_int8(loaded), EXPORT_TARGET)
     rows = {}
     try:
         with tempfile.TemporaryDirectory(prefix="autoplan-vllm-formats-") as tmp:
