@@ -83,19 +83,16 @@ def _sweep(sides: dict[str, Path], args: argparse.Namespace, rates: list[float],
     """Serve every side at once; per rate, drive each in turn (the order alternating)."""
     import contextlib
 
-    from autoplan.engines.serving import bench_serve, free_port, port_in_use
+    from autoplan.engines.serving import bench_serve, free_port
 
     out = {n: {"folder_name": f.name, "points": [], "load_avg_1m": []} for n, f in sides.items()}
     with contextlib.ExitStack() as stack:
         servers = {}
         for i, (name, folder) in enumerate(sides.items()):
-            # picked once the previous server listens and re-picked while it answers: the OS
-            # hands out a port vLLM's listener holds (it binds with SO_REUSEPORT)
+            # picked once the previous server listens, so two never get the same one
             port = args.port + i if args.port else free_port()
-            while not args.port and (port_in_use(port) or
-                                     port in {s.port for s in servers.values()}):
-                port = free_port()
-            servers[name] = stack.enter_context(_start(name, folder, port, args, logs))
+            servers[name] = _start(name, folder, port, args, logs)  # started (or raised)
+            stack.callback(servers[name].stop)
             out[name]["ready_s"] = round(servers[name].ready_seconds or 0, 1)
         for i, rate in enumerate(rates):
             order = list(servers) if i % 2 == 0 else list(reversed(servers))
