@@ -75,7 +75,7 @@ def _probe_layers(llm, specs: dict, out_path: str) -> dict:  # noqa: ANN001
                 y = layer.quant_method.apply(layer, x)
             tensors[f"y:{name}"] = y.float().contiguous()
             scheme = getattr(layer, "scheme", None)
-            kernel = getattr(scheme, "kernel", None)
+            kernel = getattr(scheme, "kernel", None) or getattr(scheme, "fp8_linear", None)
             method = getattr(kernel, "linear_method", None)
             info[name] = {"method": type(layer.quant_method).__name__,
                           "scheme": type(scheme).__name__ if scheme is not None else "",
