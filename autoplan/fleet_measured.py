@@ -12,7 +12,8 @@ sizes a fleet of such nodes:
    result has it, else TTFT p99 + (output_len - 1) x TPOT p99 (no faster than the p99
    request could be if its prefill and its decode steps were both p99: an upper bound).
 2. a rate holds when its p99 latency is within the SLA and the node kept up with it
-   (achieved throughput >= ``sustained`` x offered; at rate ``inf`` it is the throughput);
+   (achieved throughput >= ``sustained`` (0.8) x offered; at rate ``inf`` it is the
+   throughput);
    node capacity r* = the highest measured rate that holds. Only measured rates count: no
    interpolation, no extrapolation past the curve.
 3. nodes n = ceil(qps / r*): a load balancer that sends each request to a node picked at
@@ -37,7 +38,10 @@ from typing import Any
 from autoplan.errors import UserInputError
 from autoplan.fleet import HOURS_PER_MONTH, FleetSizing, Step
 
-SUSTAINED = 0.9  # achieved / offered request rate below which the node fell behind
+# achieved / offered request rate below which the node fell behind: a short benchmark's
+# achieved rate runs ~10 % under the offered one even when it keeps up (its last requests'
+# service time counts in the duration; 16-32 Poisson arrivals vary by ~20 %)
+SUSTAINED = 0.8
 
 
 @dataclass(frozen=True)

@@ -110,18 +110,36 @@ def _sweep(sides: dict[str, Path], args: argparse.Namespace, rates: list[float],
     return out
 
 
+KEPT_UP = 0.8  # achieved / offered request rate: below it the queue grows through the run
+# (16-32 Poisson arrivals give a ratio of ~0.9 at a rate the server does keep up with)
+
+
 def _summary(sides: dict, slo: float) -> dict:
+    """Per side: the highest rate whose p99 TPOT holds the SLO (the goal's measure), and the
+    highest that also kept up with its arrivals (a TPOT SLO alone ignores the queue, whose
+    wait shows in TTFT)."""
     from autoplan.engines.serving import RatePoint, max_rate_within_slo
 
     out = {}
     for name, side in sides.items():
-        best = max_rate_within_slo([RatePoint(**p) for p in side["points"]], slo)
+        points = [RatePoint(**p) for p in side["points"]]
+        best = max_rate_within_slo(points, slo)
+        kept = max_rate_within_slo([p for p in points if p.request_throughput >=
+                                    KEPT_UP * p.request_rate], slo)
         out[name] = {"max_rate_within_slo": best.request_rate if best else 0.0,
-                     "throughput_at_that_rate": best.request_throughput if best else 0.0}
-    base = out["baseline"]["max_rate_within_slo"]
-    ratio = out["plan"]["max_rate_within_slo"] / base if base else None
-    return {"per_side": out, "plan_vs_baseline_rate": ratio,
-            "goal_1_3x_met": bool(ratio is not None and ratio >= 1.3)}
+                     "throughput_at_that_rate": best.request_throughput if best else 0.0,
+                     "max_rate_within_slo_kept_up": kept.request_rate if kept else 0.0,
+                     "saturated_req_s": max(p.request_throughput for p in points)}
+    base, plan = out["baseline"], out["plan"]
+
+    def ratio(key: str) -> float | None:
+        return plan[key] / base[key] if base[key] else None
+
+    r = ratio("max_rate_within_slo")
+    return {"per_side": out, "plan_vs_baseline_rate": r,
+            "plan_vs_baseline_rate_kept_up": ratio("max_rate_within_slo_kept_up"),
+            "plan_vs_baseline_saturated": ratio("saturated_req_s"),
+            "goal_1_3x_met": bool(r is not None and r >= 1.3)}
 
 
 def _markdown(doc: dict) -> str:
@@ -138,11 +156,19 @@ def _markdown(doc: dict) -> str:
                      f"{p['tpot_p99_ms']:.0f} | {ok} | {load:.1f} |")
     s = doc["summary"]
     ratio = s["plan_vs_baseline_rate"]
-    lines += ["", f"Highest rate within the SLO: baseline "
-              f"{s['per_side']['baseline']['max_rate_within_slo']:g} req/s, plan "
-              f"{s['per_side']['plan']['max_rate_within_slo']:g} req/s "
-              f"({'n/a' if ratio is None else f'{ratio:.2f}x'}; goal 1.3x "
-              f"{'met' if s['goal_1_3x_met'] else 'not met'})."]
+    b, p = s["per_side"]["baseline"], s["per_side"]["plan"]
+
+    def x(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.2f}x"
+
+    lines += ["", f"Highest rate within the SLO: baseline {b['max_rate_within_slo']:g} req/s, "
+              f"plan {p['max_rate_within_slo']:g} req/s ({x(ratio)}; goal 1.3x "
+              f"{'met' if s['goal_1_3x_met'] else 'not met'}). Also keeping up with the "
+              f"arrivals (achieved >= {KEPT_UP:g} x offered): baseline "
+              f"{b['max_rate_within_slo_kept_up']:g}, plan {p['max_rate_within_slo_kept_up']:g} "
+              f"({x(s['plan_vs_baseline_rate_kept_up'])}). Saturated throughput: baseline "
+              f"{b['saturated_req_s']:.2f}, plan {p['saturated_req_s']:.2f} req/s "
+              f"({x(s['plan_vs_baseline_saturated'])})."]
     return "\n".join(lines)
 
 
