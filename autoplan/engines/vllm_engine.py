@@ -117,7 +117,7 @@ def _read_layer_outputs(info: dict[str, dict], path: str | None) -> dict[str, di
     from safetensors.torch import load_file
 
     tensors = load_file(path)
-    return {name: {**meta, "y": tensors[f"y:{name}"], "codes": tensors.get(f"codes:{name}"),
+    return {name: {**meta, "y": tensors.get(f"y:{name}"), "codes": tensors.get(f"codes:{name}"),
                    "scales": tensors.get(f"scales:{name}")} for name, meta in info.items()}
 
 

@@ -74,3 +74,17 @@ def test_a_server_that_never_starts_names_the_rebuild(fakes, tmp_path, monkeypat
     assert "`autoplan engines install vllm --force`" in str(err.value)
     for *_, pidfile in started:  # the baseline, already up, was stopped as well
         assert _gone(int(pidfile.read_text()))
+
+
+@pytest.mark.parametrize("script", ["serve_bench", "vllm_formats"])
+def test_a_missing_engine_is_one_line_naming_the_install(script, monkeypatch, capsys, tmp_path):
+    import importlib
+
+    monkeypatch.setenv("AUTOPLAN_ENGINE_VLLM_PYTHON", str(tmp_path / "no-python"))
+    module = importlib.import_module(f"benchmarks.{script}")
+    argv = ["--plan-dir", str(tmp_path)] if script == "serve_bench" else []
+    assert module.main([*argv, "--out", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert "`autoplan engines install vllm`" in err
+    assert not (tmp_path / "out.json").exists()
