@@ -244,8 +244,8 @@ def check_layer(layer: nn.Module, x: torch.Tensor, engine: dict[str, Any]) -> di
     from autoplan.quant.activations import quantize_activation_codes
 
     if engine.get("y") is None:  # the probe could not run this layer in vLLM
-        return {"probe_error": engine.get("probe_error", "no output"), "exact_within_bf16": False,
-                "rel_l2": float("nan"), "tokens": int(x.shape[0])}
+        return {"probe_error": engine.get("probe_error", "no output"),
+                "exact_within_bf16": False, "rel_l2": float("nan"), "tokens": int(x.shape[0])}
     ref = layer(x.float()).float()
     y = engine["y"].float()
     diff = (y - ref).abs()
