@@ -24,6 +24,19 @@ def machine_info() -> dict:
             "platform": platform.platform()}
 
 
+def cpu_flags(wanted: tuple[str, ...] = ("avx2", "avx512f", "avx512bw", "avx512_vnni",
+                                          "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
+                                          "amx_bf16", "amx_fp16")) -> dict[str, bool]:
+    """The ISA flags engine kernels dispatch on, from /proc/cpuinfo (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    have = set(line.split(":", 1)[-1].split())
+    return {flag: flag in have for flag in wanted}
+
+
 def seed_all(seed: int) -> None:
     """Seed Python's, NumPy's and torch's generators."""
     import random

@@ -4,13 +4,21 @@ autoplan simulated? (issue 11 item 1)
 For every format autoplan's compressed-tensors exporter writes, a uniform plan on the
 embedded SmolLM2-135M (every block linear in the format, lm_head kept bf16) is exported
 and loaded with ``vllm.LLM(model=DIR)`` in the vLLM engine's venv; the result is vLLM's own
-error text, or, when it loads, teacher-forced and greedy logprobs compared with autoplan's
-simulation of the same plan (autoplan/engines/vllm_check.py says why the tolerance is a
-multiple of the noise floor measured on the unquantized model in the same run). A mixed
-plan (a searched one when given with --mixed-plan, else a fixed three-format mix) is
-checked the same way.
+error text, or, when it loads, the two checks of autoplan/engines/vllm_check.py:
 
-    python benchmarks/vllm_formats.py            # -> benchmarks/results/vllm_formats.json
+* layer check: o_proj / down_proj layers (block 0 and a middle block, one per format
+  present) run once through vLLM's own kernel on the simulation's real inputs, against the
+  plan's SimulatedLinear: exact up to one bf16 rounding of the output (rel. L2 <= 2^-8) and
+  the same int8 input codes;
+* model check: teacher-forced logprobs vs the simulation, within the plan's own noise floor
+  (the simulation in bf16 and with 1e-7 input noise, several seeds) plus vLLM's bf16 floor on
+  the unquantized model; greedy tokens; the NLL the quantization adds, in vLLM vs simulated.
+
+Mixed plans (searched ones with --mixed-plan, and fixed mixes of the formats vLLM CPU runs)
+are checked the same way. The result records the CPU's ISA flags and the vLLM C++ library
+it loaded: vLLM CPU's kernels depend on them.
+
+    python benchmarks/vllm_formats.py [--mixed-plan A.json,B.json]  # -> results/vllm_formats.json
 
 Exports go to a temp folder (or --keep DIR). Needs `autoplan engines install vllm`.
 """
@@ -26,25 +34,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import start_run  # noqa: E402
+from benchmarks._common import cpu_flags, start_run, write_result  # noqa: E402
 
 TEMPLATE = Path(__file__).with_name("results") / "cpu_plans" / "int8_kl0.05.json"
 EXPORT_TARGET = "b200"  # a target the runtime matrix lets every vLLM format through on, so
 # the CPU engine itself is asked; the checkpoint does not depend on the target.
-TOL_FACTOR, TOL_ABS = 3.0, 0.02  # agreement: mean |d logprob| <= 3 x noise floor + 0.02
+PROBE_BLOCKS = (0, 15)  # blocks whose o_proj / down_proj the layer check runs in vLLM
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results/vllm_formats.json")
-    p.add_argument("--prompts", type=int, default=3, help="pydoc text blocks")
+    p.add_argument("--prompts", type=int, default=6, help="pydoc text blocks")
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=12)
     p.add_argument("--dtype", default="bfloat16", help="vLLM's activation dtype")
     p.add_argument("--formats", default="", help="comma list (default: every one the "
-                   "compressed-tensors exporter writes)")
-    p.add_argument("--mixed-plan", default="", help="a plan file to check as the mixed plan")
+                   "compressed-tensors exporter writes; none: only the mixed plans)")
+    p.add_argument("--no-fixed-mixes", action="store_true",
+                   help="skip the fixed mixed plans (check --mixed-plan ones only)")
+    p.add_argument("--mixed-plan", default="",
+                   help="searched plan files to check too (comma list)")
     p.add_argument("--keep", default="", help="keep the exports in this folder")
+    p.add_argument("--noise-seeds", default="1,2,3", help="seeds of the simulation's noise draws")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -108,83 +120,126 @@ def _prompts(loaded, n: int, length: int) -> list[list[int]]:  # noqa: ANN001
     return [row.tolist() for row in data.eval.reshape(-1, length)[:n]]
 
 
-def _scrub(text: str) -> str:
-    """No machine path in the results: temp folders and the home folder are elided."""
-    for root in (tempfile.gettempdir(), str(Path.home())):
-        text = text.replace(root, "...")
-    return text
+def probe_layers(plan) -> list[str]:  # noqa: ANN001
+    """The layers the layer check runs in vLLM: the unfused ones (vLLM fuses q/k/v and
+    gate/up) in PROBE_BLOCKS and lm_head, plus the first unfused layer of every quantized
+    format that those miss (a mixed plan's)."""
+    unfused = [n for n in plan.decisions if n.endswith(("o_proj", "down_proj", "lm_head"))]
+    names = [n for n in unfused if n == "lm_head" or any(f"layers.{b}." in n
+                                                         for b in PROBE_BLOCKS)]
+    seen = {plan.decisions[n] for n in names}
+    for n in unfused:
+        if plan.decisions[n] not in seen:
+            names.append(n)
+            seen.add(plan.decisions[n])
+    return [n for n in names if not plan.decisions[n].endswith(("+bf16", "+fp32", "+fp16"))]
 
 
-def check(name: str, plan, loaded, prompts, orig, args, folder: Path,  # noqa: ANN001
-          noise: float | None) -> dict:
-    """Export, load in vLLM, compare with the simulation; one row of the table."""
+def check(name: str, plan, ctx: dict, args, folder: Path) -> dict:  # noqa: ANN001
+    """Export, load in vLLM, run both checks; one row of the table."""
     from collections import Counter
 
+    from autoplan.engines.vllm_check import (
+        agreement,
+        check_layer,
+        compare,
+        layer_inputs,
+        mean_nll,
+        noise_draws,
+        reference_logprobs,
+        simulated_model,
+    )
     from autoplan.engines.vllm_engine import run_vllm
-    from autoplan.engines.vllm_check import compare, reference_logprobs, simulated_model
     from autoplan.errors import AutoplanError
     from autoplan.export import export_plan
 
+    loaded, prompts = ctx["loaded"], ctx["prompts"]
     row: dict = {"formats": dict(Counter(d.split("+")[1] for d in plan.decisions.values()))}
+    calib = ctx["calibration"] if any("nvfp4" in d for d in plan.decisions.values()) else None
     out = folder / name
     try:
-        export_plan(plan, loaded, "compressed-tensors", out)
+        export_plan(plan, loaded, "compressed-tensors", out, calibration=calib)
+        sim_model = simulated_model(plan, loaded, calibration=calib)
     except AutoplanError as exc:
         return {**row, "exported": False, "loads": False, "error": f"autoplan: {exc}"}
     row["exported"] = True
+    names = probe_layers(plan)
+    xs = layer_inputs(sim_model, prompts[:2], names)
     t0 = time.perf_counter()
-    run = run_vllm(out, prompts, max_tokens=args.new_tokens, dtype=args.dtype)
+    run = run_vllm(out, prompts, max_tokens=args.new_tokens, dtype=args.dtype, layers=xs)
     row.update(loads=run.ok, vllm_s=round(time.perf_counter() - t0, 1),
                load_avg_1m=round(os.getloadavg()[0], 2))
     if not run.ok:
-        row.update(stage=run.stage, error=_scrub(run.error))
+        row.update(stage=run.stage, error=run.error)
         print(f"{name}: vLLM refused at {run.stage}: {row['error'][:200]}")
         return row
-    sim = reference_logprobs(simulated_model(plan, loaded), prompts,
-                             [r["tokens"] for r in run.results])
+    conts = [r["tokens"] for r in run.results]
+    sim = reference_logprobs(sim_model, prompts, conts)
+    draws = noise_draws(sim_model, prompts, conts, seeds=ctx["seeds"])
+    agree = agreement(run.results, sim, draws, ctx["floor"])
+    layers = {n: check_layer(sim_model.get_submodule(n), xs[n], run.layers[n]) for n in names}
     cmp = compare(run.results, sim)
-    effect = compare([{**r, "tokens": []} for r in orig], sim)["prompt_lp_abs_mean"]
-    row.update(cmp, quant_effect_lp_abs_mean=effect, versions=run.versions)
-    if noise is not None:
-        row["tolerance"] = TOL_FACTOR * noise + TOL_ABS
-        row["agrees"] = cmp["prompt_lp_abs_mean"] <= row["tolerance"]
-    print(f"{name}: loads; mean |d lp| {cmp['prompt_lp_abs_mean']:.4f} (max "
-          f"{cmp['prompt_lp_abs_max']:.3f}), quantization moves {effect:.4f}; greedy "
-          f"{cmp['greedy_same']}/{cmp['greedy_total']}")
+    row.update(
+        cmp, model_check=agree, layer_check=layers, cpu=run.cpu, versions=run.versions,
+        layers_exact=all(v["exact_within_bf16"] for v in layers.values()),
+        quant_effect_lp_abs_mean=compare([{**r, "tokens": []} for r in ctx["orig_sim"]],
+                                         sim)["prompt_lp_abs_mean"],
+        nll_added={"vllm": mean_nll(run.results) - ctx["nll_vllm_orig"],
+                   "simulated": mean_nll(sim) - ctx["nll_fp32_orig"]})
+    row["agrees"] = bool(agree["agrees"] and row["layers_exact"])
+    worst = max((v["rel_l2"] for v in layers.values()), default=float("nan"))
+    print(f"{name}: loads; mean |d lp| {agree['engine_vs_sim']:.4f} vs tolerance "
+          f"{agree['tolerance']:.4f} (sim noise {agree['sim_noise_floor']:.4f}); layers rel L2 "
+          f"<= {worst:.2e} exact={row['layers_exact']}; greedy {cmp['greedy_same']}/"
+          f"{cmp['greedy_total']}; NLL added vLLM {row['nll_added']['vllm']:+.4f} sim "
+          f"{row['nll_added']['simulated']:+.4f}")
     return row
 
 
-def _baseline(loaded, prompts, args) -> tuple[dict, list]:  # noqa: ANN001
-    """The unquantized model in vLLM vs autoplan fp32: the engine's arithmetic noise (and
-    the original's prompt logprobs, to size what each plan's quantization changes)."""
+def _baseline(loaded, prompts, args) -> dict:  # noqa: ANN001
+    """The unquantized model in vLLM vs autoplan fp32: the engine's bf16 noise floor (and
+    the original's logprobs, to size what each plan's quantization changes). The same model
+    run by autoplan in bf16 (vllm_check.bf16_model) checks that bf16 explains that floor."""
+    from autoplan.engines.vllm_check import bf16_model, compare, mean_nll, reference_logprobs
     from autoplan.engines.vllm_engine import run_vllm
-    from autoplan.engines.vllm_check import compare, reference_logprobs
 
     run = run_vllm(loaded.path, prompts, max_tokens=args.new_tokens, dtype=args.dtype)
     if not run.ok:
-        raise SystemExit(f"vLLM could not load the original model: {run.error}")
-    ref = reference_logprobs(loaded.model, prompts, [r["tokens"] for r in run.results])
-    return {"loads": True, **compare(run.results, ref), "versions": run.versions}, ref
+        raise SystemExit(f"error: vLLM could not load the original model: {run.error}")
+    conts = [r["tokens"] for r in run.results]
+    ref = reference_logprobs(loaded.model, prompts, conts)
+    ours_bf16 = reference_logprobs(bf16_model(loaded.model), prompts, conts)
+    return {"loads": True, **compare(run.results, ref), "versions": run.versions,
+            "cpu": run.cpu, "autoplan_bf16_vs_fp32":
+            compare([{**r, "tokens": []} for r in ours_bf16], ref)["prompt_lp_abs_mean"],
+            "nll_vllm": mean_nll(run.results), "nll_fp32": mean_nll(ref), "_ref": ref}
 
 
 def _markdown(doc: dict) -> str:
-    lines = [f"Noise floor (original fp32 folder in vLLM {doc['dtype']} vs autoplan fp32): mean "
-             f"|d logprob| {doc['baseline']['prompt_lp_abs_mean']:.4f}, max "
-             f"{doc['baseline']['prompt_lp_abs_max']:.3f}, greedy "
-             f"{doc['baseline']['greedy_same']}/{doc['baseline']['greedy_total']}. Tolerance: "
-             f"{TOL_FACTOR:g} x floor + {TOL_ABS:g} = {doc['tolerance']:.4f}.", "",
-             "| plan | vLLM CPU loads | mean / max \\|d logprob\\| vs simulation | "
-             "quantization moves (mean) | greedy tokens equal | agrees | vLLM's error |",
-             "|---|---|---|---|---|---|---|"]
+    base = doc["baseline"]
+    lines = [f"Unquantized model, vLLM {doc['dtype']} vs autoplan fp32: mean |d logprob| "
+             f"{base['prompt_lp_abs_mean']:.4f} (autoplan's own bf16 run: "
+             f"{base['autoplan_bf16_vs_fp32']:.4f}), greedy {base['greedy_same']}/"
+             f"{base['greedy_total']}.", "",
+             "| plan | loads | layer check: rel. L2 (max) / int8 codes equal | mean \\|d lp\\| "
+             "vLLM vs sim | tolerance (sim noise + floor) | quantization moves | NLL added "
+             "vLLM / sim | greedy | agrees | vLLM's error |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in doc["plans"].items():
-        if r.get("loads"):
-            lines.append(f"| {name} | yes | {r['prompt_lp_abs_mean']:.4f} / "
-                         f"{r['prompt_lp_abs_max']:.3f} | {r['quant_effect_lp_abs_mean']:.4f} | "
-                         f"{r['greedy_same']}/{r['greedy_total']} | "
-                         f"{'yes' if r.get('agrees') else 'no'} | |")
-        else:
+        if not r.get("loads"):
             err = r.get("error", "").replace("|", "/")[:300]
-            lines.append(f"| {name} | no | | | | | {err} |")
+            lines.append(f"| {name} | no | | | | | | | | {err} |")
+            continue
+        lc = r["layer_check"].values()
+        codes = [v["codes_equal"] for v in lc if "codes_equal" in v]
+        code_txt = f" / {min(codes):.6f}" if codes else ""
+        m = r["model_check"]
+        lines.append(
+            f"| {name} | yes | {max(v['rel_l2'] for v in lc):.2e}{code_txt} | "
+            f"{m['engine_vs_sim']:.4f} | {m['tolerance']:.4f} ({m['sim_noise_floor']:.4f} + "
+            f"{m['unquantized_floor']:.4f}) | {r['quant_effect_lp_abs_mean']:.4f} | "
+            f"{r['nll_added']['vllm']:+.4f} / {r['nll_added']['simulated']:+.4f} | "
+            f"{r['greedy_same']}/{r['greedy_total']} | {'yes' if r['agrees'] else 'no'} | |")
     return "\n".join(lines)
 
 
@@ -192,42 +247,68 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     info, command = start_run(args.seed, argv)
     from autoplan.engines import engine_python
+    from autoplan.engines.serving import stop_on_signals
+    from autoplan.errors import AutoplanError
     from autoplan.models import load_model
-    from autoplan.plan.io import load_plan, write_json_atomic
+    from autoplan.plan.io import load_plan
+    from autoplan.quality.text import load_text_dataset
 
-    engine_python("vllm")  # a missing engine is one line before minutes of work
+    stop_on_signals()  # SIGTERM/SIGHUP stop the vLLM worker too
+    try:
+        engine_python("vllm")  # a missing engine is one line before minutes of work
+        searched = {Path(f).name: load_plan(f) for f in args.mixed_plan.split(",") if f}
+    except AutoplanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     loaded = load_model("smollm2-135m")
     template = load_plan(TEMPLATE)
     prompts = _prompts(loaded, args.prompts, args.prompt_len)
-    formats = [f for f in args.formats.split(",") if f] or exported_formats()
+    formats = ([] if args.formats == "none" else
+               [f for f in args.formats.split(",") if f] or exported_formats())
     load0 = os.getloadavg()
-    baseline, orig = _baseline(loaded, prompts, args)
-    noise = baseline["prompt_lp_abs_mean"]
-    print(f"noise floor: mean |d lp| {noise:.4f}, greedy {baseline['greedy_same']}/"
+    try:
+        baseline = _baseline(loaded, prompts, args)
+    except AutoplanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    calib = load_text_dataset(None, tokenizer=loaded.tokenizer, seq_len=128, n_calib=4,
+                              n_eval=0, seed=0).calib
+    ctx = {"loaded": loaded, "prompts": prompts, "orig_sim": baseline.pop("_ref"),
+           "floor": baseline["prompt_lp_abs_mean"], "nll_vllm_orig": baseline["nll_vllm"],
+           "nll_fp32_orig": baseline["nll_fp32"], "calibration": calib,
+           "seeds": [int(x) for x in args.noise_seeds.split(",") if x]}
+    print(f"unquantized floor: mean |d lp| {ctx['floor']:.4f} (autoplan bf16 "
+          f"{baseline['autoplan_bf16_vs_fp32']:.4f}), greedy {baseline['greedy_same']}/"
           f"{baseline['greedy_total']}")
     plans = {f"uniform {f}": _plan(template, _uniform(loaded, f), EXPORT_TARGET)
              for f in formats}
-    if args.mixed_plan:
-        searched = load_plan(args.mixed_plan)
-        plans["mixed (searched)"] = _plan(searched, searched.decisions, EXPORT_TARGET)
-    else:
+    for fname, plan in searched.items():
+        plans[f"searched ({fname})"] = _plan(plan, plan.decisions, EXPORT_TARGET)
+    if not args.no_fixed_mixes:
         plans["mixed int8 / int4_g64 / uint4_g128"] = _plan(template, _mixed(loaded),
                                                              EXPORT_TARGET)
-    plans["mixed int8 / bf16"] = _plan(template, _mixed_int8(loaded), EXPORT_TARGET)
+        plans["mixed int8 / bf16"] = _plan(template, _mixed_int8(loaded), EXPORT_TARGET)
     rows = {}
-    with tempfile.TemporaryDirectory(prefix="autoplan-vllm-formats-") as tmp:
-        folder = Path(args.keep) if args.keep else Path(tmp)
-        for i, (name, plan) in enumerate(plans.items()):
-            rows[name] = check(f"p{i}", plan, loaded, prompts, orig, args, folder, noise)
-            rows[name]["decisions_sample"] = dict(list(plan.decisions.items())[:3])
-    doc = {"machine": info, "command": command, "dtype": args.dtype,
-           "load_avg_at_start": [round(x, 2) for x in load0],
+    try:
+        with tempfile.TemporaryDirectory(prefix="autoplan-vllm-formats-") as tmp:
+            folder = Path(args.keep) if args.keep else Path(tmp)
+            for i, (name, plan) in enumerate(plans.items()):
+                rows[name] = check(f"p{i}", plan, ctx, args, folder)
+                rows[name]["decisions_sample"] = dict(list(plan.decisions.items())[:3])
+    except AutoplanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    doc = {"machine": {**info, "cpu_flags": cpu_flags()}, "command": command,
+           "dtype": args.dtype, "load_avg_at_start": [round(x, 2) for x in load0],
            "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
            "prompts": {"n": len(prompts), "tokens": args.prompt_len, "source": "pydoc eval split",
                        "new_tokens": args.new_tokens},
-           "tolerance_rule": f"mean |d logprob| <= {TOL_FACTOR:g} x noise floor + {TOL_ABS:g}",
-           "tolerance": TOL_FACTOR * noise + TOL_ABS, "baseline": baseline, "plans": rows}
-    write_json_atomic(args.out, doc)
+           "agreement_rule": "layer check: rel. L2 <= 2^-8 and int8 codes equal (<= 1e-4 of "
+                             "them off by one); model check: mean |d logprob| vs sim <= max "
+                             "over the simulation's noise draws + the unquantized floor "
+                             "(autoplan/engines/vllm_check.py)",
+           "baseline": baseline, "plans": rows}
+    write_result(args.out, doc)
     print(_markdown(doc))
     return 0
 

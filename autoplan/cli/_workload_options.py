@@ -10,9 +10,13 @@ import click
 from autoplan.cost.operating import OperatingRequest
 
 
-def workload_options(default_batch: int, batch_help: str = "Concurrent sequences.") -> Callable:
+def workload_options(default_batch: int, batch_help: str = "Concurrent sequences.", *,
+                     lengths_from: str | None = None) -> Callable:
     """Add the five options; the command receives `batch`, `input_len`, `output_len`,
-    `ttft_ms`, `tpot_ms` and builds an OperatingRequest with `operating_from`."""
+    `ttft_ms`, `tpot_ms` and builds an OperatingRequest with `operating_from`.
+
+    With ``lengths_from`` (e.g. "the --measured workload's") the lengths default to None, so
+    the command can take them from there, and the help says so."""
     def add(fn: Callable) -> Callable:
         fn = click.option("--tpot-ms", type=float, default=None,
                           help="SLO: time per output token at most this (with --ttft-ms: "
@@ -20,8 +24,14 @@ def workload_options(default_batch: int, batch_help: str = "Concurrent sequences
         fn = click.option("--ttft-ms", type=float, default=None,
                           help="SLO: time to first token at most this; the batch is the "
                                "largest meeting it (and --tpot-ms).")(fn)
-        fn = click.option("--output-len", type=int, default=128, show_default=True)(fn)
-        fn = click.option("--input-len", type=int, default=512, show_default=True)(fn)
+        for flag, default, what in (("--output-len", 128, "Output tokens per request."),
+                                    ("--input-len", 512, "Prompt tokens per request.")):
+            if lengths_from is None:
+                fn = click.option(flag, type=int, default=default, show_default=True,
+                                  help=what)(fn)
+            else:
+                fn = click.option(flag, type=int, default=None,
+                                  help=f"{what} [default: {default}, or {lengths_from}]")(fn)
         return click.option("--batch", default=None,
                             help=f"{batch_help} An integer (default {default_batch}) or "
                                  "'max': the largest batch whose weights, KV cache and "

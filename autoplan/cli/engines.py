@@ -34,11 +34,13 @@ def command(ctx: click.Context, as_json: bool) -> None:
 
 @command.command("install")
 @click.argument("name")
-def install(name: str) -> None:
-    """Build NAME's venv under the autoplan cache (e.g. vllm, llama.cpp)."""
+@click.option("--force", is_flag=True, help="Rebuild the venv even if it is installed.")
+def install(name: str, force: bool) -> None:
+    """Build NAME's venv under the autoplan cache (vllm, llama.cpp, openvino)."""
     from autoplan.engines import get_engine, install_engine
 
     spec = get_engine(name)
     err_console.print(f"installing {spec.name} into {spec.venv_dir} (about {spec.minutes} min)")
-    python = install_engine(spec.name, echo=lambda line: err_console.print(line, markup=False))
+    python = install_engine(spec.name, echo=lambda line: err_console.print(line, markup=False),
+                            force=force)
     console.print(f"{spec.name}: {python}")

@@ -4,6 +4,7 @@ baseline vs plan, with every step of the arithmetic shown (autoplan/fleet.py).""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import click
 from rich.table import Table
@@ -17,6 +18,8 @@ from autoplan.cost.model import USABLE_MEMORY
 from autoplan.errors import UserInputError
 from autoplan.cost.operating import resolve_operating_point
 from autoplan.fleet import FleetSizing, size_fleet
+from autoplan.fleet_measured import (MeasuredCurves, MeasuredSizing, read_capacity_curves,
+                                     size_fleet_measured)
 from autoplan.formats import Choice
 from autoplan.nodes import NodeLayout, node_layout
 from autoplan.search.space import load_space_file
@@ -38,7 +41,7 @@ def _size(cm: CostModel, decisions, workload: Workload, qps: float, p99_s: float
         max_replicas=max_replicas, domains=layout.domains)
 
 
-def _steps_table(title: str, sizing: FleetSizing) -> Table:
+def _steps_table(title: str, sizing: FleetSizing | MeasuredSizing) -> Table:
     table = Table(title=title)
     for col in ("step", "arithmetic", "value"):
         table.add_column(col, justify="right" if col == "value" else "left", overflow="fold")
@@ -47,6 +50,70 @@ def _steps_table(title: str, sizing: FleetSizing) -> Table:
     if sizing.reason:
         table.add_row("[red]infeasible[/red]", sizing.reason, "-")
     return table
+
+
+def _lengths(measured: MeasuredCurves | None, input_len: int | None,
+             output_len: int | None) -> tuple[int, int]:
+    """The workload: the measured one when sizing from a measurement (a curve says nothing
+    about other lengths), else the given lengths or 512 / 128."""
+    if measured is None:
+        return (512 if input_len is None else input_len,
+                128 if output_len is None else output_len)
+    for flag, given, have in (("input-len", input_len, measured.input_len),
+                              ("output-len", output_len, measured.output_len)):
+        if given is not None and given != have:
+            raise UserInputError(f"--{flag} {given} differs from the measured workload's {have}"
+                                 f": drop --{flag} or measure at {given}")
+    return measured.input_len, measured.output_len
+
+
+def _measured_sides(measured: MeasuredCurves, given: str | None) -> dict[str, str]:
+    """{"baseline": side name, "plan": side name} in the measured result."""
+    names = list(measured.sides)
+    if given:
+        parts = [x.strip() for x in given.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise UserInputError(f"--measured-sides takes BASE,PLAN, got '{given}'")
+        for part in parts:
+            measured.side(part)
+        return {"baseline": parts[0], "plan": parts[1]}
+    base = next((n for n in ("baseline", "original") if n in names), None)
+    plan = "plan" if "plan" in names else next((n for n in names if n.startswith("plan")), None)
+    if base is None or plan is None:
+        raise UserInputError(f"cannot tell the baseline and plan sides among "
+                             f"{', '.join(names)}: pass --measured-sides BASE,PLAN")
+    return {"baseline": base, "plan": plan}
+
+
+def _print_measured(before: FleetSizing, after: FleetSizing, sized: dict[str, MeasuredSizing],
+                    curves: dict[str, str], measured: MeasuredCurves, qps: float,
+                    p99_ms: float) -> None:
+    for side, m in sized.items():
+        console.print(_steps_table(f"{side} measured ('{curves[side]}', {measured.source})", m))
+    summary = Table(title=f"fleet for {qps:g} req/s, p99 <= {p99_ms:g} ms: analytic (cost "
+                          "model, M/M/k) vs measured capacity curve")
+    for col in ("", "baseline analytic", "baseline measured", "plan analytic", "plan measured"):
+        summary.add_column(col, justify="right")
+    mb, mp = sized["baseline"], sized["plan"]
+
+    def cap(s: FleetSizing) -> float:
+        return s.node_throughput_tok_s / max(measured.output_len, 1)
+
+    rows = (("node req/s (analytic: saturated; measured: at the SLA)", cap(before),
+             mb.node_capacity_rps, cap(after), mp.node_capacity_rps, ",.3f"),
+            ("node throughput tok/s", before.node_throughput_tok_s, mb.node_throughput_tok_s,
+             after.node_throughput_tok_s, mp.node_throughput_tok_s, ",.1f"),
+            ("nodes", before.nodes, mb.nodes, after.nodes, mp.nodes, "d"),
+            ("p99 latency s", before.p99_s, mb.p99_s, after.p99_s, mp.p99_s, ".3f"),
+            ("utilization", before.utilization, mb.utilization, after.utilization,
+             mp.utilization, ".1%"),
+            ("$/month", before.usd_per_month, mb.usd_per_month, after.usd_per_month,
+             mp.usd_per_month, ",.0f"),
+            ("$/1M output tokens", before.usd_per_million_tokens, mb.usd_per_million_tokens,
+             after.usd_per_million_tokens, mp.usd_per_million_tokens, ",.4f"))
+    for label, *values, spec in rows:
+        summary.add_row(label, *(_fmt(v, spec) for v in values))
+    console.print(summary)
 
 
 def _fmt(value, spec: str) -> str:
@@ -71,7 +138,8 @@ def _check_args(*, qps: float, p99_ms: float, input_len: int, output_len: int,
 @click.option("--model", default=None, help="Model (default: the plan's).")
 @click.option("--node", required=True, help="Node target, e.g. xeon-8480 or h100.")
 @click.option("--qps", type=float, required=True, help="Requests per second, whole fleet.")
-@workload_options(1, "Sequences one replica decodes together.")
+@workload_options(1, "Sequences one replica decodes together.",
+                  lengths_from="the --measured workload's")
 @click.option("--p99-ms", type=float, required=True, help="p99 request-latency SLA, ms.")
 @click.option("--max-replicas", type=int, default=1, show_default=True,
               help="Model copies per memory domain (0: as many as memory allows).")
@@ -79,18 +147,31 @@ def _check_args(*, qps: float, p99_ms: float, input_len: int, output_len: int,
               help="CPU nodes: socket (default: one replica per socket, pinned) | spanning "
                    "(one replica over all sockets, weights local to their threads) | "
                    "interleaved (one replica, memory interleaved).")
+@click.option("--measured", "measured_path", default=None,
+              help="A serving benchmark's result (benchmarks/serve_bench.py or "
+                   "llamacpp_serve.py JSON): also size from its measured capacity curves, "
+                   "side by side with the analytic queue. --node should be the machine it "
+                   "was measured on (its price is used).")
+@click.option("--measured-sides", default=None,
+              help="BASE,PLAN: the result's sides to read [default: baseline (or original) "
+                   "and plan (or the first plan*)].")
 @json_option
-def command(plan_path: str, model: str | None, node: str, qps: float, input_len: int,
-            output_len: int, batch: str | None, ttft_ms: float | None, tpot_ms: float | None,
-            p99_ms: float, max_replicas: int, layout: str | None, as_json: bool) -> None:
+def command(plan_path: str, model: str | None, node: str, qps: float, input_len: int | None,
+            output_len: int | None, batch: str | None, ttft_ms: float | None,
+            tpot_ms: float | None, p99_ms: float, max_replicas: int, layout: str | None,
+            measured_path: str | None, measured_sides: str | None, as_json: bool) -> None:
     """Size a fleet for a plan and its baseline on one node type, showing the arithmetic.
 
     With `--batch max` or `--ttft-ms/--tpot-ms` each side runs at its own operating point on
     one replica's share of the node (a smaller plan fits, or meets the SLO at, a larger batch).
+    With `--measured` the fleet is also sized from a serving benchmark's capacity curves.
     """
+    measured = read_capacity_curves(measured_path) if measured_path else None
+    input_len, output_len = _lengths(measured, input_len, output_len)
     _check_args(qps=qps, p99_ms=p99_ms, input_len=input_len, output_len=output_len,
                 max_replicas=max_replicas)
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 1)
+    curves = _measured_sides(measured, measured_sides) if measured else None
     plan = read_plan(plan_path)
     model = model or plan.model_id
     if not model:
@@ -115,12 +196,22 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
         w = points[side].workload
         sized[side] = _size(model_for(w), decisions, w, qps, p99_ms / 1e3, cap, lay)
     before, after = sized["baseline"], sized["plan"]
+    # a measured curve is one machine's: its node price, one replica per benchmark server
+    measured_sized = {side: size_fleet_measured(measured.side(name), qps=qps,
+                                                p99_s=p99_ms / 1e3, output_len=output_len,
+                                                price_per_hour=lay.node_price_per_hour)
+                      for side, name in curves.items()} if curves else {}
     if as_json:
-        emit_json({"predicted": True, "node": target.name, "qps": qps, "p99_sla_s": p99_ms / 1e3,
-                   "layout": lay.to_json(),
-                   "workload": points["plan"].workload.model_dump(),
-                   "operating_point": {k: p.to_json() for k, p in points.items()},
-                   "baseline": before.to_json(), "plan": after.to_json()})
+        doc = {"predicted": True, "node": target.name, "qps": qps, "p99_sla_s": p99_ms / 1e3,
+               "layout": lay.to_json(),
+               "workload": points["plan"].workload.model_dump(),
+               "operating_point": {k: p.to_json() for k, p in points.items()},
+               "baseline": before.to_json(), "plan": after.to_json()}
+        if measured_sized:
+            doc["measured"] = {"source": measured.source, "file": Path(measured_path).name,
+                               "sides": curves,
+                               **{side: m.to_json() for side, m in measured_sized.items()}}
+        emit_json(doc)
         return
     console.print(f"node: {target.name}, layout {lay.name} ({lay.domains} memory domain"
                   f"{'s' if lay.domains > 1 else ''}, ${lay.node_price_per_hour:,.2f}/h per "
@@ -130,6 +221,9 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
             console.print(f"{side}: {point.detail}")
     console.print(_steps_table(f"baseline {base} on {target.name}", before))
     console.print(_steps_table(f"plan on {target.name}", after))
+    if measured_sized:
+        _print_measured(before, after, measured_sized, curves, measured, qps, p99_ms)
+        return
     summary = Table(title=f"fleet for {qps:g} req/s, p99 <= {p99_ms:g} ms (cost-model service "
                           "times, M/M/k queueing)")
     for col in ("", "baseline", "plan"):

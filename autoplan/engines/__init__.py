@@ -12,7 +12,7 @@ Public API:
     get_engine(name) -> EngineSpec
     engine_python(name) -> Path          (raises a one-line error naming the install command)
     engine_status(name) -> EngineStatus
-    install_engine(name, *, echo=print) -> Path
+    install_engine(name, *, echo=print, force=False) -> Path
 """
 
 from __future__ import annotations
@@ -69,6 +69,11 @@ class EngineSpec:
     @property
     def install_command(self) -> str:
         return f"autoplan engines install {self.name}"
+
+    @property
+    def broken_hint(self) -> str:
+        """What to do when the installed engine fails to start (one clause, for errors)."""
+        return f"if the engine itself is broken, rebuild it: `{self.install_command} --force`"
 
 
 _ENGINES: dict[str, EngineSpec] = {}
@@ -213,8 +218,10 @@ def _versions(python: Path, packages: list[str]) -> dict[str, str]:
     return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
 
-def install_engine(name: str, *, echo: Callable[[str], None] = print) -> Path:
-    """Build the engine's venv under the cache (replacing an interrupted one).
+def install_engine(name: str, *, echo: Callable[[str], None] = print,
+                   force: bool = False) -> Path:
+    """Build the engine's venv under the cache (replacing an interrupted one, or with
+    ``force`` an installed one that no longer works).
 
     Returns:
         The venv's Python.
@@ -225,8 +232,8 @@ def install_engine(name: str, *, echo: Callable[[str], None] = print) -> Path:
     """
     spec = get_engine(name)
     venv = spec.venv_dir
-    if (venv / _MARKER).is_file():
-        echo(f"{spec.name} is already installed in {venv}")
+    if (venv / _MARKER).is_file() and not force:
+        echo(f"{spec.name} is already installed in {venv} (--force rebuilds it)")
         return _venv_python(venv)
     if venv.exists():
         shutil.rmtree(venv)

@@ -222,6 +222,7 @@ class RatePoint:
     ttft_p99_ms: float
     tpot_p50_ms: float
     tpot_p99_ms: float
+    e2el_p99_ms: float | None = None  # end-to-end request latency (what a fleet SLA bounds)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -236,7 +237,9 @@ def parse_bench_result(doc: dict[str, Any], rate: float) -> RatePoint:
             request_throughput=float(doc["request_throughput"]),
             output_throughput=float(doc["output_throughput"]),
             ttft_p50_ms=float(doc["median_ttft_ms"]), ttft_p99_ms=float(doc["p99_ttft_ms"]),
-            tpot_p50_ms=float(doc["median_tpot_ms"]), tpot_p99_ms=float(doc["p99_tpot_ms"]))
+            tpot_p50_ms=float(doc["median_tpot_ms"]), tpot_p99_ms=float(doc["p99_tpot_ms"]),
+            e2el_p99_ms=float(doc["p99_e2el_ms"]) if doc.get("p99_e2el_ms") is not None
+            else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise AutoplanError(f"`vllm bench serve` wrote a result without {exc}: is the vLLM "
                             "engine the version autoplan installs?") from exc

