@@ -9,21 +9,25 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from autoplan.backends.registry import resolve_target as get_target
 from autoplan.cli._args import positive_int
-from autoplan.cli._workload_options import operating_from, workload_options
-from autoplan.plan.io import read_plan
 from autoplan.cli._output import console, emit_json, json_option
+from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, resolve_config
 from autoplan.cost.model import USABLE_MEMORY
-from autoplan.errors import UserInputError
 from autoplan.cost.operating import resolve_operating_point
+from autoplan.errors import UserInputError
 from autoplan.fleet import FleetSizing, size_fleet
-from autoplan.fleet_measured import (MeasuredCurves, MeasuredSizing, read_capacity_curves,
-                                     size_fleet_measured)
+from autoplan.fleet_measured import (
+    MeasuredCurves,
+    MeasuredSizing,
+    read_capacity_curves,
+    size_fleet_measured,
+)
 from autoplan.formats import Choice
 from autoplan.nodes import NodeLayout, node_layout
+from autoplan.plan.io import read_plan
 from autoplan.search.space import load_space_file
-from autoplan.backends.registry import resolve_target as get_target
 from autoplan.workload import Workload
 
 
