@@ -20,9 +20,11 @@ from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
 from autoplan.models import LoadedModel
 from autoplan.models._cache import cache_root
+from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform
+from autoplan.search.recovery import RecoveryStage, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
 from autoplan.search.request import SearchRequest
 from autoplan.search.space import SearchSpace, build_space
@@ -95,6 +97,27 @@ def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
         loaded, space, req.workload, threads=req.threads, progress=rep.note)
 
 
+def build_gates(req: SearchRequest, loaded: LoadedModel) -> list:
+    """The gates the budgets name (long-context check, lm-eval tasks), ready to score."""
+    gates, seen = [], set()
+    for b in req.budgets:
+        if b.metric != "gate" or b.name in seen:
+            continue
+        seen.add(b.name)
+        if b.name == "longctx":
+            from autoplan.quality.longctx import LongContextGate
+
+            gates.append(LongContextGate(loaded.tokenizer, loaded.model, max_len=b.max_len,
+                                         seed=req.seed))
+        else:
+            from autoplan.quality.lmeval import LmEvalGate
+
+            gates.append(LmEvalGate(b.name.removeprefix("lm-eval:"), loaded.tokenizer,
+                                    include_path=req.lmeval_tasks, limit=req.lmeval_limit,
+                                    seed=req.seed))
+    return gates
+
+
 def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     """Load, profile and time everything the study and the verifier need."""
     torch.manual_seed(req.seed)
@@ -104,10 +127,14 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
                                              CALIB_BATCH))
     loaded = runner.loaded
     rep.note(f"{runner.execution} execution on {runner.device} ({runner.why})")
-    if runner.execution == "stream" and (platform.measure_kernels or req.budget.suite_file):
-        # refused before profiling: both need the whole model in memory
-        raise UserInputError(f"{'--measure-kernels' if platform.measure_kernels else 'a suite budget'} "
-                             "needs the model in memory: pass --execution memory")
+    gated = [b for b in req.budgets if b.metric == "gate"]
+    if runner.execution == "stream" and (platform.measure_kernels or req.budget.suite_file
+                                         or gated or req.recovery is not None):
+        # refused before profiling: these need the whole model in memory
+        what = ("--measure-kernels" if platform.measure_kernels else "a suite budget"
+                if req.budget.suite_file else f"budget '{gated[0].text}'" if gated
+                else "--recover")
+        raise UserInputError(f"{what} needs the model in memory: pass --execution memory")
     if platform.runtime == ONNX_RUNTIME:  # what the config alone could not show (window, act)
         from autoplan.backends.cpu.onnx_graph import check_supported
 
@@ -119,6 +146,8 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     data = load_text_dataset(req.text, tokenizer=loaded.tokenizer, seq_len=req.seq_len,
                              n_calib=req.calib_blocks, n_eval=req.eval_blocks, seed=req.seed)
     calib = list(data.calib.split(CALIB_BATCH))
+    gates = build_gates(req, loaded)  # a task whose data is not here fails now, in seconds
+    recovery_text_ = recovery_text(req.recovery, loaded.tokenizer) if req.recovery else None
 
     rep.stage("profiling sensitivity")
     choices = [c for c in space.all_choices if c != space.baseline]
@@ -138,14 +167,19 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     budget = req.budget
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
+    extra = {} if runner.execution == "stream" else {
+        "gates": gates, "slices": build_slices(loaded.tokenizer) if req.slices else None}
     evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite,
-                                 cache_dir=cache_root() / "references")
+                                 cache_dir=cache_root() / "references", **extra)
+    stage = None if recovery_text_ is None else RecoveryStage(
+        req.recovery, recovery_text_, loaded.content_hash, work_dir_for(req.out), rep)
     verifier = Verifier(loaded.model, space, tables, evaluator, budget, req.settings, calib,
                         out_of_memory=lambda what: runner.out_of_memory(
-                            what, sum(b.numel() for b in calib)))
+                            what, sum(b.numel() for b in calib)),
+                        recovery=stage, also=req.also)
     name = req.study or study_name(req, platform, loaded.content_hash, data.content_hash)
     return Prepared(req, platform, loaded, runner, space, data, profile, kernel_times, cost, tables,
                     verifier, name)
 
 
-__all__ = ["CALIB_BATCH", "Prepared", "prepare", "study_name"]
+__all__ = ["CALIB_BATCH", "Prepared", "build_gates", "prepare", "study_name"]

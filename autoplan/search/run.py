@@ -10,6 +10,7 @@ solves the additive problem exactly; `build_plan` assembles the Plan, written at
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from autoplan.search.build import build_plan
 from autoplan.search.choose import certify, choose
 from autoplan.search.preflight import KERNEL_TABLES, preflight
 from autoplan.search.prepare import prepare
+from autoplan.search.recovery import work_dir_for
 from autoplan.search.reporter import Reporter
 from autoplan.search.request import CostTable, ExecutionSettings, SearchRequest, parse_choices
 from autoplan.search.rounds import run_rounds
@@ -45,6 +47,8 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     certificate = certify(prep, rounds, rep)
     plan = build_plan(prep, rounds, chosen, certificate, time.perf_counter() - t_start)
     save_plan(plan, req.out)
+    if req.recovery is not None:  # the chosen pass's weights now lie beside the plan
+        shutil.rmtree(work_dir_for(req.out), ignore_errors=True)
     return SearchOutcome(plan, rounds.front)
 
 

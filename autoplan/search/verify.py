@@ -32,6 +32,8 @@ class Measurement:
     badness: float
     passed: bool
     audit: dict[str, dict[str, str]]
+    # --recover: what the recovery pass did (search.recovery.RecoveredCandidate), else None
+    recovery: object | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,10 @@ class Verifier:
     measured: dict[tuple[int, ...], Measurement] = field(default_factory=dict)
     # what to raise when a measurement runs out of memory (ModelRunner.out_of_memory)
     out_of_memory: Callable[[str], Exception] | None = None
+    # --recover: re-measures a candidate after a recovery pass (search.recovery.RecoveryStage)
+    recovery: object | None = None
+    # further budgets every passing candidate must also meet (the search steers on `budget`)
+    also: tuple[QualityBudget, ...] = ()
     _stats: dict | None = None
 
     @property
@@ -127,11 +133,17 @@ class Verifier:
     def measure(self, picks: Sequence[int], label: str) -> Measurement:
         return self.measure_many([(picks, label)])[0]
 
+    def passes(self, quality: QualityResult) -> bool:
+        """The budget and every further budget met."""
+        return self.budget.passes(quality) and all(b.passes(quality) for b in self.also)
+
     def measure_many(self, candidates: Sequence[tuple[Sequence[int], str]],
                      executor: Executor | None = None,
-                     on_done: Callable[[int], None] | None = None) -> list[Measurement]:
+                     on_done: Callable[[int], None] | None = None,
+                     recover: bool = False) -> list[Measurement]:
         """Measure each (picks, label) not measured yet, on `executor` (serial by default);
-        returns the measurements in the order given."""
+        returns the measurements in the order given. With `recover` and a recovery stage,
+        each new measurement is then replaced by the one after its recovery pass."""
         keys = [tuple(p) for p, _ in candidates]
         labels = dict(zip(keys, (lb for _, lb in candidates)))
         todo = [k for k in dict.fromkeys(keys) if k not in self.measured]
@@ -142,13 +154,16 @@ class Verifier:
                 badness = self.budget.badness(quality)
                 self.measured[key] = Measurement(key, labels[key], quality,
                                                  self.tables.surrogate(key), badness,
-                                                 badness <= self.budget.limit, audit)
+                                                 self.passes(quality), audit)
                 if on_done:
                     on_done(n)
         except (RuntimeError, MemoryError) as exc:
             if self.out_of_memory is None or not is_out_of_memory(exc):
                 raise
             raise self.out_of_memory("verifying candidates") from None
+        if recover and self.recovery is not None:
+            for key in todo:
+                self.measured[key] = self.recovery.measure(self, self.measured[key])
         return [self.measured[k] for k in keys]
 
     def slope(self, prior: float) -> float:
