@@ -33,6 +33,7 @@ class Checkpoint:
     elapsed_s: float
     params: dict[str, Tensor] = field(repr=False)
     moments: dict[str, dict[str, Tensor]] = field(repr=False)  # name -> exp_avg, exp_avg_sq
+    initial: float = 0.0  # the unrecovered model's loss (the divergence check's reference)
 
 
 def save_checkpoint(folder: Path, key: str, ck: Checkpoint) -> None:
@@ -43,7 +44,7 @@ def save_checkpoint(folder: Path, key: str, ck: Checkpoint) -> None:
     write_bytes_atomic(folder / TENSORS, save(tensors, metadata={"step": str(ck.step),
                                                                   "key": key}))
     write_json_atomic(folder / STATE, {"key": key, "step": ck.step, "losses": ck.losses,
-                                       "elapsed_s": ck.elapsed_s})
+                                       "elapsed_s": ck.elapsed_s, "initial": ck.initial})
 
 
 def load_checkpoint(folder: Path | None, key: str) -> Checkpoint | None:
@@ -58,7 +59,7 @@ def load_checkpoint(folder: Path | None, key: str) -> Checkpoint | None:
                     meta.get("step") != str(state.get("step")):
                 return None
             tensors = {k: fh.get_tensor(k) for k in fh.keys()}
-    except (OSError, ValueError, SafetensorError):
+    except (OSError, ValueError, KeyError, SafetensorError):
         return None
     params = {k.removeprefix("param."): v for k, v in tensors.items() if k.startswith("param.")}
     moments: dict[str, dict[str, Tensor]] = {}
@@ -67,7 +68,7 @@ def load_checkpoint(folder: Path | None, key: str) -> Checkpoint | None:
             name, _, which = k.removeprefix("adam.").rpartition(".")
             moments.setdefault(name, {})[which] = v
     return Checkpoint(int(state["step"]), [float(x) for x in state["losses"]],
-                      float(state["elapsed_s"]), params, moments)
+                      float(state["elapsed_s"]), params, moments, float(state["initial"]))
 
 
 def clear_checkpoint(folder: Path | None) -> None:

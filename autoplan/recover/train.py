@@ -10,14 +10,16 @@ gradient norm clipped at 1.
 
 Deterministic: the block order is a seeded permutation per epoch, indexed by the step, so
 a run resumed from a checkpoint sees exactly the blocks the interrupted one would have.
-A loss that becomes NaN/inf or rises (the mean of the last window above 1.5x the first
-window's) stops the pass with ``RecoveryDiverged``; nothing it trained is kept.
+A loss that becomes NaN/inf or rises (the mean of the last window of steps more than 10 %
+above the unrecovered model's mean loss on the first window's blocks, measured before the
+first step) stops the pass with ``RecoveryDiverged``; nothing it trained is kept.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ from autoplan.recover.checkpoint import (Checkpoint, adam_moments, clear_checkpo
 from autoplan.recover.settings import RecoveryMethod, RecoverySettings
 from autoplan.recover.trainable import RecoverableLinear
 
-RISE_FACTOR = 1.5  # last window's mean loss over the first window's that counts as diverging
+RISE_FACTOR = 1.1  # last window's mean loss over the unrecovered one that counts as rising
 ADAPTER = "default"  # PEFT's adapter name
 
 
@@ -94,12 +96,22 @@ def distillation_loss(teacher_logits: Tensor, student_logits: Tensor) -> Tensor:
     return F.kl_div(s, t, log_target=True, reduction="none").sum(-1).mean()
 
 
-def _rising(losses: list[float], window: int) -> bool:
+def _rising(losses: list[float], window: int, initial: float) -> bool:
     if len(losses) < 2 * window:
         return False
-    first = sum(losses[:window]) / window
-    last = sum(losses[-window:]) / window
-    return last > RISE_FACTOR * first
+    return sum(losses[-window:]) / window > RISE_FACTOR * initial
+
+
+@torch.no_grad()
+def initial_loss(student: nn.Module, teacher: nn.Module, blocks: Tensor,
+                 settings: RecoverySettings, window: int) -> float:
+    """The unrecovered model's mean loss on the first ``window`` steps' blocks."""
+    total = 0.0
+    for step in range(window):
+        batch = blocks[block_order(blocks.shape[0], step, settings.batch, settings.seed)]
+        total += float(distillation_loss(teacher(input_ids=batch, use_cache=False).logits,
+                                         student(input_ids=batch, use_cache=False).logits))
+    return total / window
 
 
 def _swap_in(student: nn.Module, layers: Mapping[str, SimulatedLinear], trainable: bool
@@ -188,11 +200,15 @@ def recover(student: nn.Module, teacher: nn.Module, layers: Mapping[str, Simulat
                 params[n].copy_(t)
         restore_moments(opt, params, ck.moments, ck.step)
         start, losses, before = ck.step, list(ck.losses), ck.elapsed_s
-        for _ in range(start):
-            sched.step()
+        with warnings.catch_warnings():  # stepping the schedule to `start` before opt.step()
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(start):
+                sched.step()
     window = max(5, settings.steps // 20)
     student.eval()  # no dropout; gradients flow in eval mode too
     teacher.eval()
+    initial = initial_loss(student, teacher, blocks, settings, window) if start == 0 \
+        else (ck.initial if ck is not None else 0.0)
     t0, c0 = time.perf_counter(), time.process_time()
     by_id = {id(p): n for n, p in params.items()}
     for step in range(start, settings.steps):
@@ -202,11 +218,10 @@ def recover(student: nn.Module, teacher: nn.Module, layers: Mapping[str, Simulat
         loss = distillation_loss(target, student(input_ids=batch, use_cache=False).logits)
         value = float(loss.detach())
         losses.append(value)
-        if not math.isfinite(value) or _rising(losses, window):
+        if not math.isfinite(value) or _rising(losses, window, initial):
             clear_checkpoint(checkpoint_dir)
             why = f"loss {value:.4g}" if not math.isfinite(value) else \
-                f"loss rose from {sum(losses[:window]) / window:.4g} to " \
-                f"{sum(losses[-window:]) / window:.4g}"
+                f"loss rose from {initial:.4g} to {sum(losses[-window:]) / window:.4g}"
             raise RecoveryDiverged(
                 f"recovery diverged at step {step + 1} ({why}); the plan is kept unrecovered: "
                 f"lower --recover-lr (now {settings.lr:g})")
@@ -225,7 +240,8 @@ def recover(student: nn.Module, teacher: nn.Module, layers: Mapping[str, Simulat
                 done % settings.checkpoint_every == 0 and done < settings.steps:
             save_checkpoint(checkpoint_dir, run_key, Checkpoint(
                 done, losses, before + time.perf_counter() - t0,
-                {n: p.detach() for n, p in params.items()}, adam_moments(opt, by_id)))
+                {n: p.detach() for n, p in params.items()}, adam_moments(opt, by_id),
+                initial))
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     weights, adapters, scaling = _results(student, swapped, settings)
     clear_checkpoint(checkpoint_dir)
