@@ -47,9 +47,10 @@ def write_lora_adapter(plan: Plan, loaded: Any, recovered: RecoveredWeights,
     rank = int(next(iter(recovered.adapters.values()))["lora_A"].shape[0])
     scaling = recovered.scaling if recovered.scaling is not None else 2.0
     config = LoraConfig(r=rank, lora_alpha=scaling * rank, lora_dropout=0.0,
-                        target_modules=names, bias="none",
-                        base_model_name_or_path=plan.model.id)
-    model = get_peft_model(copy.deepcopy(loaded.model), config)
+                        target_modules=names, bias="none")
+    base = copy.deepcopy(loaded.model)
+    base.config.name_or_path = plan.model.id  # what PEFT records as the adapter's base
+    model = get_peft_model(base, config)
     state = {}
     for name, ad in recovered.adapters.items():
         state[f"base_model.model.{name}.lora_A.weight"] = ad["lora_A"].to(torch.float32)
