@@ -49,18 +49,23 @@ def _import_lm_eval() -> Any:
     return evaluator, tasks
 
 
-def task_manager(include_path: str | Path | None) -> Any:
+def task_manager(include_path: str | Path | None, task: str | None = None) -> Any:
+    """lm-eval's TaskManager: ``include_path``'s tasks alone when it holds ``task`` (indexing
+    lm-eval's own thousands of YAML files takes seconds), else lm-eval's as well."""
     _, tasks = _import_lm_eval()
     if include_path is not None and not Path(include_path).is_dir():
         raise UserInputError(f"lm-eval task folder '{include_path}' not found: pass a folder "
                              "of task YAML files")
-    return tasks.TaskManager(include_path=str(include_path) if include_path else None,
-                             verbosity="ERROR")
+    if include_path is not None:
+        local = tasks.TaskManager(include_path=str(include_path), include_defaults=False)
+        if task is None or task in local.all_tasks:
+            return local
+    return tasks.TaskManager(include_path=str(include_path) if include_path else None)
 
 
 def check_task(task: str, include_path: str | Path | None) -> None:
-    """Refuse an unknown task name in milliseconds (before the model loads)."""
-    manager = task_manager(include_path)
+    """Refuse an unknown task name before the model loads."""
+    manager = task_manager(include_path, task)
     if task not in manager.all_tasks:
         raise UserInputError(f"lm-eval has no task '{task}'"
                              + (f" (nor does {include_path})" if include_path else "")
@@ -92,17 +97,15 @@ class LmEvalGate:
         self.name = f"lm-eval:{task}"
         self.task, self.tokenizer, self.metric = task, tokenizer, metric
         self.limit, self.batch_size, self.seed = limit, batch_size, seed
-        self.manager = task_manager(include_path)
+        self.manager = task_manager(include_path, task)
         if task not in self.manager.all_tasks:
             check_task(task, include_path)
         self._task_dict = self._load_tasks()
 
     def _load_tasks(self) -> Any:
-        from lm_eval.tasks import get_task_dict
-
         try:
             with _quiet():
-                return get_task_dict([self.task], self.manager)
+                return self.manager.load([self.task])
         except (ConnectionError, FileNotFoundError, OSError, ValueError) as exc:
             raise _missing(self.task, exc) from None
         except Exception as exc:  # datasets' own errors (DatasetNotFoundError, ...)

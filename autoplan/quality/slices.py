@@ -6,7 +6,7 @@ belongs to the slice; its KL(P_original || P_model) is averaged over those posit
 All text ships offline:
 
 * ``numbers``: lines of the default text's evaluation split (CPython's pydoc topics) at
-  least 5 % digits; positions whose next token holds a digit.
+  least 10 % digits; positions whose next token holds a digit.
 * ``names``: one sentence per ISO 3166-2 subdivision ("San Luis is a province of
   Argentina."), from pycountry's database; positions inside the two names (the country
   after "of" is a recall of a fact).
@@ -81,7 +81,7 @@ def _numbers_text() -> str:
     docs, _ = load_documents(None)
     lines = [line.strip() for key, text in docs if is_eval_document(key)
              for line in text.splitlines()
-             if sum(ch.isdigit() for ch in line) >= max(2, len(line) // 20)]
+             if sum(ch.isdigit() for ch in line) >= max(3, len(line) // 10)]
     return "\n".join(lines)
 
 
