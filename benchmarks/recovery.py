@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import start_run, write_result  # noqa: E402 - benchmarks/ is the script dir
+
 from autoplan.compress import CompressionSettings, collect_stats, compressed_copy, recompress_linear
 from autoplan.formats import Choice
 from autoplan.models import load_model

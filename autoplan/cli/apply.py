@@ -21,8 +21,13 @@ def command(plan_path: str, out_dir: str, model: str | None, calibration: str | 
             calib_batch: int | None, allow_model_mismatch: bool, recovered_file: str | None,
             as_json: bool) -> None:
     """Apply PLAN to the model and write the runnable artifact to --out."""
-    from autoplan.export.apply import (apply_format, apply_plan, load_checked, plan_model_arg,
-                                       recovered_weights)
+    from autoplan.export.apply import (
+        apply_format,
+        apply_plan,
+        load_checked,
+        plan_model_arg,
+        recovered_weights,
+    )
     from autoplan.export.calibration import plan_calibration
     from autoplan.plan.io import read_plan
 

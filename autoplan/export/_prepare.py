@@ -262,5 +262,6 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
     return Prepared(plan, loaded, target, runtime, choices, sims, scales)
 
 
-__all__ = ["Prepared", "UNQUANTIZED", "apply_recovered", "check_fused_groups", "check_model", "check_runtime",
-           "input_amax", "needs_calibration", "parse_decisions", "pick_runtime", "prepare"]
+__all__ = ["Prepared", "UNQUANTIZED", "apply_recovered", "check_fused_groups", "check_model",
+           "check_runtime", "input_amax", "needs_calibration", "parse_decisions", "pick_runtime",
+           "prepare"]

@@ -150,7 +150,7 @@ def _quiet():  # noqa: ANN202 - a context manager
         with contextlib.redirect_stderr(io.StringIO()):
             yield
     finally:
-        for lg, lv in zip(loggers, levels):
+        for lg, lv in zip(loggers, levels, strict=True):
             lg.setLevel(lv)
 
 

@@ -31,7 +31,8 @@ from torch import nn
 from autoplan.errors import UserInputError
 
 INTRO = "A pass key is hidden in this text. Find it and remember it.\n"
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
+          "There and back again. ")
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "\nWhat is the pass key? The pass key is"
 DEPTHS = (0.1, 0.5, 0.9)

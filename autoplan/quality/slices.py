@@ -48,7 +48,8 @@ class Slice:
         return int(self.mask.sum())
 
 
-def _mask_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
+def _mask_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]]
+                ) -> tuple[list[int], list[bool]]:
     """Token ids of ``text`` and, per token, whether it overlaps one of the char ``spans``."""
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
@@ -99,7 +100,8 @@ def _names_text(rng: random.Random) -> tuple[str, list[tuple[int, int]]]:
         article = "an" if kind[:1] in "aeiou" else "a"
         head = f"{sub.name} is {article} {kind} of "
         sentence = f"{head}{country.name}. "
-        spans += [(pos, pos + len(sub.name)), (pos + len(head), pos + len(head) + len(country.name))]
+        start = pos + len(head)
+        spans += [(pos, pos + len(sub.name)), (start, start + len(country.name))]
         parts.append(sentence)
         pos += len(sentence)
     return "".join(parts), spans
@@ -171,7 +173,7 @@ def slice_reference(model: nn.Module, slices: SliceSet) -> SliceReference:
 def slice_kl(model: nn.Module, ref: SliceReference) -> dict[str, float]:
     """Mean KL(P_original || P_model) per slice, over the slice's positions (nats)."""
     out = {}
-    for s, lp in zip(ref.slices.slices, ref.logprobs):
+    for s, lp in zip(ref.slices.slices, ref.logprobs, strict=True):
         n = max(1, s.positions)
         out[s.name] = kl_sum(lp[None], _masked_logprobs(model, s)[None]) / n
     return out

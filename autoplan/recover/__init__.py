@@ -9,8 +9,13 @@ Public API:
 
 from autoplan.recover.settings import RecoveryMethod, RecoverySettings
 from autoplan.recover.train import RecoveryDiverged, RecoveryResult, recover
-from autoplan.recover.weights import (RecoveredWeights, read_recovered, resolve_weights_file,
-                                      weights_path_for, write_recovered)
+from autoplan.recover.weights import (
+                                      RecoveredWeights,
+                                      read_recovered,
+                                      resolve_weights_file,
+                                      weights_path_for,
+                                      write_recovered,
+)
 
 __all__ = ["RecoveredWeights", "RecoveryDiverged", "RecoveryMethod", "RecoveryResult",
            "RecoverySettings", "read_recovered", "recover", "resolve_weights_file",

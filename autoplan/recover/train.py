@@ -31,8 +31,14 @@ from torch import Tensor, nn
 from autoplan.errors import AutoplanError
 from autoplan.models.graph import get_linear, set_module
 from autoplan.quant import SimulatedLinear
-from autoplan.recover.checkpoint import (Checkpoint, adam_moments, clear_checkpoint,
-                                         load_checkpoint, restore_moments, save_checkpoint)
+from autoplan.recover.checkpoint import (
+    Checkpoint,
+    adam_moments,
+    clear_checkpoint,
+    load_checkpoint,
+    restore_moments,
+    save_checkpoint,
+)
 from autoplan.recover.settings import RecoveryMethod, RecoverySettings
 from autoplan.recover.trainable import RecoverableLinear
 

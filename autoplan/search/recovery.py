@@ -37,8 +37,14 @@ from autoplan.plan import schema as ps
 from autoplan.quality.evaluator import QualityResult
 from autoplan.quality.text import is_eval_document, load_documents
 from autoplan.quant import SimulatedLinear
-from autoplan.recover import (RecoveryDiverged, RecoverySettings, read_recovered, recover,
-                              weights_path_for, write_recovered)
+from autoplan.recover import (
+    RecoveryDiverged,
+    RecoverySettings,
+    read_recovered,
+    recover,
+    weights_path_for,
+    write_recovered,
+)
 from autoplan.recover.weights import file_sha256
 from autoplan.search.reporter import Reporter
 from autoplan.search.verify import Measurement, Verifier

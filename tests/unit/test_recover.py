@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from autoplan.compress import CompressionSettings, collect_stats, compressed_copy, recompress_linear
+from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.models.graph import get_linear, set_module
 from autoplan.prune import check_nm
@@ -18,7 +19,6 @@ from autoplan.recover import RecoveryDiverged, RecoverySettings, recover
 from autoplan.recover.checkpoint import STATE, TENSORS
 from autoplan.recover.settings import RecoveryMethod
 from autoplan.recover.weights import read_recovered, write_recovered
-from autoplan.errors import UserInputError
 from tests.unit._tiny import one_torch_thread, tiny_llama  # noqa: F401
 
 CHOICE = Choice.parse("2:4+fp8_e4m3")
@@ -127,7 +127,7 @@ def test_lora_merged_under_the_mask(setup) -> None:  # noqa: ANN001
         assert torch.all(res.weights[name][~masks[name]] == 0)
         assert bool((ad["lora_B"] != 0).any())  # the adapter trained
     _, sims = _requantized(setup, swapped, res.weights)
-    for name, sim in sims.items():
+    for sim in sims.values():
         check_nm(sim.mask, 2, 4)
 
 
