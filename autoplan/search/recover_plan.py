@@ -20,13 +20,12 @@ from typing import Any
 from autoplan.compress import CompressionSettings
 from autoplan.errors import UserInputError
 from autoplan.export._prepare import pick_runtime, prepare
-from autoplan.export.calibration import CalibrationArgs, _settings, _source
+from autoplan.export.calibration import CalibrationArgs, plan_dataset
 from autoplan.models.graph import set_module
 from autoplan.plan import schema as ps
 from autoplan.plan.io import save_plan
 from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.slices import build_slices
-from autoplan.quality.text import load_text_dataset
 from autoplan.recover import RecoverySettings, weights_path_for
 from autoplan.search.budget import QualityBudget
 from autoplan.search.recovery import plan_quality, recovery_text, run_key, run_pass
@@ -81,15 +80,8 @@ def recover_plan(plan: ps.Plan, loaded: Any, opts: RecoverOptions,
         raise UserInputError("this plan is already recovered: recover the plan it came from")
     if Path(opts.out).resolve() == weights_path_for(opts.out).resolve():
         raise UserInputError("--out must be a .json plan file")
-    source, s = _source(plan, opts.calibration), _settings(plan, opts.calibration)
-    data = load_text_dataset(source, tokenizer=loaded.tokenizer, seq_len=s["seq_len"],
-                             n_calib=s["n_calib"], n_eval=s["n_eval"], seed=s["seed"])
-    if data.content_hash != plan.audit.calibration_hash:
-        raise UserInputError(
-            f"calibration text '{source}' does not hash to the plan's "
-            f"{plan.audit.calibration_hash[:12]}: pass the --calibration/--seq-len/--n-calib/"
-            "--n-eval/--seed the search used")
-    calib = list(data.calib.split(s["batch_size"]))
+    data, batch = plan_dataset(plan, loaded, opts.calibration)
+    calib = list(data.calib.split(batch))
     rep.stage("recomputing the plan's layers")
     checked = prepare(plan, loaded, "recover", (pick_runtime(plan, (plan.runtime.name,)),),
                       calibration=calib)

@@ -88,6 +88,15 @@ def shared_dirs(factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return _shared["model"], _shared["cache"]
 
 
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a fixture
+    """The shared tiny model folder, with AUTOPLAN_CACHE set to the shared cache."""
+    folder, cache = shared_dirs(tmp_path_factory)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOPLAN_CACHE", str(cache))
+        yield folder
+
+
 # ---- synthetic tables ----------------------------------------------------------------------
 def synthetic_profile(space: SearchSpace, seed: int = 0) -> SensitivityProfile:
     """Scores grow as a choice keeps fewer bits, times a per-layer log-normal sensitivity."""

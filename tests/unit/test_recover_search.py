@@ -6,7 +6,6 @@ LoRA recovery exports as a PEFT adapter over its unrecovered base, and bad input
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,23 +24,20 @@ from autoplan.recover import RecoveryDiverged, RecoverySettings
 from autoplan.recover.weights import file_sha256
 from autoplan.search.recover_plan import RecoverOptions, recover_plan
 from autoplan.search.run import SearchOutcome, SearchRequest, run_search
-from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, shared_dirs  # noqa: F401
+from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
 
 RS = {"steps": 20, "lr": 1e-3, "seq_len": 64, "checkpoint_every": 0}
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder, cache = shared_dirs(tmp_path_factory)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AUTOPLAN_CACHE", str(cache))
-        yield folder
+def model_dir(tiny_model_dir: Path) -> Path:  # noqa: F811 - the fixture, used
+    return tiny_model_dir
 
 
 def _request(model_dir: Path, out: Path, **kw) -> SearchRequest:  # noqa: ANN003
-    args = {"model": str(model_dir), "target": "h100-sxm", "runtime": "tensorrt-llm",
-            "budget": "kl<=0.05", "trials": 100, "out": out, "workload": WORKLOAD, **FAST}
-    return SearchRequest(**(args | kw))
+    return SearchRequest(**({"model": str(model_dir), "target": "h100-sxm",
+                             "runtime": "tensorrt-llm", "budget": "kl<=0.05", "trials": 100,
+                             "out": out, "workload": WORKLOAD, **FAST} | kw))
 
 
 @pytest.fixture(scope="module")
