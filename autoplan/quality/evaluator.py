@@ -74,6 +74,11 @@ class QualityResult:
     slices: dict[str, float] = field(default_factory=dict)
     gates: dict[str, GateResult] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:  # read back from JSON (asdict): gates as plain dicts
+        gates = {k: g if isinstance(g, GateResult) else GateResult(**g)
+                 for k, g in self.gates.items()}
+        object.__setattr__(self, "gates", gates)
+
     @property
     def suite_delta(self) -> float | None:
         """Suite score change vs the original in points (negative = worse)."""

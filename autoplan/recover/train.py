@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from autoplan.errors import AutoplanError
-from autoplan.models.graph import get_linear, set_module
+from autoplan.models.graph import set_module
 from autoplan.quant import SimulatedLinear
 from autoplan.recover.checkpoint import (
     Checkpoint,
@@ -138,10 +138,6 @@ def _inject_lora(student: nn.Module, names: list[str], settings: RecoverySetting
     inject_adapter_in_model(config, student, adapter_name=ADAPTER)
 
 
-def _lora_layer(student: nn.Module, name: str):  # noqa: ANN202 - a PEFT LoraLayer
-    return student.get_submodule(name)
-
-
 def _trainable(student: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in student.named_parameters() if p.requires_grad}
 
@@ -154,7 +150,7 @@ def _results(student: nn.Module, swapped: dict[str, RecoverableLinear],
     for name, layer in swapped.items():
         w = layer.weight.detach().float()
         if settings.method is RecoveryMethod.LORA:
-            lora = _lora_layer(student, name)
+            lora = student.get_submodule(name)  # PEFT's LoraLayer around the layer
             delta = lora.get_delta_weight(ADAPTER).detach().float()
             adapters[name] = {"lora_A": lora.lora_A[ADAPTER].weight.detach().clone(),
                               "lora_B": lora.lora_B[ADAPTER].weight.detach().clone()}
@@ -255,17 +251,5 @@ def recover(student: nn.Module, teacher: nn.Module, layers: Mapping[str, Simulat
                           student if lora else None)
 
 
-def trainable_layers(student: nn.Module, names: list[str]) -> dict[str, SimulatedLinear]:
-    """The SimulatedLinears of ``student`` named ``names`` (those a pass trains)."""
-    out = {}
-    for name in names:
-        module = student.get_submodule(name)
-        if isinstance(module, SimulatedLinear):
-            out[name] = module
-        else:
-            get_linear(student, name)  # a plain linear: left alone
-    return out
-
-
 __all__ = ["RecoveryDiverged", "RecoveryResult", "block_order", "distillation_loss",
-           "lr_factor", "recover", "trainable_layers"]
+           "initial_loss", "lr_factor", "recover"]

@@ -91,7 +91,7 @@ def check_model(model: str, runtime: str) -> None:
 def _check_gates(req: SearchRequest) -> None:
     """Gates and recovery that cannot run as asked, refused before the model loads."""
     stream = req.execution.execution == "stream"
-    gates = [b.text for b in req.budgets if b.metric == "gate"]
+    gates = [b.text for b in req.budgets if b.metric in ("gate", "slice")]
     if stream and (gates or req.recovery is not None):
         what = f"budget '{gates[0]}'" if gates else "--recover"
         raise UserInputError(f"{what} needs the model in memory: pass --execution memory")

@@ -127,7 +127,7 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
                                              CALIB_BATCH))
     loaded = runner.loaded
     rep.note(f"{runner.execution} execution on {runner.device} ({runner.why})")
-    gated = [b for b in req.budgets if b.metric == "gate"]
+    gated = [b for b in req.budgets if b.metric in ("gate", "slice")]
     if runner.execution == "stream" and (platform.measure_kernels or req.budget.suite_file
                                          or gated or req.recovery is not None):
         # refused before profiling: these need the whole model in memory
@@ -167,8 +167,9 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter) -> Prepared:
     budget = req.budget
     suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
+    wants_slices = req.slices or any(b.metric == "slice" for b in req.budgets)
     extra = {} if runner.execution == "stream" else {
-        "gates": gates, "slices": build_slices(loaded.tokenizer) if req.slices else None}
+        "gates": gates, "slices": build_slices(loaded.tokenizer) if wants_slices else None}
     evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite,
                                  cache_dir=cache_root() / "references", **extra)
     stage = None if recovery_text_ is None else RecoveryStage(
