@@ -155,3 +155,16 @@ def test_cli_refuses_recovery_it_cannot_run(model_dir: Path, tmp_path: Path) -> 
     assert res.exit_code == 2
     assert "--recover needs the model in memory: pass --execution memory" in res.output
     assert "Traceback" not in res.output
+
+
+def test_show_and_recover_command_on_a_recovered_plan(recovered: SearchOutcome,
+                                                      model_dir: Path) -> None:
+    path = _plan_path(recovered)
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["show", str(path)])
+    assert shown.exit_code == 0, shown.output
+    assert "recovery: distill, 20 steps" in shown.output
+    assert "KL per slice (measured): numbers" in shown.output
+    again = runner.invoke(cli, ["recover", str(path), "--model", str(model_dir), "--quiet"])
+    assert again.exit_code == 2 and "already recovered" in again.output
+    assert "Traceback" not in again.output
