@@ -108,6 +108,28 @@ def compress_linear(
     )
 
 
+def recompress_linear(
+    linear: nn.Linear, choice: Choice, mask: Tensor, weight: Tensor,
+    stats: HessianAccumulator | None, settings: CompressionSettings,
+) -> SimulatedLinear:
+    """Re-apply ``choice``'s format to a recovered ``weight`` under the layer's ``mask``.
+
+    The mask is the one the layer was pruned with (kept exactly: a recovered weight is
+    multiplied by it first), the scales are recomputed from the recovered weight (RTN, or
+    GPTQ with the original's input Hessian), so the layer holds what will run.
+    """
+    # only GPTQ reads the full Hessian (stats may keep just its diagonal otherwise)
+    gptq = settings.quant_method == "gptq"
+    hessian = stats.hessian if stats is not None and gptq else None
+    sparse = choice.sparsity.kind != "dense"
+    w = weight.detach().to(linear.weight.dtype) * mask if sparse else \
+        weight.detach().to(linear.weight.dtype)
+    return SimulatedLinear.from_linear(
+        linear, choice, mask=mask if sparse else None, weight=w,
+        hessian=hessian, method=settings.quant_method,
+    )
+
+
 def compressed_copy(
     model: nn.Module, decisions: Mapping[str, Choice],
     stats: Mapping[str, HessianAccumulator] | None, settings: CompressionSettings,
@@ -151,5 +173,5 @@ def audit_digests(swapped: Mapping[str, SimulatedLinear]) -> dict[str, dict[str,
 
 __all__ = [
     "CompressionSettings", "audit_digests", "collect_stats", "compress_linear",
-    "compressed_copy", "observe_inputs", "tensor_digest",
+    "compressed_copy", "observe_inputs", "recompress_linear", "tensor_digest",
 ]

@@ -18,7 +18,7 @@ from autoplan.errors import AutoplanError
 # Order is the order `autoplan --help` lists them.
 _COMMAND_MODULES = (
     "targets", "probe", "estimate", "validate", "profile", "search", "compare", "show",
-    "worker", "apply", "export", "bench", "fleet", "report", "engines",
+    "worker", "apply", "export", "bench", "fleet", "report", "engines", "recover",
 )
 
 

@@ -26,6 +26,8 @@ _OPTIONS = (
                  help="Calibration blocks per forward pass (default: the plan's audit)."),
     click.option("--allow-model-mismatch", is_flag=True,
                  help="Write even if the model's content hash differs from the plan's."),
+    click.option("--recovered", "recovered_file", default=None,
+                 help="A recovered plan's weights (default: the file the plan names, beside it)."),
 )
 
 

@@ -9,6 +9,7 @@ from rich.console import Group
 from rich.table import Table
 
 from autoplan.plan.schema import Plan
+from autoplan.search.budget import SLICE_NAMES
 
 _ROWS = (
     ("output tokens/s (predicted)", "tokens_per_s", "{:,.1f}"),
@@ -55,6 +56,30 @@ def decisions_table(plan: Plan) -> Table:
     return table
 
 
+def _quality_lines(plan: Plan) -> list[str]:
+    """Per-slice KL, gate scores and the recovery pass, when the plan has them."""
+    q, out = plan.quality, []
+    if q.slices:  # in the slices' own order (the plan's JSON sorts its keys)
+        rank = {n: i for i, n in enumerate(SLICE_NAMES)}
+        out.append("KL per slice (measured): " + ", ".join(
+            f"{k} {q.slices[k]:.5f}" for k in sorted(q.slices, key=lambda k: rank.get(k, 99))))
+    for name, g in q.gates.items():
+        out.append(f"{name}: {g.score:.2f} points (original {g.reference:.2f}, "
+                   f"{g.score - g.reference:+.2f})")
+    if plan.budget.also:
+        out.append("further budgets: " + ", ".join(plan.budget.also))
+    r = plan.recovery
+    if r is not None:
+        line = (f"recovery: {r.method}, {r.steps_run} steps ({r.layers} layers), KL "
+                f"{r.unrecovered.kl:.5f} -> {q.kl:.5f}; loss {r.loss_first:.4f} -> "
+                f"{r.loss_last:.4f}; {r.seconds:.0f} s wall, {r.cpu_seconds:.0f} s CPU; "
+                f"weights {r.weights_file}")
+        if r.adapter_kl is not None:
+            line += f"; unmerged adapter KL {r.adapter_kl:.5f}"
+        out.append(line)
+    return out
+
+
 def render(plan: Plan) -> Group:
     s = plan.search
     lines = [summary_table(plan), decisions_table(plan)]
@@ -67,6 +92,7 @@ def render(plan: Plan) -> Group:
     if cert:
         text.append(f"certificate: exact optimum of the surrogate problem {cert.optimum_objective:,.2f}"
                     f", search {cert.search_objective:,.2f}, gap {cert.gap * 100:.3f}%")
+    text += _quality_lines(plan)
     if s.gain_over_best_uniform:
         text.append(f"predicted gain over best uniform recipe ({s.best_uniform}): "
                     f"{s.gain_over_best_uniform:.3f}x "

@@ -18,9 +18,16 @@ from autoplan.cli._output import err_console, json_option
 @json_option
 def command(plan_path: str, out_dir: str, model: str | None, calibration: str | None,
             seq_len: int | None, n_calib: int | None, n_eval: int | None, seed: int | None,
-            calib_batch: int | None, allow_model_mismatch: bool, as_json: bool) -> None:
+            calib_batch: int | None, allow_model_mismatch: bool, recovered_file: str | None,
+            as_json: bool) -> None:
     """Apply PLAN to the model and write the runnable artifact to --out."""
-    from autoplan.export.apply import apply_format, apply_plan, load_checked, plan_model_arg
+    from autoplan.export.apply import (
+        apply_format,
+        apply_plan,
+        load_checked,
+        plan_model_arg,
+        recovered_weights,
+    )
     from autoplan.export.calibration import plan_calibration
     from autoplan.plan.io import read_plan
 
@@ -30,12 +37,13 @@ def command(plan_path: str, out_dir: str, model: str | None, calibration: str | 
     name = plan_model_arg(plan.model_id, model)
     err_console.print(f"loading {name} ...")
     loaded = load_checked(name)
-    batches = None
+    batches, recovered = None, None
     if plan.full is not None:
+        recovered = recovered_weights(plan.full, plan_path, recovered_file)
         batches = plan_calibration(plan.full, loaded, calibration_args(
             calibration, seq_len, n_calib, n_eval, seed, calib_batch))
     out = apply_plan(loaded, plan, out_dir, calibration=batches,
-                     allow_model_mismatch=allow_model_mismatch)
+                     allow_model_mismatch=allow_model_mismatch, recovered=recovered)
     report(out, fmt, len(plan.decisions), as_json)
 
 

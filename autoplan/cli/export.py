@@ -23,26 +23,45 @@ from autoplan.cli._output import err_console, json_option
 @click.option("--out", "out_dir", required=True,
               help="Folder to write (replaced atomically); for gguf also FILE.gguf.")
 @export_options
+@click.option("--lora-adapter", "adapter_dir", default=None,
+              help="A plan recovered with --recover lora: write its PEFT adapter into this "
+                   "folder and the base (--out) as it was before recovery, for engines that "
+                   "serve adapters (default: the adapter merged into --out).")
 @json_option
 def command(plan_path: str, fmt: str, out_dir: str, model: str | None, calibration: str | None,
             seq_len: int | None, n_calib: int | None, n_eval: int | None, seed: int | None,
-            calib_batch: int | None, allow_model_mismatch: bool, as_json: bool) -> None:
+            calib_batch: int | None, allow_model_mismatch: bool, recovered_file: str | None,
+            adapter_dir: str | None, as_json: bool) -> None:
     """Export PLAN applied to its model as --format into --out."""
     from autoplan.export import export_plan, get_exporter
-    from autoplan.export.apply import load_checked, plan_model_arg
+    from autoplan.export.apply import load_checked, plan_model_arg, recovered_weights
     from autoplan.export.calibration import plan_calibration
     from autoplan.plan.io import load_plan
 
     get_exporter(fmt)  # refuse an unknown format before loading anything
     check_writable_dir(out_dir)
+    if adapter_dir is not None:
+        check_writable_dir(adapter_dir, "--lora-adapter")
     plan = load_plan(plan_path)
+    if adapter_dir is not None and (plan.recovery is None or plan.recovery.method != "lora"):
+        from autoplan.errors import UserInputError
+
+        raise UserInputError("--lora-adapter needs a plan recovered with --recover lora")
+    recovered = recovered_weights(plan, plan_path, recovered_file)
     name = plan_model_arg(plan.model.id, model)
     err_console.print(f"loading {name} ...")
     loaded = load_checked(name)
     batches = plan_calibration(plan, loaded, calibration_args(
         calibration, seq_len, n_calib, n_eval, seed, calib_batch))
     out = export_plan(plan, loaded, fmt, out_dir, calibration=batches,
-                      allow_model_mismatch=allow_model_mismatch)
+                      allow_model_mismatch=allow_model_mismatch, recovered=recovered,
+                      unrecovered=adapter_dir is not None)
+    if adapter_dir is not None:
+        from autoplan.export.lora_adapter import write_lora_adapter
+
+        write_lora_adapter(plan, loaded, recovered, adapter_dir)
+        err_console.print(f"wrote the LoRA adapter to {adapter_dir} (PEFT); --out holds the "
+                          "base before recovery")
     report(out, fmt, len(plan.decisions), as_json)
 
 

@@ -12,6 +12,7 @@ from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._plan_view import render
 from autoplan.cli._progress import RichReporter
 from autoplan.cli._ray import executor_for, ray_option
+from autoplan.cli._recover_options import method_option, recover_options, recovery_settings
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
@@ -28,8 +29,10 @@ from autoplan.workload import Workload
               help="Alias, HF folder or GGUF file.")
 @click.option("--target", default="h100-sxm", show_default=True, help="Catalog target (autoplan targets).")
 @click.option("--runtime", default=None, help="vllm | tensorrt-llm | sglang | torchao | onnxruntime | llama.cpp | autoplan (default: the target's usual engine).")
-@click.option("--budget", default="kl<=0.05", show_default=True,
-              help="kl<=X, ppl<=+P% (or ppl<=+X), or suite:FILE>=-POINTS.")
+@click.option("--budget", "budgets", multiple=True, default=("kl<=0.05",), show_default=True,
+              help="kl<=X, ppl<=+P% (or ppl<=+X), suite:FILE>=-POINTS, kl:SLICE<=X (numbers, "
+                   "names, non-english), longctx[:MAXLEN]>=-POINTS or lm-eval:TASK>=-POINTS; "
+                   "repeat it: the first steers the search, every one must pass.")
 @click.option("--objective", type=click.Choice(Objective.values()),
               default=Objective.THROUGHPUT.value, show_default=True)
 @workload_options(32)
@@ -64,11 +67,19 @@ from autoplan.workload import Workload
 @click.option("--trust-remote-code", is_flag=True, help="Run the model folder's own code (off by default).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
+@method_option(None)
+@recover_options
+@click.option("--lm-eval-tasks", default=None, help="Folder of local lm-eval task YAML files.")
+@click.option("--lm-eval-limit", type=int, default=None, help="Documents per lm-eval task.")
+@click.option("--slices/--no-slices", default=True, show_default=True,
+              help="Measure KL per slice (numbers, proper names, non-English) too.")
 @ray_option
-def command(model, target, runtime, budget, objective, batch, input_len, output_len, ttft_ms,  # noqa: ANN001, PLR0913
+def command(model, target, runtime, budgets, objective, batch, input_len, output_len, ttft_ms,  # noqa: ANN001, PLR0913
             tpot_ms, trials, seed, storage, study, out, multi_objective, prune_score, quant_method, text,
             protect_first, protect_last, price_per_hour, cost_table, measure_kernels, choices,
             threads, device, execution, offload_dir, trust_remote_code, as_json, quiet,
+            recover_method, recover_steps, recover_lr, recover_rank, recover_text, recover_batch,
+            recover_seq_len, recover_seed, lm_eval_tasks, lm_eval_limit, slices,
             ray_address) -> None:
     """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
     from pydantic import ValidationError
@@ -84,7 +95,11 @@ def command(model, target, runtime, budget, objective, batch, input_len, output_
         raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
     # Every option is parsed and checked here, before minutes of loading and profiling.
     req = SearchRequest(
-        model=model, target=target, runtime=runtime, budget=QualityBudget.parse(budget),
+        model=model, target=target, runtime=runtime, budget=QualityBudget.parse(budgets[0]),
+        also=tuple(budgets[1:]), lmeval_tasks=lm_eval_tasks, lmeval_limit=lm_eval_limit,
+        slices=slices, recovery=recovery_settings(
+            recover_method, recover_steps, recover_lr, recover_rank, recover_text,
+            recover_batch, recover_seq_len, recover_seed),
         objective=Objective(objective), workload=workload, trials=trials, seed=seed,
         storage=storage, study=study, out=out, multi_objective=multi_objective,
         settings=CompressionSettings(prune_score, quant_method), text=text,

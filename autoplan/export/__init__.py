@@ -81,7 +81,8 @@ def get_exporter(fmt: str) -> Exporter:
 def export_plan(plan: Plan, loaded_model: Any, fmt: str, out_dir: str | Path, *,
                 stats: Mapping[str, HessianAccumulator] | None = None,
                 calibration: Sequence[Tensor] | None = None,
-                allow_model_mismatch: bool = False) -> Path:
+                allow_model_mismatch: bool = False, recovered: Any = None,
+                unrecovered: bool = False) -> Path:
     """Export ``plan`` applied to ``loaded_model`` as ``fmt`` into ``out_dir``.
 
     Args:
@@ -93,6 +94,9 @@ def export_plan(plan: Plan, loaded_model: Any, fmt: str, out_dir: str | Path, *,
         calibration: the calibration token batches; used to compute missing ``stats`` and
             the static activation scales of NVFP4 layers.
         allow_model_mismatch: export even if the model's content hash is not the plan's.
+        recovered: a recovered plan's ``RecoveredWeights`` (``autoplan.recover``).
+        unrecovered: write a recovered plan's layers as they were before recovery (the base
+            for its LoRA adapter, ``write_lora_adapter``).
 
     Returns:
         The export folder.
@@ -103,7 +107,8 @@ def export_plan(plan: Plan, loaded_model: Any, fmt: str, out_dir: str | Path, *,
     """
     exporter = get_exporter(fmt)
     prep = prepare(plan, loaded_model, exporter.name, exporter.runtimes, stats=stats,
-                   calibration=calibration, allow_model_mismatch=allow_model_mismatch)
+                   calibration=calibration, allow_model_mismatch=allow_model_mismatch,
+                   recovered=recovered, unrecovered=unrecovered)
     return exporter.write(prep, out_dir)
 
 

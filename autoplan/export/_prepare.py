@@ -20,13 +20,14 @@ import torch
 from torch import Tensor
 
 from autoplan.compress import (CompressionSettings, audit_digests, collect_stats, compress_linear,
-                               observe_inputs)
+                               observe_inputs, recompress_linear)
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, format_spec, registered_formats
 from autoplan.models.graph import get_linear
 from autoplan.plan.schema import Plan
 from autoplan.prune import PruneScore
 from autoplan.quant import HessianAccumulator, SimulatedLinear
+from autoplan.recover.weights import RecoveredWeights
 from autoplan.runtimes import get_runtime, listing, refusals
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.targets import Target
@@ -131,8 +132,9 @@ def input_amax(model: torch.nn.Module, layers: Iterable[str],
     return amax
 
 
-def _verify_audit(plan: Plan, sims: Mapping[str, SimulatedLinear]) -> None:
-    expected = plan.audit.tensors
+def _verify_audit(plan: Plan, sims: Mapping[str, SimulatedLinear],
+                  expected: Mapping[str, dict[str, str]] | None = None) -> None:
+    expected = plan.audit.tensors if expected is None else expected
     if not expected:
         return
     got = audit_digests({n: s for n, s in sims.items() if n in expected})
@@ -142,6 +144,27 @@ def _verify_audit(plan: Plan, sims: Mapping[str, SimulatedLinear]) -> None:
             f"recomputed weights of {len(bad)} layer(s) differ from the plan's audit "
             f"({_listing(bad)}): the calibration data ({plan.audit.calibration_source}) or "
             "the model differ from the search's; export with the same calibration set")
+
+
+def apply_recovered(plan: Plan, loaded: Any, sims: dict[str, SimulatedLinear],
+                    recovered: RecoveredWeights,
+                    stats: Mapping[str, HessianAccumulator] | None) -> dict[str, SimulatedLinear]:
+    """The plan's layers with their recovered weights, each layer's format re-applied under
+    the mask recomputed from the original (a weight outside its mask is refused)."""
+    settings = _settings(plan)
+    out = dict(sims)
+    for name, w in recovered.weights.items():
+        sim = sims.get(name)
+        if sim is None or tuple(w.shape) != (sim.out_features, sim.in_features):
+            raise UserInputError(f"recovered weights hold '{name}' {tuple(w.shape)}, which "
+                                 "the plan does not compress in that shape: pass the plan's "
+                                 "own recovered weights")
+        if bool((w[~sim.mask] != 0).any()):
+            raise UserInputError(f"recovered weight of {name} is non-zero where its mask "
+                                 "prunes: the file does not belong to this plan's masks")
+        out[name] = recompress_linear(get_linear(loaded.model, name), sim.choice, sim.mask, w,
+                                      stats.get(name) if stats else None, settings)
+    return out
 
 
 def _settings(plan: Plan) -> CompressionSettings:
@@ -171,7 +194,8 @@ def needs_calibration(plan: Plan) -> bool:
 def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
             stats: Mapping[str, HessianAccumulator] | None = None,
             calibration: Sequence[Tensor] | None = None,
-            allow_model_mismatch: bool = False) -> Prepared:
+            allow_model_mismatch: bool = False,
+            recovered: RecoveredWeights | None = None, unrecovered: bool = False) -> Prepared:
     """Check the plan against the model and runtime, then recompute its compressed layers.
 
     Args:
@@ -184,6 +208,9 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
         calibration: token batches [batch, seq] of the plan's calibration set; also used
             for NVFP4 static activation global scales.
         allow_model_mismatch: export even if the model's content hash differs.
+        recovered: a recovered plan's weights (``autoplan.recover.read_recovered``).
+        unrecovered: a recovered plan's layers before recovery (the base an engine that
+            serves the LoRA adapter loads), checked against ``recovery.unrecovered_tensors``.
 
     Raises:
         UserInputError: wrong model, unservable or unfused choices, missing calibration,
@@ -208,7 +235,20 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
     sims = {name: compress_linear(get_linear(loaded.model, name), choice,
                                   stats.get(name) if needs_stats and stats else None, settings)
             for name, choice in choices.items()}
-    _verify_audit(plan, sims)
+    expected = None
+    if plan.recovery is not None and unrecovered:
+        expected = plan.recovery.unrecovered_tensors
+    elif plan.recovery is not None:
+        if recovered is None:
+            raise UserInputError(
+                f"this plan's layers were recovered: keep {plan.recovery.weights_file} beside "
+                "the plan or pass --recovered FILE")
+        _verify_audit(plan, sims, plan.recovery.unrecovered_tensors)  # masks as searched
+        sims = apply_recovered(plan, loaded, sims, recovered,
+                               stats if needs_stats else None)
+    elif unrecovered:
+        raise UserInputError("this plan was not recovered: export it without --lora-adapter")
+    _verify_audit(plan, sims, expected)
     calibrated = _calibrated_inputs(choices)
     scales: dict[str, Tensor] = {}
     if calibrated:
@@ -222,5 +262,6 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
     return Prepared(plan, loaded, target, runtime, choices, sims, scales)
 
 
-__all__ = ["Prepared", "UNQUANTIZED", "check_fused_groups", "check_model", "check_runtime",
-           "input_amax", "needs_calibration", "parse_decisions", "pick_runtime", "prepare"]
+__all__ = ["Prepared", "UNQUANTIZED", "apply_recovered", "check_fused_groups", "check_model",
+           "check_runtime", "input_amax", "needs_calibration", "parse_decisions", "pick_runtime",
+           "prepare"]

@@ -19,6 +19,7 @@ from autoplan.export._prepare import check_runtime, pick_runtime
 from autoplan.formats import DENSE, Choice, Precision
 from autoplan.models.registry import aliases
 from autoplan.plan.io import PlanInput
+from autoplan.plan.schema import Plan
 from autoplan.targets import Target
 
 BASELINE = Choice(DENSE, Precision.FP32)
@@ -64,7 +65,8 @@ def apply_format(plan: PlanInput) -> str:
 
 
 def apply_plan(loaded: Any, plan: PlanInput, out_dir: str | Path, *,
-               calibration: Any = None, allow_model_mismatch: bool = False) -> Path:
+               calibration: Any = None, allow_model_mismatch: bool = False,
+               recovered: Any = None) -> Path:
     """Compress ``loaded`` by ``plan`` and write the default format's artifact to ``out_dir``.
 
     Args:
@@ -75,6 +77,7 @@ def apply_plan(loaded: Any, plan: PlanInput, out_dir: str | Path, *,
             whose masks, GPTQ weights or NVFP4 scales depend on activations
             (``autoplan.export.calibration.plan_calibration``).
         allow_model_mismatch: apply a full plan to a model with another content hash.
+        recovered: a recovered plan's weights (``recovered_weights``).
 
     Returns:
         The artifact path.
@@ -82,7 +85,7 @@ def apply_plan(loaded: Any, plan: PlanInput, out_dir: str | Path, *,
     fmt = apply_format(plan)
     if plan.full is not None:
         return export_plan(plan.full, loaded, fmt, out_dir, calibration=calibration,
-                           allow_model_mismatch=allow_model_mismatch)
+                           allow_model_mismatch=allow_model_mismatch, recovered=recovered)
     from autoplan.export.onnx import write_decisions
 
     return write_decisions(loaded, plan.decisions, out_dir, _minimal_sims(loaded, plan),
@@ -99,6 +102,20 @@ def _minimal_sims(loaded: Any, plan: PlanInput) -> dict[str, Any]:
     settings = CompressionSettings(prune_score="magnitude", quant_method="rtn")
     return {name: compress_linear(get_linear(loaded.model, name), choice, None, settings)
             for name, choice in plan.decisions.items() if choice != BASELINE}
+
+
+def recovered_weights(plan: Plan, plan_path: str | Path, given: str | Path | None) -> Any:
+    """A recovered plan's weights (the file it names beside it, or ``given``), checked
+    against its sha256; None for a plan that was not recovered."""
+    if plan.recovery is None:
+        if given is not None:
+            raise UserInputError("--recovered is for recovered plans; this plan has no "
+                                 "recovery section")
+        return None
+    from autoplan.recover import read_recovered, resolve_weights_file
+
+    path = resolve_weights_file(plan_path, plan.recovery.weights_file, given)
+    return read_recovered(path, plan.recovery.weights_sha256)
 
 
 def plan_model_arg(plan_model: str | None, model: str | None) -> str:
@@ -140,4 +157,4 @@ def export_baseline(loaded: Any, out_dir: str | Path) -> Path:
 
 
 __all__ = ["BASELINE", "apply_format", "apply_plan", "apply_target", "export_baseline",
-           "load_checked", "plan_model_arg"]
+           "load_checked", "plan_model_arg", "recovered_weights"]

@@ -64,6 +64,18 @@ def plan_calibration(plan: Plan, loaded: Any, args: CalibrationArgs | None = Non
     """
     if not needs_calibration(plan):
         return None
+    ds, batch = plan_dataset(plan, loaded, args)
+    return list(ds.calib.split(batch))
+
+
+def plan_dataset(plan: Plan, loaded: Any, args: CalibrationArgs | None = None
+                 ) -> tuple[Any, int]:
+    """The plan's calibration and evaluation blocks (a ``TextDataset``, hash-checked) and
+    its calibration batch size.
+
+    Raises:
+        UserInputError: the text is not given, or does not hash to the plan's audit.
+    """
     args = args or CalibrationArgs()
     from autoplan.quality.text import load_text_dataset
 
@@ -79,7 +91,7 @@ def plan_calibration(plan: Plan, loaded: Any, args: CalibrationArgs | None = Non
             f"{s['n_eval']} eval blocks, seed {s['seed']}) does not hash to the plan's "
             f"{plan.audit.calibration_hash[:12]}: pass the --calibration/--seq-len/--n-calib/"
             "--n-eval/--seed the search used")
-    return list(ds.calib.split(s["batch_size"]))
+    return ds, s["batch_size"]
 
 
-__all__ = ["BUILTIN_SOURCES", "CalibrationArgs", "plan_calibration"]
+__all__ = ["BUILTIN_SOURCES", "CalibrationArgs", "plan_calibration", "plan_dataset"]

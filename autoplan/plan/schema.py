@@ -39,9 +39,11 @@ class RuntimeRef(_Strict):
 
 class Budget(_Strict):
     text: str = Field(description="as the user wrote it, e.g. 'kl<=0.05'")
-    metric: str = Field(description="kl | ppl | suite")
+    metric: str = Field(description="kl | ppl | suite | slice | gate")
     limit: float = Field(description="kl: nats/token; ppl: max relative increase; suite: min points change")
     suite_file: str | None = None
+    name: str | None = Field(None, description="slice: its name; gate: longctx | lm-eval:TASK")
+    also: list[str] = Field([], description="further budgets the plan must meet (gates)")
 
 
 class Compression(_Strict):
@@ -64,6 +66,14 @@ class Predicted(_Strict):
     weight_gb: float
 
 
+class GateScore(_Strict):
+    """A gate's score (points, higher is better) beside the original model's."""
+
+    score: float
+    reference: float
+    detail: dict[str, float] = {}
+
+
 class Quality(_Strict):
     """Quality measured on the real compressed model, next to the surrogate's prediction."""
 
@@ -75,6 +85,35 @@ class Quality(_Strict):
     surrogate_kl: float
     budget_met: bool
     eval_tokens: int
+    slices: dict[str, float] = Field({}, description="slice -> mean KL over its positions")
+    gates: dict[str, GateScore] = Field({}, description="longctx, lm-eval:TASK")
+
+
+class Recovery(_Strict):
+    """The recovery pass that trained the plan's compressed layers (``--recover``).
+
+    The recovered weights live in ``weights_file`` beside the plan (sha256 checked);
+    ``audit.tensors`` holds the digests of the layers after recovery and re-quantization,
+    ``unrecovered_tensors`` those before (the base an adapter-serving engine loads).
+    """
+
+    method: str = Field(description="distill | lora")
+    settings: dict[str, Any]
+    text_source: str
+    text_hash: str
+    weights_file: str
+    weights_sha256: str
+    layers: int
+    steps_run: int
+    resumed_from: int = 0
+    seconds: float
+    cpu_seconds: float
+    loss_first: float
+    loss_last: float
+    unrecovered: Quality
+    unrecovered_tensors: dict[str, dict[str, str]]
+    adapter_kl: float | None = Field(None, description="lora: KL of base + unmerged adapter")
+    lora_scaling: float | None = None
 
 
 class Certificate(_Strict):
@@ -145,9 +184,11 @@ class Plan(_Strict):
     # How the workload's batch was chosen when it was not given (`--batch max`, a TTFT/TPOT
     # SLO): mode, batch, what bounds it, one line of detail (autoplan/cost/operating.py).
     operating_point: dict[str, Any] | None = None
+    recovery: Recovery | None = None
 
 
 __all__ = [
-    "SCHEMA_VERSION", "Audit", "Budget", "CalibrationSettings", "Certificate", "Compression", "ModelRef", "Plan",
-    "Predicted", "Quality", "RuntimeRef", "SearchMeta", "TargetRef",
+    "SCHEMA_VERSION", "Audit", "Budget", "CalibrationSettings", "Certificate", "Compression",
+    "GateScore", "ModelRef", "Plan", "Predicted", "Quality", "Recovery", "RuntimeRef",
+    "SearchMeta", "TargetRef",
 ]

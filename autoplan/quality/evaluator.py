@@ -11,14 +11,40 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from autoplan.quality.metrics import ReferenceLogprobs, compare_pass, reference_pass
+from autoplan.quality.slices import SliceSet, slice_kl, slice_reference
 from autoplan.quality.suite import PromptSuite, score_suite, suite_reference
+
+
+class Gate(Protocol):
+    """A check scored in points (higher is better), compared with the original's score:
+    the long-context check (``longctx``), an lm-eval task (``lm-eval:TASK``)."""
+
+    name: str
+
+    def score(self, model: nn.Module) -> tuple[float, dict[str, float]]:
+        """(score in points, further metrics by name)."""
+        ...
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """A gate's score for one model next to the original's."""
+
+    score: float
+    reference: float
+    detail: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def delta(self) -> float:
+        return self.score - self.reference
 
 
 @dataclass(frozen=True)
@@ -33,6 +59,8 @@ class QualityResult:
         seconds: wall time of this evaluation.
         suite_score, suite_score_ref: suite score (0-100) of the model and of the original.
         suite_agreement: greedy-token agreement with the original (0-100).
+        slices: slice name -> mean KL over that slice's positions (``quality.slices``).
+        gates: gate name -> its score beside the original's.
     """
 
     ppl: float
@@ -43,6 +71,13 @@ class QualityResult:
     suite_score: float | None = None
     suite_score_ref: float | None = None
     suite_agreement: float | None = None
+    slices: dict[str, float] = field(default_factory=dict)
+    gates: dict[str, GateResult] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:  # read back from JSON (asdict): gates as plain dicts
+        gates = {k: g if isinstance(g, GateResult) else GateResult(**g)
+                 for k, g in self.gates.items()}
+        object.__setattr__(self, "gates", gates)
 
     @property
     def suite_delta(self) -> float | None:
@@ -54,6 +89,11 @@ class QualityResult:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (plans, ``--json`` output)."""
         return {**asdict(self), "suite_delta": self.suite_delta}
+
+    def gate_delta(self, name: str) -> float | None:
+        """A gate's points change vs the original (negative = worse), None if not measured."""
+        g = self.gates.get(name)
+        return None if g is None else g.delta
 
 
 def _module(model: Any) -> nn.Module:
@@ -70,17 +110,23 @@ class QualityEvaluator:
         suite: a tokenized ``PromptSuite`` (``load_suite``), or None.
         batch_size: blocks per forward pass (memory ~ batch x seq_len x vocab x 8 bytes).
         max_new_tokens: length of the original's greedy continuations for suite agreement.
+        slices: the KL slices (``quality.slices.build_slices``), or None.
+        gates: further checks scored against the original (``Gate``).
     """
 
     def __init__(self, reference_model: Any, eval_tokens: torch.Tensor, *,
                  suite: PromptSuite | None = None, batch_size: int = 4,
-                 max_new_tokens: int = 16, reference: ReferenceLogprobs | None = None) -> None:
+                 max_new_tokens: int = 16, reference: ReferenceLogprobs | None = None,
+                 slices: SliceSet | None = None, gates: Sequence[Gate] = ()) -> None:
         model = _module(reference_model)
         self.batch_size = batch_size
         t0 = time.perf_counter()
         self.reference = reference or reference_pass(model, eval_tokens, batch_size=batch_size)
         self.suite_reference = (suite_reference(model, suite, max_new_tokens=max_new_tokens)
                                 if suite is not None else None)
+        self.slice_reference = slice_reference(model, slices) if slices is not None else None
+        self.gates = tuple(gates)
+        self.gate_references = {g.name: g.score(model) for g in self.gates}
         self.setup_seconds = time.perf_counter() - t0
 
     @property
@@ -94,12 +140,17 @@ class QualityEvaluator:
         nll, kl = compare_pass(m, self.reference, batch_size=self.batch_size)
         suite = score_suite(m, self.suite_reference) if self.suite_reference else None
         ref_score = self.suite_reference.score.score if self.suite_reference else None
+        slices = slice_kl(m, self.slice_reference) if self.slice_reference else {}
+        gates = {}
+        for g in self.gates:
+            score, detail = g.score(m)
+            gates[g.name] = GateResult(score, self.gate_references[g.name][0], detail)
         return QualityResult(
             ppl=math.exp(nll), ppl_ref=self.reference.ppl, kl=kl,
             n_tokens=int(self.reference.tokens.numel()), seconds=time.perf_counter() - t0,
             suite_score=suite.score if suite else None, suite_score_ref=ref_score,
-            suite_agreement=suite.agreement if suite else None,
+            suite_agreement=suite.agreement if suite else None, slices=slices, gates=gates,
         )
 
 
-__all__ = ["QualityEvaluator", "QualityResult"]
+__all__ = ["Gate", "GateResult", "QualityEvaluator", "QualityResult"]

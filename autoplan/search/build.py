@@ -13,6 +13,7 @@ from autoplan.runtimes import get_runtime
 from autoplan.search.choose import Chosen
 from autoplan.search.preflight import KERNEL_TABLES
 from autoplan.search.prepare import CALIB_BATCH, Prepared
+from autoplan.search.recovery import keep_weights, plan_quality
 from autoplan.search.rounds import Rounds
 
 
@@ -129,14 +130,13 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
         runtime=ps.RuntimeRef(name=rt.name, version=rt.version),
         workload=req.workload.model_dump(), objective=req.objective.value,
         budget=ps.Budget(text=budget.text, metric=budget.metric, limit=budget.limit,
-                         suite_file=str(budget.suite_file) if budget.suite_file else None),
+                         suite_file=str(budget.suite_file) if budget.suite_file else None,
+                         name=budget.name, also=[b.text for b in req.also]),
         compression=ps.Compression(prune_score=req.settings.prune_score,
                                    quant_method=req.settings.quant_method),
         decisions={n: str(c) for n, c in sorted(prep.verifier.decisions(m.picks).items())},
         predicted=preds,
-        quality=ps.Quality(kl=q.kl, ppl=q.ppl, ppl_ref=q.ppl_ref, suite_score=q.suite_score,
-                           suite_ref=q.suite_score_ref, surrogate_kl=m.surrogate,
-                           budget_met=m.passed, eval_tokens=q.n_tokens),
+        quality=plan_quality(q, m.surrogate, m.passed),
         search=_search_meta(prep, rounds, chosen, certificate, gain, wall_time_s),
         audit=ps.Audit(calibration_source=prep.data.source,
                        calibration_hash=prep.data.content_hash,
@@ -145,6 +145,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
                            n_eval=req.eval_blocks, seed=req.seed, batch_size=CALIB_BATCH),
                        tensors=m.audit),
         operating_point=prep.platform.point.to_json() if prep.platform.point else None,
+        recovery=keep_weights(m, req.out),
     )
 
 

@@ -127,6 +127,26 @@ def _check_onnx_exportable(model: str) -> None:
                              f"ONNX export: {exc}") from None
 
 
+def _check_gates(req: SearchRequest) -> None:
+    """Gates and recovery that cannot run as asked, refused before the model loads."""
+    stream = req.execution.execution == "stream"
+    gates = [b.text for b in req.budgets if b.metric in ("gate", "slice")]
+    if stream and (gates or req.recovery is not None):
+        what = f"budget '{gates[0]}'" if gates else "--recover"
+        raise UserInputError(f"{what} needs the model in memory: pass --execution memory")
+    for b in req.budgets:
+        if b.name and b.name.startswith("lm-eval:"):
+            from autoplan.quality.lmeval import check_task
+
+            check_task(b.name.removeprefix("lm-eval:"), req.lmeval_tasks)
+    if req.recovery is not None and req.recovery.method == "lora":
+        try:
+            import peft  # noqa: F401
+        except ModuleNotFoundError:
+            raise UserInputError("--recover lora needs PEFT: pip install 'autoplan[eval]'") \
+                from None
+
+
 def preflight(req: SearchRequest) -> Platform:
     """Resolve and check everything that can be checked before loading the model.
 
@@ -141,6 +161,7 @@ def preflight(req: SearchRequest) -> Platform:
     resolve_device(req.execution.device)  # a GPU that is not there: one line, before any work
     check_writable_file(req.out, "plan", "pass --out FILE in a writable folder")
     check_model(req.model, runtime)
+    _check_gates(req)
     point = operating_point(req, target)  # config only; "nothing fits" is refused here
     storage, label = _storage(req)  # last: opening an SQLite URL creates its file
     return Platform(target, runtime, measure, storage, label, point)

@@ -21,9 +21,11 @@ from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
 from autoplan.models import LoadedModel
 from autoplan.models._cache import cache_root
+from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform
+from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
 from autoplan.search.request import SearchRequest
 from autoplan.search.space import SearchSpace, build_space
@@ -82,8 +84,19 @@ def study_name(req: SearchRequest, platform: Platform, model_hash: str, calib_ha
         req.settings.quant_method.value, req.seed, calib_hash, req.multi_objective,
         req.protect_first_block, req.protect_last_block, choices, platform.measure_kernels,
         req.cost_table.source if req.cost_table else None)
-        + ((req.threads,) if req.threads is not None else ())))
+        + ((req.threads,) if req.threads is not None else ())
+        + _measurement_key(req)))
     return f"autoplan-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _measurement_key(req: SearchRequest) -> tuple:
+    """What else changes a measurement or the rounds (further budgets, slices, lm-eval task
+    folder and limit, recovery): empty by default, so a plain search keeps its study name."""
+    lmeval = any((b.name or "").startswith("lm-eval:") for b in req.budgets)
+    return ((tuple(b.text for b in req.also),) if req.also else ()) \
+        + (("no-slices",) if not req.slices else ()) \
+        + ((req.lmeval_tasks, req.lmeval_limit) if lmeval else ()) \
+        + ((req.recovery.key(),) if req.recovery is not None else ())
 
 
 def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
@@ -94,6 +107,27 @@ def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
     rep.stage(f"timing {label} kernels")
     return importlib.import_module(module).search_kernel_table(
         loaded, space, req.workload, threads=req.threads, progress=rep.note)
+
+
+def build_gates(req: SearchRequest, loaded: LoadedModel) -> list:
+    """The gates the budgets name (long-context check, lm-eval tasks), ready to score."""
+    gates, seen = [], set()
+    for b in req.budgets:
+        if b.metric != "gate" or b.name in seen:
+            continue
+        seen.add(b.name)
+        if b.name == "longctx":
+            from autoplan.quality.longctx import LongContextGate
+
+            gates.append(LongContextGate(loaded.tokenizer, loaded.model, max_len=b.max_len,
+                                         seed=req.seed))
+        else:
+            from autoplan.quality.lmeval import LmEvalGate
+
+            gates.append(LmEvalGate(b.name.removeprefix("lm-eval:"), loaded.tokenizer,
+                                    include_path=req.lmeval_tasks, limit=req.lmeval_limit,
+                                    seed=req.seed))
+    return gates
 
 
 @dataclass(frozen=True)
@@ -121,10 +155,14 @@ def open_model_work(req: SearchRequest, rep: Reporter,
                         workload=workload_of(req.seq_len, req.calib_blocks, req.eval_blocks,
                                              CALIB_BATCH))
     rep.note(f"{runner.execution} execution on {runner.device} ({runner.why})")
-    if runner.execution == "stream" and (measure_kernels or req.budget.suite_file):
-        # refused before profiling: both need the whole model in memory
-        raise UserInputError(f"{'--measure-kernels' if measure_kernels else 'a suite budget'} "
-                             "needs the model in memory: pass --execution memory")
+    gated = [b for b in req.budgets if b.metric in ("gate", "slice")]
+    if runner.execution == "stream" and (measure_kernels or req.budget.suite_file or gated
+                                         or req.recovery is not None):
+        # refused before profiling: these need the whole model in memory
+        what = ("--measure-kernels" if measure_kernels else "a suite budget"
+                if req.budget.suite_file else f"budget '{gated[0].text}'" if gated
+                else "--recover")
+        raise UserInputError(f"{what} needs the model in memory: pass --execution memory")
     data = load_text_dataset(req.text, tokenizer=runner.loaded.tokenizer, seq_len=req.seq_len,
                              n_calib=req.calib_blocks, n_eval=req.eval_blocks, seed=req.seed)
     return runner, data
@@ -158,21 +196,28 @@ def profile_spaces(req: SearchRequest, runner: ModelRunner, calib: list[torch.Te
 
 
 def model_work(req: SearchRequest, runner: ModelRunner, data: TextDataset,
-               rep: Reporter) -> ModelWork:
-    """The evaluator of the original model (measured once) with an empty verification cache."""
+               rep: Reporter, gates: list | None = None) -> ModelWork:
+    """The evaluator of the original model (measured once, with the KL slices and the
+    budgets' gates, `build_gates` unless given) with an empty verification cache."""
     calib = list(data.calib.split(CALIB_BATCH))
     budget = req.budget
-    suite = load_suite(budget.suite_file, runner.loaded.tokenizer) if budget.suite_file else None
+    loaded = runner.loaded
+    suite = load_suite(budget.suite_file, loaded.tokenizer) if budget.suite_file else None
     rep.stage("measuring the original model")
+    wants_slices = req.slices or any(b.metric == "slice" for b in req.budgets)
+    extra = {} if runner.execution == "stream" else {  # refused with gates in open_model_work
+        "gates": build_gates(req, loaded) if gates is None else gates,
+        "slices": build_slices(loaded.tokenizer) if wants_slices else None}
     evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite,
-                                 cache_dir=cache_root() / "references")
+                                 cache_dir=cache_root() / "references", **extra)
     return ModelWork(runner, data, calib, evaluator, SharedMeasurements())
 
 
 def prepare_platform(req: SearchRequest, platform: Platform, work: ModelWork,
                      space: SearchSpace, profile: SensitivityProfile,
-                     rep: Reporter) -> Prepared:
-    """The cost model, tables and verifier of one platform, on the shared model work."""
+                     rep: Reporter, recovery: RecoveryText | None = None) -> Prepared:
+    """The cost model, tables and verifier of one platform, on the shared model work (with
+    `--recover`, its recovery stage, on `recovery`'s text when already tokenized)."""
     if platform.point is not None:  # `--batch max` / SLO: plan for the resolved batch
         req = dataclasses.replace(req, workload=platform.point.workload)
     loaded = work.loaded
@@ -183,9 +228,14 @@ def prepare_platform(req: SearchRequest, platform: Platform, work: ModelWork,
     tables = build_tables(space, cost, profile,
                           prefill_weight=0.0 if req.objective is Objective.TPOT else 1.0)
     calib_tokens = sum(b.numel() for b in work.calib)
+    stage = None
+    if req.recovery is not None:
+        text = recovery or recovery_text(req.recovery, loaded.tokenizer)
+        stage = RecoveryStage(req.recovery, text, loaded.content_hash, work_dir_for(req.out), rep)
     verifier = Verifier(loaded.model, space, tables, work.evaluator, req.budget, req.settings,
                         work.calib, shared=work.shared,
-                        out_of_memory=lambda what: work.runner.out_of_memory(what, calib_tokens))
+                        out_of_memory=lambda what: work.runner.out_of_memory(what, calib_tokens),
+                        recovery=stage, also=req.also)
     name = req.study or study_name(req, platform, loaded.content_hash, work.data.content_hash)
     return Prepared(req, platform, loaded, work.runner, space, work.data, profile, kernel_times,
                     cost, tables, verifier, name)
@@ -198,11 +248,15 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter,
     runner, data = open_model_work(req, rep, platform.measure_kernels)
     space = platform_space(req, platform, runner.loaded)
     calib = list(data.calib.split(CALIB_BATCH))
+    # a task whose data is not here, or too little recovery text, fails now, in seconds
+    gates = build_gates(req, runner.loaded)
+    text = recovery_text(req.recovery, runner.loaded.tokenizer) if req.recovery else None
     if profile is None:
         profile = profile_spaces(req, runner, calib, [space], rep)
-    work = model_work(req, runner, data, rep)
-    return prepare_platform(req, platform, work, space, profile, rep)
+    work = model_work(req, runner, data, rep, gates=gates)
+    return prepare_platform(req, platform, work, space, profile, rep, recovery=text)
 
 
-__all__ = ["CALIB_BATCH", "ModelWork", "Prepared", "model_work", "open_model_work",
-           "platform_space", "prepare", "prepare_platform", "profile_spaces", "study_name"]
+__all__ = ["CALIB_BATCH", "ModelWork", "Prepared", "build_gates", "model_work",
+           "open_model_work", "platform_space", "prepare", "prepare_platform", "profile_spaces",
+           "study_name"]

@@ -6,7 +6,8 @@ any kernel times it planned with, so the worker's tables are the driver's exactl
 re-profiling, no re-timing on another machine), and the hashes of the model and of the
 evaluation text, which the worker checks once it has loaded its own copies.
 Paths are recorded absolute: a worker must see the same files at the same paths (a shared
-folder, or the same checkout), or use the embedded defaults.
+folder, or the same checkout), or use the embedded defaults. `--recover` is not recorded:
+its passes run in the driver, on the workers' unrecovered measurements.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from autoplan.search.request import CostTable, ExecutionSettings, SearchRequest
 from autoplan.sensitivity import SensitivityProfile
 from autoplan.workload import Workload
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: further budgets, slices and lm-eval settings
 
 
 def _path_or_name(text: str | None) -> str | None:
@@ -56,6 +57,9 @@ def request_record(prep: Prepared) -> dict[str, Any]:
         "trust_remote_code": req.trust_remote_code, "cost_table": cost_table,
         "choices": None if req.choices is None else [str(c) for c in req.choices],
         "threads": req.threads,
+        # what the worker's evaluator must measure besides KL, for the driver's budgets
+        "also": [b.text for b in req.also], "slices": req.slices,
+        "lmeval_tasks": _path_or_name(req.lmeval_tasks), "lmeval_limit": req.lmeval_limit,
         "profile": prep.profile.to_json(),
         "model_hash": prep.loaded.content_hash, "data_hash": prep.data.content_hash,
     }
@@ -82,7 +86,8 @@ def request_from_record(rec: dict[str, Any], storage: Any, execution: ExecutionS
         max_rounds=rec["max_rounds"], price_per_hour=rec["price_per_hour"],
         trust_remote_code=rec["trust_remote_code"],
         cost_table=CostTable(table["source"], table["document"]) if table else None,
-        measure_kernels=False, choices=rec["choices"],
+        measure_kernels=False, choices=rec["choices"], also=tuple(rec["also"]),
+        slices=rec["slices"], lmeval_tasks=rec["lmeval_tasks"], lmeval_limit=rec["lmeval_limit"],
         execution=ExecutionSettings(execution.device, execution.execution,
                                     execution.offload_dir, rec["threads"]))
     return req, SensitivityProfile.from_json(rec["profile"])

@@ -23,7 +23,8 @@ from autoplan.cost.operating import OperatingRequest
 from autoplan.cost.report import Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
-from autoplan.search.budget import QualityBudget
+from autoplan.recover.settings import RecoverySettings
+from autoplan.search.budget import QualityBudget, parse_budgets
 from autoplan.workload import Workload
 from autoplan.streaming.runner import ExecutionSettings
 
@@ -111,6 +112,13 @@ class SearchRequest:
     # `--batch max` or a TTFT/TPOT SLO: the batch is resolved per target before the search
     # (autoplan/cost/operating.py) and replaces `workload`'s; None: `workload` as given.
     operating: OperatingRequest | None = None
+    # further budgets a plan must also meet (a second --budget and later); `budget` steers
+    also: tuple[QualityBudget, ...] = ()
+    # --recover: finalists are measured after this recovery pass (None: not recovered)
+    recovery: RecoverySettings | None = None
+    lmeval_tasks: str | None = None  # --lm-eval-tasks: a folder of local lm-eval task YAML
+    lmeval_limit: int | None = None  # --lm-eval-limit: documents per task
+    slices: bool = True  # KL per slice (numbers, names, non-English) for every measurement
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -118,6 +126,7 @@ class SearchRequest:
 
         if isinstance(self.budget, str):
             put("budget", QualityBudget.parse(self.budget))
+        put("also", parse_budgets(self.also) if self.also else ())
         put("objective", Objective.parse(self.objective))
         put("choices", parse_choices(self.choices))
         if isinstance(self.cost_table, str | Path):
@@ -131,12 +140,18 @@ class SearchRequest:
         if self.price_per_hour is not None and not 0 <= self.price_per_hour < math.inf:
             raise UserInputError("--price-per-hour must be a finite number >= 0, got "
                                  f"{self.price_per_hour}")
+        if self.lmeval_limit is not None:
+            _at_least("lm-eval-limit", self.lmeval_limit, 1)
         if self.measure_kernels and self.cost_table is not None:
             raise UserInputError("pass --measure-kernels or --cost-table, not both")
 
     @property
     def threads(self) -> int | None:
         return self.execution.threads
+
+    @property
+    def budgets(self) -> tuple[QualityBudget, ...]:
+        return (self.budget, *self.also)
 
 
 __all__ = ["MAX_SEED", "CostTable", "ExecutionSettings", "SearchRequest", "parse_choices"]

@@ -15,6 +15,7 @@ plan.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from autoplan.search.jobs import JobQueue
 from autoplan.search.preflight import KERNEL_TABLES, preflight
 from autoplan.search.prepare import prepare
 from autoplan.search.record import request_record
+from autoplan.search.recovery import work_dir_for
 from autoplan.search.reporter import Reporter
 from autoplan.search.request import CostTable, ExecutionSettings, SearchRequest, parse_choices
 from autoplan.search.rounds import run_rounds
@@ -61,6 +63,8 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
         certificate = certify(prep, rounds, rep)
         plan = build_plan(prep, rounds, chosen, certificate, time.perf_counter() - t_start)
         save_plan(plan, req.out)
+        if req.recovery is not None:  # the chosen pass's weights now lie beside the plan
+            shutil.rmtree(work_dir_for(req.out), ignore_errors=True)
         queue.set_attr("done", True)  # workers stop
     return SearchOutcome(plan, rounds.front)
 

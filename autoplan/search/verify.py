@@ -13,6 +13,7 @@ from functools import partial
 import torch
 
 from autoplan.compress import CompressionSettings, audit_digests, collect_stats, compressed_copy
+from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.quality.evaluator import QualityEvaluator, QualityResult
 from autoplan.search.budget import QualityBudget
@@ -32,6 +33,8 @@ class Measurement:
     badness: float
     passed: bool
     audit: dict[str, dict[str, str]]
+    # --recover: what the recovery pass did (search.recovery.RecoveredCandidate), else None
+    recovery: object | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,10 @@ class Verifier:
     # what to raise when a measurement runs out of memory (ModelRunner.out_of_memory)
     out_of_memory: Callable[[str], Exception] | None = None
     shared: SharedMeasurements | None = None
+    # --recover: re-measures a candidate after a recovery pass (search.recovery.RecoveryStage)
+    recovery: object | None = None
+    # further budgets every passing candidate must also meet (the search steers on `budget`)
+    also: tuple[QualityBudget, ...] = ()
     _stats: dict | None = None
 
     @property
@@ -150,14 +157,23 @@ class Verifier:
     def measure(self, picks: Sequence[int], label: str) -> Measurement:
         return self.measure_many([(picks, label)])[0]
 
+    def passes(self, quality: QualityResult) -> bool:
+        """The budget and every further budget met."""
+        return self.budget.passes(quality) and all(b.passes(quality) for b in self.also)
+
     def measure_many(self, candidates: Sequence[tuple[Sequence[int], str]],
                      executor: Executor | None = None,
-                     on_done: Callable[[int], None] | None = None) -> list[Measurement]:
+                     on_done: Callable[[int], None] | None = None,
+                     recover: bool = False) -> list[Measurement]:
         """Measure each (picks, label) not measured yet, on `executor` (serial by default);
-        returns the measurements in the order given."""
+        returns the measurements in the order given. With `recover` and a recovery stage,
+        each new measurement is then replaced by the one after its recovery pass."""
         keys = [tuple(p) for p, _ in candidates]
         labels = dict(zip(keys, (lb for _, lb in candidates)))
         todo = [k for k in dict.fromkeys(keys) if k not in self.measured]
+        new = list(todo)  # measured here or for another platform: each recovered below
+        if recover:
+            self.check_recoverable()  # before any measurement
         done = 0
         if self.shared is not None:  # measured already for another platform
             for k in list(todo):
@@ -183,7 +199,26 @@ class Verifier:
             if self.out_of_memory is None or not is_out_of_memory(exc):
                 raise
             raise self.out_of_memory("verifying candidates") from None
+        if recover:
+            self.recover(new)
         return [self.measured[k] for k in keys]
+
+    def check_recoverable(self) -> None:
+        """Refuse a recovery stage on a streamed model: a pass trains the whole compressed
+        model beside the original in memory, and no streamed pass exists (the search refuses
+        --recover with --execution stream before loading; this guards every other caller)."""
+        if self.recovery is not None and isinstance(self.evaluator, StreamedEvaluator):
+            raise UserInputError("--recover needs the model in memory (a streamed recovery "
+                                 "pass is not implemented): pass --execution memory")
+
+    def recover(self, keys: Sequence[tuple[int, ...]]) -> None:
+        """Replace each of these measurements by the one after its recovery pass (kept as
+        it is when the pass diverges); nothing without a recovery stage."""
+        if self.recovery is None:
+            return
+        self.check_recoverable()
+        for key in keys:
+            self.measured[key] = self.recovery.measure(self, self.measured[key])
 
     def _shared_key(self, picks: tuple[int, ...]) -> tuple:
         return decisions_key(self.decisions(picks), self.space.baseline)
@@ -195,7 +230,7 @@ class Verifier:
         key = tuple(picks)
         badness = self.budget.badness(quality)
         self.measured[key] = Measurement(key, label, quality, self.tables.surrogate(key),
-                                         badness, badness <= self.budget.limit, audit)
+                                         badness, self.passes(quality), audit)
         return self.measured[key]
 
     def slope(self, prior: float) -> float:

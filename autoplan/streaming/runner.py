@@ -109,8 +109,10 @@ class ModelRunner:
             raise
 
     def evaluator(self, eval_tokens: Tensor, *, calib_batches: Sequence[Tensor] = (),
-                  suite: Any = None, cache_dir: Path | None = None) -> Any:
+                  suite: Any = None, cache_dir: Path | None = None, **extra: Any) -> Any:
         """A QualityEvaluator (memory) or StreamedEvaluator (stream) of the original.
+
+        `extra` (in memory only): further QualityEvaluator arguments (slices, gates).
 
         With `cache_dir`, the original's reference log-probs are read from there when a
         previous run computed them for the same model, tokens and arithmetic (and stored
@@ -139,7 +141,8 @@ class ModelRunner:
 
             tokens = eval_tokens.to(self.device)
             ref = reference(lambda: reference_pass(self.loaded.model, tokens, batch_size=4))
-            return QualityEvaluator(self.loaded.model, tokens, suite=suite, reference=ref)
+            return QualityEvaluator(self.loaded.model, tokens, suite=suite, reference=ref,
+                                    **extra)
         except (RuntimeError, MemoryError) as exc:
             if is_out_of_memory(exc):
                 raise self.out_of_memory("measuring the original model",

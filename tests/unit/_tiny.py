@@ -99,16 +99,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - 
 
 
 # ---- synthetic tables ----------------------------------------------------------------------
-@pytest.fixture(scope="module", name="model_dir")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a Path iterator
-    """The tiny Llama folder, with AUTOPLAN_CACHE pointed at a cache shared by the module
-    (import into a test module to use as `model_dir`)."""
-    folder, cache = shared_dirs(tmp_path_factory)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AUTOPLAN_CACHE", str(cache))
-        yield folder
-
-
 def synthetic_profile(space: SearchSpace, seed: int = 0) -> SensitivityProfile:
     """Scores grow as a choice keeps fewer bits, times a per-layer log-normal sensitivity."""
     rng = np.random.default_rng(seed)

@@ -263,3 +263,28 @@ def test_estimate_parts_grow_with_calibration_tokens() -> None:
     big = estimate.plan(spec, "stream", "cpu", estimate.Workload(calib_tokens=4096))
     assert big.host > small.host
     assert estimate.plan(spec, "memory", "cpu").host > 0
+
+
+def test_recovery_on_a_streamed_model_is_refused_before_measuring(
+        case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No streamed recovery pass exists: a verifier asked to recover streamed candidates
+    refuses in one line before it measures anything (the search refuses earlier still)."""
+    from autoplan.search.budget import QualityBudget
+    from autoplan.search.verify import Verifier
+
+    class Stage:
+        def measure(self, *_a: object) -> None:
+            pytest.fail("a recovery pass ran on a streamed model")
+
+    sev = StreamedEvaluator(case.streamed, case.data.eval, calib_batches=case.calib)
+    monkeypatch.setattr(StreamedEvaluator, "evaluate_many",
+                        lambda *_a, **_k: pytest.fail("measured before refusing"))
+    verifier = Verifier(case.memory, case.space, None, sev, QualityBudget.parse("kl<=0.05"),
+                        CompressionSettings(), case.calib, recovery=Stage())
+    picks = (0,) * len(case.space.units)
+    with pytest.raises(UserInputError, match="streamed recovery pass is not implemented"):
+        verifier.measure_many([(picks, "c")], recover=True)
+    with pytest.raises(UserInputError, match="pass --execution memory"):
+        verifier.recover([picks])
+    verifier.recovery = None  # without a stage, nothing to refuse
+    verifier.recover([picks])

@@ -1,0 +1,68 @@
+"""A recovered plan's LoRA adapter as a PEFT adapter folder, for engines that serve adapters.
+
+With ``--recover lora`` the adapter was trained beside the compressed layers as they were
+before recovery; by default export merges it (the recovered weights, re-quantized under the
+mask). An engine that serves adapters can instead load the unrecovered base (``autoplan
+export plan.json --format F --lora-adapter DIR``: the base checked against the plan's
+``recovery.unrecovered_tensors``) and this adapter on top, applied in 16 bits to the
+layers' unquantized inputs -- the model ``recovery.adapter_kl`` measured.
+
+Written by PEFT itself (``get_peft_model`` on a copy of the original, the adapter tensors
+loaded with ``set_peft_model_state_dict``, ``save_pretrained``): ``adapter_config.json`` and
+``adapter_model.safetensors`` with PEFT's key names. Engines that serve such adapters over
+quantized bases: vLLM (``--enable-lora``; FP8/INT8 compressed-tensors, GPTQ/AWQ bases; no
+2:4 since vllm#36799), TensorRT-LLM's PyTorch backend (HF LoRA format, FP8 and INT4-AWQ
+bases; its docs do not cover 2:4 engines with LoRA), llama.cpp (``--lora`` after
+``convert_lora_to_gguf.py``, over any GGUF type).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autoplan.atomic import atomic_dir
+from autoplan.errors import UserInputError
+from autoplan.plan.schema import Plan
+from autoplan.recover.weights import RecoveredWeights
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def write_lora_adapter(plan: Plan, loaded: Any, recovered: RecoveredWeights,
+                       out_dir: str | Path) -> Path:
+    """Write the plan's adapter into ``out_dir`` (atomically); return the folder.
+
+    Raises:
+        UserInputError: the plan was not recovered with LoRA.
+    """
+    if plan.recovery is None or plan.recovery.method != "lora" or not recovered.adapters:
+        raise UserInputError("--lora-adapter needs a plan recovered with --recover lora")
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    names = sorted(recovered.adapters)
+    rank = int(next(iter(recovered.adapters.values()))["lora_A"].shape[0])
+    scaling = recovered.scaling if recovered.scaling is not None else 2.0
+    config = LoraConfig(r=rank, lora_alpha=scaling * rank, lora_dropout=0.0,
+                        target_modules=names, bias="none")
+    base = copy.deepcopy(loaded.model)
+    base.config.name_or_path = plan.model.id  # what PEFT records as the adapter's base
+    model = get_peft_model(base, config)
+    state = {}
+    for name, ad in recovered.adapters.items():
+        state[f"base_model.model.{name}.lora_A.weight"] = ad["lora_A"].to(torch.float32)
+        state[f"base_model.model.{name}.lora_B.weight"] = ad["lora_B"].to(torch.float32)
+    result = set_peft_model_state_dict(model, state)
+    missing = [k for k in result.missing_keys if ".lora_" in k]
+    if missing:
+        raise UserInputError(f"the adapter does not fit the model ({missing[0]}): pass the "
+                             "plan's own model and recovered weights")
+    with atomic_dir(out_dir, is_ours=lambda d: (d / ADAPTER_FILES[0]).is_file()) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+    return Path(out_dir)
+
+
+__all__ = ["ADAPTER_FILES", "write_lora_adapter"]

@@ -1,0 +1,77 @@
+"""RecoverableLinear: a SimulatedLinear made trainable, for a recovery pass.
+
+The forward computes what the SimulatedLinear computes (inputs fake-quantized as the
+serving kernel does, the masked weight in the layer's format), with straight-through
+gradients: ``x + (q(x) - x).detach()`` passes the gradient of the rounding as identity, so
+the loss reaches every earlier layer and the fp32 master weight, whose format is
+re-applied (RTN, scales from the current weight) on every step. Pruned positions stay
+exactly zero: the weight is multiplied by its mask in the forward and after every step.
+
+It subclasses ``nn.Linear`` (``weight``, ``bias``, ``in_features``, ``out_features``) so
+PEFT's LoRA wraps it like any linear layer: with ``--recover lora`` the master weight is
+frozen (its format is applied once) and the adapter trains beside it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from autoplan.formats.gguf_blocks import q8_1_min_correction
+from autoplan.quant import SimulatedLinear, quantize_activation, quantize_weight
+from autoplan.quant.weights import QuantizedWeight
+
+
+def straight_through(x: Tensor, rounded: Tensor) -> Tensor:
+    """``rounded`` in the forward, the identity's gradient in the backward."""
+    return x + (rounded - x).detach()
+
+
+class RecoverableLinear(nn.Linear):
+    """A compressed layer whose fp32 master weight can train under its fixed mask."""
+
+    def __init__(self, sim: SimulatedLinear, *, trainable: bool) -> None:
+        nn.Module.__init__(self)  # nn.Linear.__init__ would allocate and initialize a weight
+        self.in_features, self.out_features = sim.in_features, sim.out_features
+        self.choice = sim.choice
+        self.act_scale = sim.act_scale
+        self.register_buffer("mask", sim.mask.detach().clone(), persistent=False)
+        self.weight = nn.Parameter(sim.weight.detach().float() * self.mask,
+                                   requires_grad=trainable)
+        self.bias = None if sim.bias is None else nn.Parameter(sim.bias.detach().float(),
+                                                              requires_grad=False)
+        # a frozen weight is quantized once: the SimulatedLinear's own codes
+        self._frozen: QuantizedWeight | None = None if trainable else sim.quantized
+
+    def _quantized(self) -> QuantizedWeight:
+        if self._frozen is not None:
+            return self._frozen
+        with torch.no_grad():
+            return quantize_weight(self.weight.detach(), self.choice.precision, mask=self.mask)
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xq = straight_through(xf, quantize_activation(
+            xf, self.choice.precision, static_scale=self.act_scale).float())
+        q = self._quantized()
+        w = self.weight * self.mask
+        wq = straight_through(w, q.dequant.float()) if self.weight.requires_grad \
+            else q.dequant.float()
+        out = F.linear(xq, wq, self.bias)
+        weight_min = q.scales.get("weight_min")
+        if weight_min is not None:  # GGUF Q4_1/Q5_1: the dot uses the Q8_1 block sums
+            out = out + q8_1_min_correction(x, weight_min)
+        return out.to(x.dtype)
+
+    @torch.no_grad()
+    def apply_mask(self) -> None:
+        """Zero the pruned positions (after an optimizer step)."""
+        self.weight.mul_(self.mask)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"choice={self.choice}, trainable={self.weight.requires_grad}")
+
+
+__all__ = ["RecoverableLinear", "straight_through"]
