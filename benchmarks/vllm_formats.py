@@ -260,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     except AutoplanError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    from autoplan.search.prepare import CALIB_BATCH
+
     loaded = load_model("smollm2-135m")
     template = load_plan(TEMPLATE)
     prompts = _prompts(loaded, args.prompts, args.prompt_len)
@@ -272,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     calib = load_text_dataset(None, tokenizer=loaded.tokenizer, seq_len=128, n_calib=4,
-                              n_eval=0, seed=0).calib
+                              n_eval=0, seed=0).calib.split(CALIB_BATCH)
     ctx = {"loaded": loaded, "prompts": prompts, "orig_sim": baseline.pop("_ref"),
            "floor": baseline["prompt_lp_abs_mean"], "nll_vllm_orig": baseline["nll_vllm"],
            "nll_fp32_orig": baseline["nll_fp32"], "calibration": calib,

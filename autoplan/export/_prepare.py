@@ -216,6 +216,9 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
         UserInputError: wrong model, unservable or unfused choices, missing calibration,
             or weights that do not reproduce the plan's audit.
     """
+    if isinstance(calibration, Tensor):  # a [n, seq] tensor iterates as 1-D rows: not batches
+        raise TypeError("calibration takes a sequence of [batch, seq] token batches, e.g. "
+                        "list(tokens.split(2)), not one tensor")
     check_model(plan, loaded, allow_model_mismatch)
     target = get_target(plan.target.name)
     runtime = pick_runtime(plan, runtimes)
