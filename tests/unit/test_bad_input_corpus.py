@@ -28,10 +28,13 @@ file, ``{tmp}/adir`` an empty folder and ``{tmp}/mine`` a folder holding the use
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +46,7 @@ from tests.unit._safetensors_damage import DAMAGES, damage
 
 ARGS, FILES = True, False  # detectable from the arguments alone (< 5 s), or from files
 _LIMIT_S = 5.0
+_HANG_S = 60  # any case: past this it is a hang, not a refusal
 _SECRETS = ("hunter2", "s3cr")
 _RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results"
 _PLAN = _RESULTS / "cpu_plans/int8_kl0.05.json"
@@ -396,6 +400,22 @@ def no_model_loads(monkeypatch) -> list[str]:
     return calls
 
 
+@contextlib.contextmanager
+def _deadline(seconds: int) -> Iterator[None]:
+    """Raise TimeoutError in the command after ``seconds`` (CliRunner records it as the
+    result's exception, so the case fails)."""
+    def expire(*_a) -> None:  # noqa: ANN002
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
@@ -416,7 +436,8 @@ def test_bad_input_is_one_line_early_and_leaves_nothing(case, shared, no_model_l
     before = _tree(tmp_path)
 
     t0 = time.perf_counter()
-    result = CliRunner().invoke(cli, args)
+    with _deadline(_HANG_S):  # a refusal that regresses into waiting fails, never hangs
+        result = CliRunner().invoke(cli, args)
     wall = time.perf_counter() - t0
 
     assert not no_model_loads, f"{no_model_loads}: refused only after loading the model"
