@@ -11,7 +11,8 @@ Each case is a command line that must be refused cleanly:
 - no model is loaded: the functions that read weights (``load_model``, the content hash,
   the streamed model, the GGUF conversion's tensor read) raise if called, because every
   refusal here can be made from the arguments, a config or file headers;
-- ``ARGS`` cases (detectable from the arguments alone) finish in under 5 s of wall time.
+- ``ARGS`` cases (detectable from the arguments alone) finish in under 5 s of wall time,
+  and no case runs past 60 s (a refusal that regressed into waiting fails, never hangs).
 
 Placeholders in the arguments: ``{tmp}`` (this test's folder), ``{tiny}`` (the tiny model
 folder), ``{zero}``, ``{truncated}``, ``{garbage}``, ``{header}``, ``{padded}``, ``{bad}``
