@@ -22,10 +22,35 @@ _COMMAND_MODULES = (
 )
 
 
+class _OneLineUsageError(click.UsageError):
+    """A click usage error (unknown option, missing or invalid value) printed as one line
+    with its --help hint, like autoplan's own errors, instead of click's three-line block."""
+
+    def show(self, file=None) -> None:  # noqa: ANN001, D102
+        hint = f" Try '{self.ctx.command_path} --help'." if self.ctx is not None else ""
+        click.echo(f"error: {self.format_message()}{hint}", err=True)
+
+
+def _one_line(exc: click.UsageError) -> click.UsageError:
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):  # prints the help on purpose
+        return exc
+    message = exc.format_message().strip()  # MissingParameter builds its message here
+    return _OneLineUsageError(message if message.endswith((".", "?")) else f"{message}.",
+                              exc.ctx)
+
+
 class _Group(click.Group):
+    def make_context(self, *args, **kwargs) -> click.Context:  # noqa: D102 - the group's own options
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
+
     def invoke(self, ctx: click.Context):  # noqa: D102
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # a command's options, or an unknown command
+            raise _one_line(exc) from None
         except AutoplanError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)

@@ -9,7 +9,9 @@ from typing import Any
 
 import click
 
+from autoplan.cli._args import positive_int, seed_in_range
 from autoplan.cli._output import console, emit_json
+from autoplan.errors import UserInputError
 from autoplan.export.calibration import CalibrationArgs
 
 _OPTIONS = (
@@ -41,6 +43,14 @@ def export_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def calibration_args(calibration: str | None, seq_len: int | None, n_calib: int | None,
                      n_eval: int | None, seed: int | None, calib_batch: int | None
                      ) -> CalibrationArgs:
+    """The calibration options, their numbers checked before anything is loaded."""
+    if seq_len is not None and seq_len < 2:  # a block predicts its tokens from earlier ones
+        raise UserInputError(f"--seq-len must be >= 2, got {seq_len}")
+    positive_int("n-calib", n_calib)
+    positive_int("calib-batch", calib_batch)
+    if n_eval is not None and n_eval < 0:
+        raise UserInputError(f"--n-eval must be >= 0, got {n_eval}")
+    seed_in_range(seed)
     return CalibrationArgs(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
 
 

@@ -29,19 +29,21 @@ def command(plan_path: str, out_dir: str, model: str | None, calibration: str | 
         recovered_weights,
     )
     from autoplan.export.calibration import plan_calibration
+    from autoplan.export.preflight import check_export
     from autoplan.plan.io import read_plan
 
+    args = calibration_args(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
     plan = read_plan(plan_path)
     fmt = apply_format(plan)  # refuse before spending time loading the model
     check_writable_dir(out_dir)
     name = plan_model_arg(plan.model_id, model)
+    check_export(plan.full, fmt, name, out_dir, args)  # all that can be refused before loading
     err_console.print(f"loading {name} ...")
     loaded = load_checked(name)
     batches, recovered = None, None
     if plan.full is not None:
         recovered = recovered_weights(plan.full, plan_path, recovered_file)
-        batches = plan_calibration(plan.full, loaded, calibration_args(
-            calibration, seq_len, n_calib, n_eval, seed, calib_batch))
+        batches = plan_calibration(plan.full, loaded, args)
     out = apply_plan(loaded, plan, out_dir, calibration=batches,
                      allow_model_mismatch=allow_model_mismatch, recovered=recovered)
     report(out, fmt, len(plan.decisions), as_json)

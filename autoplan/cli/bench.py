@@ -81,7 +81,8 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
     """Measure prefill/decode tok/s, TTFT, TPOT and memory: baseline vs plan, one run."""
     from autoplan.backends.registry import resolve_target as get_target
     from autoplan.export.apply import apply_format, apply_plan, export_baseline, load_checked
-    from autoplan.export.calibration import plan_calibration
+    from autoplan.export.calibration import CalibrationArgs, check_calibration, plan_calibration
+    from autoplan.models import check_loadable
     from autoplan.plan.io import read_plan
 
     for flag, value in (("requests", requests), ("concurrency", concurrency),
@@ -94,6 +95,10 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
     if plan is not None and apply_format(plan) != "onnx":  # refused before loading the model
         raise UnsupportedFormatError(f"plan targets '{plan.target}'; bench runs ONNX Runtime "
                                      "on this CPU: re-plan with --target local")
+    if plan is not None and plan.full is not None:
+        check_calibration(plan.full, CalibrationArgs())  # a text bench cannot be given
+    given = CpuArtifact.load(artifact) if artifact else None  # a bad folder: refused now
+    check_loadable(model)
     err_console.print(f"loading {model} ...")
     loaded = load_checked(model)
     with tempfile.TemporaryDirectory(prefix="autoplan-bench-") as tmp:
@@ -106,10 +111,9 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
             batches = plan_calibration(plan.full, loaded) if plan.full is not None else None
             arts.append(("plan", CpuArtifact.load(apply_plan(loaded, plan, Path(tmp) / "plan",
                                                              calibration=batches))))
-        elif artifact:
-            art = CpuArtifact.load(artifact)
-            arts.append(("plan", art))
-            decisions["plan"] = artifact_decisions(art)
+        elif given is not None:
+            arts.append(("plan", given))
+            decisions["plan"] = artifact_decisions(given)
         sides = [ort_side(name, art, threads, spinning=not no_spin) for name, art in arts]
         if not no_torch:
             sides.append(torch_side(loaded.model, threads))

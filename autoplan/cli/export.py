@@ -36,10 +36,12 @@ def command(plan_path: str, fmt: str, out_dir: str, model: str | None, calibrati
     from autoplan.export import export_plan, get_exporter
     from autoplan.export.apply import load_checked, plan_model_arg, recovered_weights
     from autoplan.export.calibration import plan_calibration
+    from autoplan.export.preflight import check_export
     from autoplan.plan.io import load_plan
 
     get_exporter(fmt)  # refuse an unknown format before loading anything
     check_writable_dir(out_dir)
+    args = calibration_args(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
     if adapter_dir is not None:
         check_writable_dir(adapter_dir, "--lora-adapter")
     plan = load_plan(plan_path)
@@ -49,10 +51,10 @@ def command(plan_path: str, fmt: str, out_dir: str, model: str | None, calibrati
         raise UserInputError("--lora-adapter needs a plan recovered with --recover lora")
     recovered = recovered_weights(plan, plan_path, recovered_file)
     name = plan_model_arg(plan.model.id, model)
+    check_export(plan, fmt, name, out_dir, args)  # all that can be refused before loading
     err_console.print(f"loading {name} ...")
     loaded = load_checked(name)
-    batches = plan_calibration(plan, loaded, calibration_args(
-        calibration, seq_len, n_calib, n_eval, seed, calib_batch))
+    batches = plan_calibration(plan, loaded, args)
     out = export_plan(plan, loaded, fmt, out_dir, calibration=batches,
                       allow_model_mismatch=allow_model_mismatch, recovered=recovered,
                       unrecovered=adapter_dir is not None)

@@ -7,7 +7,7 @@ import time
 import click
 from rich.table import Table
 
-from autoplan.cli._args import positive_int
+from autoplan.cli._args import finite_positive, positive_int, seed_in_range
 from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
@@ -44,8 +44,10 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
             seq_len, seed, device, execution, offload_dir, dry_run, gpu_memory, host_memory,
             as_json, quiet, ray_address) -> None:
     """Profile every layer x choice (cached on disk, resumable) and show the table."""
+    from autoplan.models import check_loadable
     from autoplan.models._cache import cache_root
-    from autoplan.quality.text import load_text_dataset
+    from autoplan.quality.text import check_text_source, load_text_dataset
+    from autoplan.runtimes import get_runtime
     from autoplan.backends.registry import resolve_target as get_target
     from autoplan.search.scope import profile_scope
     from autoplan.sensitivity import calibration_key
@@ -56,8 +58,9 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     positive_int("calib-blocks", calib_blocks)
     if seq_len < 2:  # a block predicts its tokens from the ones before: 2 at least
         raise UserInputError(f"--seq-len must be >= 2, got {seq_len}")
-    if seed < 0:
-        raise UserInputError(f"--seed must be >= 0, got {seed}")
+    seed_in_range(seed)
+    finite_positive("gpu-memory", gpu_memory)
+    finite_positive("host-memory", host_memory)
     t0 = time.perf_counter()
     work = workload_of(seq_len, calib_blocks, 6)  # eval blocks: `autoplan search`'s default
     if dry_run:
@@ -66,14 +69,19 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     # connected first, so a bad --ray fails before the model loads; closed with the command
     executor = click.get_current_context().with_resource(executor_for(ray_address))
     tgt = get_target(target)
+    if runtime:
+        get_runtime(runtime)
+    parsed = [Choice.parse(c) for c in choices.split(",") if c.strip()] if choices else None
+    check_text_source(text)
+    check_loadable(model)  # headers only: no weights, damaged files, an unreadable GGUF
     settings = CompressionSettings(prune_score, quant_method)
     runner = open_model(model, settings_from(device, execution, offload_dir), workload=work)
     loaded = runner.loaded
     if not (quiet or as_json):
         err_console.print(f"{runner.execution} execution on {runner.device} ({runner.why})")
     layers, scope, _baseline = profile_scope(loaded.spec, tgt, runtime)
-    if choices:
-        scope = [Choice.parse(c) for c in choices.split(",") if c.strip()]
+    if parsed:
+        scope = parsed
     data = load_text_dataset(text, tokenizer=loaded.tokenizer, seq_len=seq_len,
                              n_calib=calib_blocks, n_eval=0, seed=seed)
     with RichReporter(quiet=quiet or as_json) as rep:

@@ -6,19 +6,7 @@ import click
 
 from autoplan.cli._output import console, emit_json
 from autoplan.cli._plan_view import render
-from autoplan.errors import PlanError, UserInputError
-from autoplan.formats import Choice
 from autoplan.plan.io import load_plan
-
-
-def _check_decisions(plan_file: str, decisions: dict[str, str]) -> None:
-    """Refuse a plan whose decisions name a format this autoplan does not know, as export,
-    apply and fleet do: rendering it would present a plan nothing can run."""
-    for layer, text in sorted(decisions.items()):
-        try:
-            Choice.parse(text)
-        except UserInputError as exc:
-            raise PlanError(f"{plan_file}: layer '{layer}' has format '{text}': {exc}") from None
 
 
 @click.command("show")
@@ -28,7 +16,6 @@ def _check_decisions(plan_file: str, decisions: dict[str, str]) -> None:
 def command(plan_file: str, as_json: bool, layers: bool) -> None:
     """Show a plan: predicted speed vs baseline, measured quality, search certificate."""
     plan = load_plan(plan_file)
-    _check_decisions(plan_file, plan.decisions)
     if as_json:
         emit_json(plan.model_dump(mode="json"))
         return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from autoplan.cli._execution import execution_options, settings_from
@@ -20,8 +22,11 @@ from autoplan.cli._progress import RichReporter
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def command(storage, study, wait_s, device, execution, offload_dir, quiet) -> None:  # noqa: ANN001
     """Take trial batches and candidate measurements of a running search until it is done."""
+    from autoplan.errors import UserInputError
     from autoplan.search.worker import run_worker
 
+    if math.isnan(wait_s):  # click's range lets NaN through; it would wait forever
+        raise UserInputError("--wait must be a number of seconds >= 0, got nan")
     with RichReporter(quiet=quiet) as reporter:
         report = run_worker(storage, study, settings_from(device, execution, offload_dir),
                             reporter, wait_s=wait_s)

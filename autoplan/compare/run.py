@@ -179,7 +179,6 @@ def run_compare(req: CompareRequest, reporter: Reporter | None = None) -> Compar
     check_writable_dir(req.out_dir)
     if req.out_dir.is_file():
         raise UserInputError(f"--out '{req.out_dir}' is a file: compare writes a folder of plans")
-    req.out_dir.mkdir(parents=True, exist_ok=True)
     subs = [(e, req.search_request(e)) for e in req.entries]
     rows: list[Row] = []
     live: list[tuple[CompareEntry, SearchRequest, Platform]] = []
@@ -195,6 +194,7 @@ def run_compare(req: CompareRequest, reporter: Reporter | None = None) -> Compar
                             needed_bytes=unfit.needed_bytes, usable_bytes=unfit.usable_bytes))
             continue
         live.append((entry, sub, platform))  # type: ignore[arg-type]
+    req.out_dir.mkdir(parents=True, exist_ok=True)  # only once every entry passed its checks
     measurements = reused = entries_scored = 0
     profile_s = 0.0
     if live:

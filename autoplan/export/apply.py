@@ -138,14 +138,11 @@ def plan_model_arg(plan_model: str | None, model: str | None) -> str:
 
 
 def load_checked(model: str) -> Any:
-    """``load_model`` after checking the model's safetensors headers (one line on a
+    """``load_model`` after checking the model's files from their headers (one line on a
     truncated, empty or garbage file instead of a traceback)."""
-    from autoplan.models import load_model, resolve_model_arg
-    from autoplan.models.check import check_safetensors
+    from autoplan.models import check_loadable, load_model
 
-    source = resolve_model_arg(model)
-    if source.kind == "hf":
-        check_safetensors(source.path)
+    check_loadable(model)
     return load_model(model)
 
 

@@ -55,6 +55,24 @@ def _source(plan: Plan, args: CalibrationArgs) -> str:
         "file: pass --calibration with that text")
 
 
+def check_calibration(plan: Plan, args: CalibrationArgs) -> None:
+    """Refuse, before the model is loaded, what ``plan_calibration`` would refuse after it: a
+    text file that is not there, or a plan whose calibration text must be passed.
+
+    Raises:
+        UserInputError: one line naming the fix.
+    """
+    from autoplan.quality.text import check_text_source
+
+    if args.source is not None:
+        try:
+            check_text_source(args.source)
+        except UserInputError as exc:
+            raise UserInputError(f"--calibration: {exc}") from None
+    if needs_calibration(plan):
+        _source(plan, args)
+
+
 def plan_calibration(plan: Plan, loaded: Any, args: CalibrationArgs | None = None
                      ) -> list[Tensor] | None:
     """The plan's calibration batches, or None when its weights do not depend on them.
@@ -94,4 +112,5 @@ def plan_dataset(plan: Plan, loaded: Any, args: CalibrationArgs | None = None
     return ds, s["batch_size"]
 
 
-__all__ = ["BUILTIN_SOURCES", "CalibrationArgs", "plan_calibration", "plan_dataset"]
+__all__ = ["BUILTIN_SOURCES", "CalibrationArgs", "check_calibration", "plan_calibration",
+           "plan_dataset"]

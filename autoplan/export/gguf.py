@@ -67,11 +67,20 @@ def source_gguf(loaded: Any) -> Path:
     Raises:
         UserInputError: the model did not come from a GGUF (names the fix).
     """
-    source = getattr(loaded, "source", None)
+    return check_gguf_source(getattr(loaded, "source", None), loaded.model_id)
+
+
+def check_gguf_source(source: Any, model_id: str) -> Path:
+    """The GGUF file of a model argument (a ``ModelSource``, or None for a model built in
+    memory), refused before loading when it is not a GGUF.
+
+    Raises:
+        UserInputError: the model is not a GGUF file or a GGUF alias (names the fix).
+    """
     if source is None or source.kind not in ("gguf", "alias") or \
             source.path.suffix.lower() != ".gguf":
         raise UserInputError(
-            f"--format gguf needs a model planned from a GGUF file, but '{loaded.model_id}' is "
+            f"--format gguf needs a model planned from a GGUF file, but '{model_id}' is "
             "an HF folder: convert it first with llama.cpp's convert_hf_to_gguf.py "
             "(--outtype f32), then search and export on that .gguf")
     return source.path

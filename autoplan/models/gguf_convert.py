@@ -161,7 +161,7 @@ def apply_dropped_keys(config, path: Path) -> None:  # noqa: ANN001 - an HF conf
     from gguf import GGUFReader
 
     fields = GGUFReader(str(path)).fields
-    arch = _gguf_architecture(path) or ""
+    arch = gguf_architecture(path) or ""
 
     def value(key: str):  # noqa: ANN202 - a GGUF scalar
         field = fields.get(f"{arch}.{key}")
@@ -193,7 +193,7 @@ def apply_dropped_keys(config, path: Path) -> None:  # noqa: ANN001 - an HF conf
             if _GEMMA_27B_BLOCKS[arch] == config.num_hidden_layers else config.head_dim)
 
 
-def _gguf_architecture(path: Path) -> str | None:
+def gguf_architecture(path: Path) -> str | None:
     """``general.architecture`` of a GGUF file (header only, no tensor is read)."""
     try:
         from gguf import GGUFReader
@@ -370,7 +370,7 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
             config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
         except (ValueError, OSError, KeyError) as exc:
             raise UserInputError(f"cannot read GGUF '{src}': {exc}".splitlines()[0]) from None
-        check_name_map(config.model_type, _gguf_architecture(src))  # before any tensor
+        check_name_map(config.model_type, gguf_architecture(src))  # before any tensor
         ModelSpec.from_config(config.to_dict())  # a model autoplan cannot plan: refused now
         apply_dropped_keys(config, src)
         remove_stale_temps(dest)
@@ -425,5 +425,5 @@ def _convert_into(tmp: Path, src: Path, config, bar: Progress,  # noqa: ANN001 -
     step(6)
 
 
-__all__ = ["apply_dropped_keys", "check_name_map", "convert_gguf", "gguf_arch", "hf_to_gguf_names",
-           "quiet_transformers", "verify_against_gguf"]
+__all__ = ["apply_dropped_keys", "check_name_map", "convert_gguf", "gguf_arch", "gguf_architecture",
+           "hf_to_gguf_names", "quiet_transformers", "verify_against_gguf"]

@@ -58,12 +58,8 @@ def converted_dir(source: ModelSource) -> Path:
     return models_dir() / f"{stem}-{file_hash(source.path)[:8]}"
 
 
-def ensure_hf_folder(source: ModelSource) -> Path:
-    """An HF safetensors folder for a weighted source, converting a GGUF once if needed.
-
-    Raises:
-        UserInputError: the source is config-only, or an HF folder with pickle weights only.
-    """
+def _refuse_unweighted(source: ModelSource) -> None:
+    """Refuse a config-only source, or an HF folder without safetensors weights."""
     if source.kind == "config":
         raise UserInputError(f"'{source.path}' is a config without weights; measuring quality "
                              "needs weights: pass an HF folder with *.safetensors, a .gguf file "
@@ -79,11 +75,46 @@ def ensure_hf_folder(source: ModelSource) -> Path:
                     "safe_serialization=True)")
             raise UserInputError(f"'{folder}' has no *.safetensors weights; pass a folder "
                                  "written by save_pretrained")
-        return folder
+
+
+def ensure_hf_folder(source: ModelSource) -> Path:
+    """An HF safetensors folder for a weighted source, converting a GGUF once if needed.
+
+    Raises:
+        UserInputError: the source is config-only, or an HF folder with pickle weights only.
+    """
+    _refuse_unweighted(source)
+    if source.kind == "hf":
+        return source.path
     dest = converted_dir(source)
     if not (dest / "config.json").is_file():
         convert_gguf(source.path, dest)
     return dest
+
+
+def check_loadable(spec: str) -> ModelSource:
+    """Refuse, from the config and file headers alone (no tensor is read), a model argument
+    ``load_model`` would refuse only after seconds to minutes of loading or GGUF conversion:
+    no weights, damaged safetensors, a GGUF transformers cannot read or autoplan cannot map.
+
+    Returns:
+        The resolved source.
+
+    Raises:
+        UserInputError: one line naming the file and the fix.
+    """
+    from autoplan.models.check import check_safetensors
+    from autoplan.models.gguf_convert import check_name_map, gguf_architecture
+
+    source = resolve_model_arg(spec)
+    _refuse_unweighted(source)
+    if source.kind == "hf":
+        check_safetensors(source.path)
+    elif not (converted_dir(source) / "config.json").is_file():  # a GGUF not converted yet
+        config = _gguf_config(source.path)
+        check_name_map(str(config.get("model_type", "")), gguf_architecture(source.path))
+        ModelSpec.from_config(config)  # a model autoplan cannot plan (MoE, unknown type)
+    return source
 
 
 def _gguf_config(path: Path) -> dict[str, Any]:
@@ -184,5 +215,5 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
                        source)
 
 
-__all__ = ["LoadedModel", "converted_dir", "ensure_hf_folder", "load_config_dict", "load_model",
-           "load_spec", "open_checkpoint"]
+__all__ = ["LoadedModel", "check_loadable", "converted_dir", "ensure_hf_folder",
+           "load_config_dict", "load_model", "load_spec", "open_checkpoint"]

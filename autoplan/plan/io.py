@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from autoplan.atomic import write_json_atomic
-from autoplan.errors import PlanError
+from autoplan.errors import PlanError, UserInputError
 from autoplan.formats import Choice
 from autoplan.plan.schema import SCHEMA_VERSION, Plan
 
@@ -64,8 +64,11 @@ def _read_object(path: str | Path) -> tuple[str, dict[str, Any]]:
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Read and validate a plan file; errors are one line and name the problem."""
-    return _validate(_read_object(path)[1], path)
+    """Read and validate a plan file; errors are one line and name the problem (also a
+    layer in a format this autoplan does not know: nothing could run or render it)."""
+    plan = _validate(_read_object(path)[1], path)
+    _choices(plan.decisions, path)
+    return plan
 
 
 def _validate(raw: dict[str, Any], path: str | Path) -> Plan:
@@ -124,7 +127,10 @@ def _choices(mapping: Any, path: str | Path) -> dict[str, Choice]:
     for layer, text in mapping.items():
         if not isinstance(text, str):
             raise PlanError(f"{path}: decision for '{layer}' must be a string like 'dense+int8'")
-        out[str(layer)] = Choice.parse(text)
+        try:
+            out[str(layer)] = Choice.parse(text)
+        except UserInputError as exc:
+            raise PlanError(f"{path}: layer '{layer}' has format '{text}': {exc}") from None
     return out
 
 

@@ -100,23 +100,33 @@ def _jsonl_documents(path: Path) -> list[tuple[str, str]]:
     return docs
 
 
+def check_text_source(source: str | Path | None) -> Path | None:
+    """The file a text source names (None for pydoc topics), checked without reading it, so
+    a missing or misnamed file is refused before a model is loaded.
+
+    Raises:
+        UserInputError: no such file, or a suffix other than .txt / .jsonl.
+    """
+    if source is None or str(source) == "pydoc":
+        return None
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise UserInputError(f"text source '{source}' not found; pass a .txt or .jsonl file")
+    if path.suffix.lower() not in (".txt", ".jsonl"):
+        raise UserInputError(f"text source '{source}' must end in .txt or .jsonl")
+    return path
+
+
 def load_documents(source: str | Path | None) -> tuple[list[tuple[str, str]], str]:
     """(key, text) documents of a source and the source's name; ``None`` means pydoc topics.
 
     Raises:
         UserInputError: missing file, unknown suffix, malformed JSONL, or no text.
     """
-    if source is None or str(source) == "pydoc":
+    path = check_text_source(source)
+    if path is None:
         return _pydoc_documents(), "pydoc"
-    path = Path(source).expanduser()
-    if not path.is_file():
-        raise UserInputError(f"text source '{source}' not found; pass a .txt or .jsonl file")
-    if path.suffix.lower() == ".txt":
-        docs = _txt_documents(path)
-    elif path.suffix.lower() == ".jsonl":
-        docs = _jsonl_documents(path)
-    else:
-        raise UserInputError(f"text source '{source}' must end in .txt or .jsonl")
+    docs = _txt_documents(path) if path.suffix.lower() == ".txt" else _jsonl_documents(path)
     if not docs:
         raise UserInputError(f"text source '{source}' holds no text")
     return docs, str(path)
@@ -163,4 +173,5 @@ def load_text_dataset(source: str | Path | None = None, *, tokenizer: Any, seq_l
     return TextDataset(parts["calib"], parts["eval"], h.hexdigest(), name)
 
 
-__all__ = ["TextDataset", "is_eval_document", "load_documents", "load_text_dataset", "read_jsonl"]
+__all__ = ["TextDataset", "check_text_source", "is_eval_document", "load_documents",
+           "load_text_dataset", "read_jsonl"]

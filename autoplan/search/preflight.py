@@ -15,6 +15,7 @@ from optuna.storages import BaseStorage
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.cost.operating import OperatingPoint, resolve_operating_point
 from autoplan.errors import UserInputError
+from autoplan.quality.text import check_text_source
 from autoplan.runtimes import default_runtime, get_runtime
 from autoplan.search.request import SearchRequest
 from autoplan.search.storage import check_storage, default_storage_url, redact
@@ -72,14 +73,11 @@ def check_model(model: str, runtime: str) -> None:
     For ONNX Runtime the architecture must be one autoplan's ONNX export builds, or the
     search would profile and time kernels for minutes and write a plan `apply` cannot use.
     """
-    from autoplan.models.check import check_safetensors
-    from autoplan.models.registry import resolve_model_arg
+    from autoplan.models.loader import check_loadable
 
     if runtime == ONNX_RUNTIME:
         _check_onnx_exportable(model)
-    source = resolve_model_arg(model)
-    if source.kind == "hf":
-        check_safetensors(source.path)
+    check_loadable(model)  # weights present and whole, a GGUF readable: headers only
 
 
 def operating_point(req: SearchRequest, target: Target) -> OperatingPoint | None:
@@ -161,6 +159,7 @@ def preflight(req: SearchRequest) -> Platform:
     resolve_device(req.execution.device)  # a GPU that is not there: one line, before any work
     check_writable_file(req.out, "plan", "pass --out FILE in a writable folder")
     check_model(req.model, runtime)
+    check_text_source(req.text)  # a missing calibration file, before the model loads
     _check_gates(req)
     point = operating_point(req, target)  # config only; "nothing fits" is refused here
     storage, label = _storage(req)  # last: opening an SQLite URL creates its file

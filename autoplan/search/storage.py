@@ -68,6 +68,11 @@ def _is_journal(url: str) -> bool:
     return url.startswith(_JOURNAL_PREFIX) or url.endswith(".journal")
 
 
+def journal_path(url: str) -> Path | None:
+    """The journal file a storage URL names, or None for an RDB URL."""
+    return Path(url.removeprefix(_JOURNAL_PREFIX)) if _is_journal(url) else None
+
+
 def check_storage(url: str) -> None:
     """Validate a storage URL and reach its database, before any search work is done.
 
@@ -277,4 +282,5 @@ def load_or_create(storage: BaseStorage, name: str, directions: list[str]) -> op
 
 
 __all__ = ["GRACE_S", "HEARTBEAT_S", "FlockJournalLock", "HeartbeatJournalStorage", "check_storage",
-           "default_storage_url", "load_or_create", "open_storage", "redact", "retry_stale_job"]
+           "default_storage_url", "journal_path", "load_or_create", "open_storage", "redact",
+           "retry_stale_job"]

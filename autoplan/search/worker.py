@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from optuna.storages import BaseStorage
@@ -27,8 +28,9 @@ from autoplan.search.record import check_same_inputs, request_from_record
 from autoplan.search.reporter import Reporter
 from autoplan.search.request import ExecutionSettings
 from autoplan.search.rounds import run_verify_jobs
-from autoplan.search.storage import check_storage, open_storage, redact
+from autoplan.search.storage import check_storage, journal_path, open_storage, redact
 from autoplan.search.study import RoundStudy, StudyConfig, run_batch
+from autoplan.streaming.device import resolve_device
 
 
 @dataclass
@@ -39,25 +41,47 @@ class WorkerReport:
     reason: str = ""  # why it stopped
 
 
-def _wait_for_record(storage: BaseStorage, study: str, label: str, wait_s: float,
-                     rep: Reporter) -> tuple[JobQueue, dict]:
+def _wait_for_record(open_store: Callable[[], BaseStorage | None], study: str, label: str,
+                     wait_s: float, rep: Reporter) -> tuple[BaseStorage, JobQueue, dict]:
+    """The storage, the search's job queue and its recorded request, once the search has
+    started; ``open_store`` gives None while there is no storage to open yet."""
     deadline = time.monotonic() + wait_s
-    rep.stage(f"waiting for search {study}")
+    waiting = False
     while True:
+        storage = open_store()
         try:
-            storage.get_study_id_from_name(queue_name(study))
+            if storage is not None:
+                storage.get_study_id_from_name(queue_name(study))
         except KeyError:
             pass
         else:
-            queue = JobQueue(storage, study)
-            rec = queue.attr("request")
-            if rec is not None:
-                return queue, rec
+            if storage is not None:
+                queue = JobQueue(storage, study)
+                rec = queue.attr("request")
+                if rec is not None:
+                    return storage, queue, rec
         if time.monotonic() > deadline:
             raise UserInputError(f"no search named {study} in {label} after {wait_s:g} s: "
                                  f"start `autoplan search --storage URL --study {study}` (the "
                                  "study name its plan and progress show), then the worker")
+        if not waiting:  # said only when there is something to wait for
+            rep.stage(f"waiting for search {study}")
+            waiting = True
         time.sleep(1.0)
+
+
+def _opener(url: str) -> Callable[[], BaseStorage | None]:
+    """Opens ``url`` once it can be: a journal file only once the search has created it, so
+    a worker that finds no search leaves no journal (and no folder) behind."""
+    opened: list[BaseStorage] = []
+    journal = journal_path(url)
+
+    def open_store() -> BaseStorage | None:
+        if not opened and (journal is None or journal.is_file()):
+            opened.append(open_storage(url))
+        return opened[0] if opened else None
+
+    return open_store
 
 
 def _platform(rec: dict, storage: BaseStorage, label: str) -> Platform:
@@ -78,12 +102,14 @@ def run_worker(storage: str | BaseStorage, study: str,
             `wait_s`, or this machine's model or text differ from the search's.
     """
     rep = reporter or Reporter()
+    resolve_device((execution or ExecutionSettings()).device)  # before any waiting
     if isinstance(storage, str):
         check_storage(storage)
-        label, storage = redact(storage), open_storage(storage)
+        label, open_store = redact(storage), _opener(storage)
     else:
-        label = type(storage).__name__
-    queue, rec = _wait_for_record(storage, study, label, wait_s, rep)
+        label, given = type(storage).__name__, storage
+        open_store = lambda: given  # noqa: E731
+    storage, queue, rec = _wait_for_record(open_store, study, label, wait_s, rep)
     req, profile = request_from_record(rec, storage, execution or ExecutionSettings())
     prep = prepare(req, _platform(rec, storage, label), rep, profile=profile)
     check_same_inputs(rec, prep)

@@ -49,12 +49,14 @@ class CpuArtifact:
     def load(cls, path: str | Path) -> CpuArtifact:
         """Open an artifact folder written by export_cpu_model."""
         folder = Path(path)
+        if not (folder / MANIFEST).is_file():  # also a file, or nothing, at `path`
+            raise UserInputError(f"'{path}' is not a CPU artifact (no {MANIFEST}): create one "
+                                 "with `autoplan apply PLAN --model M --out DIR`")
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
-        except FileNotFoundError:
-            raise UserInputError(f"'{path}' is not a CPU artifact (no {MANIFEST}): create one "
-                                 "with `autoplan apply PLAN --model M --out DIR`") from None
-        if manifest.get("format") != MANIFEST_FORMAT:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            manifest = None
+        if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
             raise UserInputError(f"'{path}/{MANIFEST}' is not an autoplan CPU manifest")
         version = manifest.get("schema_version", 0)
         if version > MANIFEST_VERSION:
