@@ -45,8 +45,18 @@ def method_option(default: str | None) -> Callable[..., Any]:
 
 def recovery_settings(method: str | None, steps: int, lr: float, rank: int, text: str | None,
                       batch: int, seq_len: int, seed: int) -> RecoverySettings | None:
+    """The recovery settings, or None without --recover; a missing --recover-text file is
+    refused here, before the model loads."""
     if method is None:
         return None
+    if text is not None:
+        from autoplan.errors import UserInputError
+        from autoplan.quality.text import check_text_source
+
+        try:
+            check_text_source(text)
+        except UserInputError as exc:
+            raise UserInputError(f"--recover-text: {exc}") from None
     return RecoverySettings(method=method, steps=steps, lr=lr, rank=rank, text=text,
                             batch=batch, seq_len=seq_len, seed=seed)
 
