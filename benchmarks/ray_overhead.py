@@ -26,6 +26,7 @@ Results: benchmarks/results/ray_overhead.json (and a table for docs/benchmarks.m
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -78,7 +79,7 @@ def end_to_end(args: argparse.Namespace, info: dict, command: str) -> None:
     med = {k: statistics.median(v) for k, v in walls.items()}
     result = {
         "command": command, "machine": info, "target": args.target, "mode": "end to end",
-        "ray_version": __import__("ray").__version__, "wall_s": walls,
+        "ray_version": importlib.metadata.version("ray"), "wall_s": walls,
         "load_before_each_run": loads, "median_s": {k: round(v, 1) for k, v in med.items()},
         "overhead_ray_x2_vs_serial": round(med["ray x2"] / med["serial"] - 1, 3),
         "identical_profiles": profiles["serial"] == profiles["ray x2"],

@@ -17,6 +17,10 @@ settings changed from its defaults:
 * ``interrupt_requests=False``: by default a new request cuts the streaming one short
   (``[DONE]`` after the current token); here requests queue for the model instead, so every
   request gets all its tokens and waiting shows up as TTFT;
+* an ``x-request-id`` header is dropped before the app sees it: llama-cpp-python's
+  ``RequestIdPlugin`` answers 400 Bad Request to any id that is not a UUID, and
+  ``vllm bench serve`` sends ``bench-<hex>-<n>`` with every request (the plugin then makes
+  its own id);
 * ``logits_all=False``: the default keeps the logits of every prompt position, which runs
   the 49152-row lm_head over the whole prompt in prefill; a server needs the last one.
 
@@ -44,6 +48,17 @@ def _ignore_eos() -> None:
             setattr(capi, name, lambda *_a: False)
 
 
+def _drop_request_id(app):  # noqa: ANN001, ANN202 - an ASGI app in, an ASGI app out
+    """The ASGI app without the client's ``x-request-id`` header (see the module docstring)."""
+    async def wrapped(scope, receive, send):  # noqa: ANN001, ANN202
+        if scope.get("type") == "http":
+            scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers", [])
+                                         if k.lower() != b"x-request-id"])
+        await app(scope, receive, send)
+    wrapped.__wrapped__ = app  # the functools convention: what it wraps
+    return wrapped
+
+
 def main() -> int:
     cfg = json.loads(sys.argv[1])
     if not cfg.get("extra_bufts"):
@@ -63,7 +78,7 @@ def main() -> int:
                           verbose=False)
     server = ServerSettings(host=HOST, port=int(cfg["port"]), interrupt_requests=False)
     app = create_app(server_settings=server, model_settings=[model])
-    uvicorn.run(app, host=HOST, port=int(cfg["port"]), log_level="warning")
+    uvicorn.run(_drop_request_id(app), host=HOST, port=int(cfg["port"]), log_level="warning")
     return 0
 
 

@@ -231,7 +231,7 @@ class RatePoint:
 def parse_bench_result(doc: dict[str, Any], rate: float) -> RatePoint:
     """The figures autoplan keeps from the JSON ``vllm bench serve --save-result`` writes."""
     try:
-        return RatePoint(
+        point = RatePoint(
             request_rate=float(rate), completed=int(doc["completed"]),
             duration_s=float(doc["duration"]),
             request_throughput=float(doc["request_throughput"]),
@@ -243,6 +243,12 @@ def parse_bench_result(doc: dict[str, Any], rate: float) -> RatePoint:
     except (KeyError, TypeError, ValueError) as exc:
         raise AutoplanError(f"`vllm bench serve` wrote a result without {exc}: is the vLLM "
                             "engine the version autoplan installs?") from exc
+    if point.completed == 0:  # a server that answers every request with an error
+        errors = doc.get("errors") or []
+        first = f": {str(errors[0])[:200]}" if errors else ""
+        raise AutoplanError(f"`vllm bench serve` at {rate:g} req/s: every request failed"
+                            f"{first}; check the server's log")
+    return point
 
 
 def bench_command(python: str | Path, base_url: str, model: str, tokenizer: str | Path,

@@ -51,6 +51,7 @@ _FAKE = {
         import json
         from http.server import BaseHTTPRequestHandler, HTTPServer
         def run(app, host, port, log_level=None):
+            app = getattr(app, "__wrapped__", app)  # the launcher's header filter
             class H(BaseHTTPRequestHandler):
                 def do_GET(self):
                     body = json.dumps(app).encode()

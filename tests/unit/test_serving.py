@@ -219,3 +219,29 @@ def test_bench_serve_without_the_engine_names_the_install(monkeypatch, tmp_path:
     with pytest.raises(UserInputError, match="autoplan engines install vllm"):
         bench_serve("http://127.0.0.1:1", "m", "tok", [1], input_len=8, output_len=8,
                     num_prompts=4)
+
+
+def test_a_run_where_every_request_failed_is_an_error_not_a_zero_point() -> None:
+    """vLLM's benchmark exits 0 with 0 completed requests when the server answers each one
+    with an error (as llama-cpp-python's did to its x-request-id header): not a rate point."""
+    doc = {**_doc(1, 40), "completed": 0, "errors": ["Bad Request", "Bad Request"]}
+    with pytest.raises(AutoplanError, match="every request failed: Bad Request"):
+        parse_bench_result(doc, 1.0)
+
+
+def test_the_llamacpp_server_drops_the_benchmarks_request_id_header() -> None:
+    """llama-cpp-python's RequestIdPlugin answers 400 to a non-UUID x-request-id, which
+    `vllm bench serve` sends with every request; the server's ASGI wrapper removes it."""
+    import asyncio
+
+    from autoplan.engines.llamacpp_server import _drop_request_id
+
+    seen = []
+
+    async def app(scope, receive, send):  # noqa: ANN001, ANN202
+        seen.append(scope["headers"])
+
+    scope = {"type": "http", "headers": [(b"x-request-id", b"bench-1-0"),
+                                         (b"content-type", b"application/json")]}
+    asyncio.run(_drop_request_id(app)(scope, None, None))
+    assert seen == [[(b"content-type", b"application/json")]]
