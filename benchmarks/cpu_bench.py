@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     load_start = os.getloadavg()  # the machine is shared: every figure carries its load
     from autoplan.models import load_model
-    from autoplan.targets import get_target
+    from autoplan.backends.registry import resolve_target as get_target
 
     loaded = load_model(args.model)
     with tempfile.TemporaryDirectory(prefix="cpu-bench-") as tmp:

@@ -209,7 +209,7 @@ def _predicted(plan, loaded, args, sides) -> tuple[dict, dict]:  # noqa: ANN001
     from autoplan.cost import CostModel
     from autoplan.formats import Choice
     from autoplan.search.space import build_space
-    from autoplan.targets import get_target
+    from autoplan.backends.registry import resolve_target as get_target
     from autoplan.workload import Workload
 
     wl = Workload(batch=1, input_len=args.input_len, output_len=args.output_len)
