@@ -49,14 +49,9 @@ def recovery_settings(method: str | None, steps: int, lr: float, rank: int, text
     refused here, before the model loads."""
     if method is None:
         return None
-    if text is not None:
-        from autoplan.errors import UserInputError
-        from autoplan.quality.text import check_text_source
+    from autoplan.quality.text import check_text_source
 
-        try:
-            check_text_source(text)
-        except UserInputError as exc:
-            raise UserInputError(f"--recover-text: {exc}") from None
+    check_text_source(text, "--recover-text")
     return RecoverySettings(method=method, steps=steps, lr=lr, rank=rank, text=text,
                             batch=batch, seq_len=seq_len, seed=seed)
 

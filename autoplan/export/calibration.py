@@ -64,11 +64,7 @@ def check_calibration(plan: Plan, args: CalibrationArgs) -> None:
     """
     from autoplan.quality.text import check_text_source
 
-    if args.source is not None:
-        try:
-            check_text_source(args.source)
-        except UserInputError as exc:
-            raise UserInputError(f"--calibration: {exc}") from None
+    check_text_source(args.source, "--calibration")
     if needs_calibration(plan):
         _source(plan, args)
 

@@ -100,9 +100,10 @@ def _jsonl_documents(path: Path) -> list[tuple[str, str]]:
     return docs
 
 
-def check_text_source(source: str | Path | None) -> Path | None:
+def check_text_source(source: str | Path | None, flag: str | None = None) -> Path | None:
     """The file a text source names (None for pydoc topics), checked without reading it, so
-    a missing or misnamed file is refused before a model is loaded.
+    a missing or misnamed file is refused before a model is loaded. ``flag`` (e.g.
+    ``--recover-text``) prefixes the message when the source came from that option.
 
     Raises:
         UserInputError: no such file, or a suffix other than .txt / .jsonl.
@@ -110,10 +111,12 @@ def check_text_source(source: str | Path | None) -> Path | None:
     if source is None or str(source) == "pydoc":
         return None
     path = Path(source).expanduser()
+    where = f"{flag}: " if flag else ""
     if not path.is_file():
-        raise UserInputError(f"text source '{source}' not found; pass a .txt or .jsonl file")
+        raise UserInputError(f"{where}text source '{source}' not found; pass a .txt or .jsonl "
+                             "file")
     if path.suffix.lower() not in (".txt", ".jsonl"):
-        raise UserInputError(f"text source '{source}' must end in .txt or .jsonl")
+        raise UserInputError(f"{where}text source '{source}' must end in .txt or .jsonl")
     return path
 
 

@@ -59,7 +59,7 @@ def parse_choices(texts: tuple[str | Choice, ...] | None) -> tuple[Choice, ...] 
     return choices
 
 
-def _at_least(flag: str, value: int, low: int) -> None:
+def at_least(flag: str, value: int, low: int) -> None:
     if value < low:
         raise UserInputError(f"--{flag} must be at least {low}, got {value}")
 
@@ -132,16 +132,16 @@ class SearchRequest:
         if isinstance(self.cost_table, str | Path):
             put("cost_table", CostTable.load(str(self.cost_table)))
         put("out", Path(self.out))
-        _at_least("trials", self.trials, 1)
-        _at_least("verify-top", self.verify_top, 1)
-        _at_least("max-rounds", self.max_rounds, 1)
+        at_least("trials", self.trials, 1)
+        at_least("verify-top", self.verify_top, 1)
+        at_least("max-rounds", self.max_rounds, 1)
         if not 0 <= self.seed <= MAX_SEED:
             raise UserInputError(f"--seed must be an integer from 0 to {MAX_SEED}, got {self.seed}")
         if self.price_per_hour is not None and not 0 <= self.price_per_hour < math.inf:
             raise UserInputError("--price-per-hour must be a finite number >= 0, got "
                                  f"{self.price_per_hour}")
         if self.lmeval_limit is not None:
-            _at_least("lm-eval-limit", self.lmeval_limit, 1)
+            at_least("lm-eval-limit", self.lmeval_limit, 1)
         if self.measure_kernels and self.cost_table is not None:
             raise UserInputError("pass --measure-kernels or --cost-table, not both")
 
@@ -154,4 +154,5 @@ class SearchRequest:
         return (self.budget, *self.also)
 
 
-__all__ = ["MAX_SEED", "CostTable", "ExecutionSettings", "SearchRequest", "parse_choices"]
+__all__ = ["MAX_SEED", "CostTable", "ExecutionSettings", "SearchRequest", "at_least",
+           "parse_choices"]

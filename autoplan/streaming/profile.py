@@ -37,6 +37,13 @@ def _block_of(sm: StreamedModel, name: str) -> int:
     return -1
 
 
+def _score_resident(run, model, layers, rec, tokens, settings) -> None:  # noqa: ANN001
+    """Score the resident block's `layers` from the recorder's captures (freed on return)."""
+    if layers:
+        cap = rec.result(tokens)
+        run.score((make_task(model, n, run.todo[n], cap, settings) for n in layers), tokens)
+
+
 def build_profile_streamed(
     sm: StreamedModel, layer_names: Iterable[str], choices: Sequence[Choice],
     calib_batches: Sequence[Tensor], *, model_hash: str, calib_hash: str,
@@ -80,11 +87,7 @@ def build_profile_streamed(
                 fisher_loss(sm.logits(x), gen).backward()
                 grads.append(x.grad.detach())
         del hidden
-        if head_layers:
-            cap = rec.result(tokens)
-            run.score((make_task(sm.model, n, run.todo[n], cap, settings) for n in head_layers),
-                      tokens)
-            del cap
+        _score_resident(run, sm.model, head_layers, rec, tokens, settings)
 
     for i in reversed(range(lowest, sm.n_blocks)):
         layers = by_block.get(i, [])
@@ -98,11 +101,7 @@ def build_profile_streamed(
                     new_grads.append(x.grad.detach())
             grads = new_grads
             del inputs
-            if layers:
-                cap = rec.result(tokens)
-                run.score((make_task(sm.model, n, run.todo[n], cap, settings) for n in layers),
-                          tokens)
-                del cap
+            _score_resident(run, sm.model, layers, rec, tokens, settings)
     states.close()
     return run.profile
 
