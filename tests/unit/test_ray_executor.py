@@ -168,6 +168,19 @@ def test_a_task_lost_on_every_try_leaves_a_consistent_resumable_cache(
     assert resumed.scores == s.serial.scores and resumed.outliers == s.serial.outliers
 
 
+def _serial_and_sharded(verifier, candidates, executor):  # noqa: ANN001, ANN202
+    """One fresh verifier's measurements in this process and on Ray, after checking that the
+    sharded run reported every candidate and agrees on everything but the quality figures."""
+    serial = verifier().measure_many(candidates)
+    done: list[int] = []
+    sharded = verifier().measure_many(candidates, executor, on_done=done.append)
+    assert done == [1, 2, 3]
+    for a, b in zip(serial, sharded, strict=True):
+        assert (a.picks, a.label, a.passed, a.badness, a.audit) == \
+            (b.picks, b.label, b.passed, b.badness, b.audit)
+    return serial, sharded
+
+
 def test_verification_on_ray_equals_the_serial_measurements(s: Setup,
                                                             executor: RayExecutor) -> None:
     tgt = get_target("h100-sxm")
@@ -181,13 +194,8 @@ def test_verification_on_ray_equals_the_serial_measurements(s: Setup,
         return Verifier(s.model, space, tables, QualityEvaluator(s.model, s.data.eval),
                         QualityBudget.parse("kl<=0.05"), SETTINGS, s.calib)
 
-    serial = verifier().measure_many(candidates)
-    done: list[int] = []
-    sharded = verifier().measure_many(candidates, executor, on_done=done.append)
-    assert done == [1, 2, 3]
+    serial, sharded = _serial_and_sharded(verifier, candidates, executor)
     for a, b in zip(serial, sharded):
-        assert (a.picks, a.label, a.passed, a.badness, a.audit) == \
-            (b.picks, b.label, b.passed, b.badness, b.audit)
         assert (a.quality.kl, a.quality.ppl, a.quality.n_tokens) == \
             (b.quality.kl, b.quality.ppl, b.quality.n_tokens)
     assert any(m.quality.kl > 0 for m in serial)
@@ -216,13 +224,8 @@ def test_streamed_verification_on_ray_equals_the_serial_measurements(
         return Verifier(None, space, tables, evaluator, QualityBudget.parse("kl<=0.05"),
                         settings, s.calib)
 
-    serial = verifier().measure_many(candidates)
-    done: list[int] = []
-    sharded = verifier().measure_many(candidates, executor, on_done=done.append)
-    assert done == [1, 2, 3]
+    serial, sharded = _serial_and_sharded(verifier, candidates, executor)
     for a, b in zip(serial, sharded):
-        assert (a.picks, a.label, a.passed, a.badness, a.audit) == \
-            (b.picks, b.label, b.passed, b.badness, b.audit)
         assert (a.quality.kl, a.quality.ppl) == (b.quality.kl, b.quality.ppl)
     assert all(m.quality.kl > 0 for m in serial)
 
