@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from autoplan.cost.validate import load_measurements, validate
+from functools import cache
+
+from autoplan.cost.report import Memory
+from autoplan.cost.validate import _max_batch, _side, kv_pool_fits, load_measurements, validate
+
+# Every point is predicted once per run of the module (70 points with their hold-outs).
+report_once = cache(validate)
 
 
 def test_measurements_are_complete() -> None:
@@ -14,7 +20,7 @@ def test_measurements_are_complete() -> None:
 
 
 def test_mape_within_bound() -> None:
-    report = validate()
+    report = report_once()
     evaluated = [p for p in report.points if p.predicted is not None]
     assert len(evaluated) >= 15
     assert report.mape <= 0.25, report.to_json()
@@ -27,7 +33,7 @@ def test_points_out_of_sample_and_leave_one_family_out() -> None:
     from autoplan.cost.efficiency import _FAMILIES, family_efficiency, replaced_family, transfer_row
     from autoplan.targets import get_target
 
-    report = validate()
+    report = report_once()
     held_out = [p for p in report.points if not p.tuned and p.predicted is not None]
     assert len(held_out) >= 10 and len(report.points) >= 40
     assert not any(p.lofo for p in held_out)  # out-of-sample points need no hold-out
@@ -46,3 +52,27 @@ def test_points_out_of_sample_and_leave_one_family_out() -> None:
         assert family_efficiency(h100) is row
     assert family_efficiency(h100) is _FAMILIES["hopper"]
     assert transfer_row("cpu") is None  # no other CPU family to borrow from
+
+
+def test_kv_pool_rules() -> None:
+    """vLLM budgets 0.90 of the device for weights + KV + workspace; TensorRT-LLM gives the KV
+    pool a share of what is FREE after weights and workspace (kv_cache_free_gpu_mem_fraction)."""
+    device = 100e9
+    def memory(kv: float) -> Memory:
+        return Memory(50e9, kv, 0.0, device * 0.90)
+
+    assert kv_pool_fits(memory(40e9), device, None) and kv_pool_fits(memory(40e9), device, 0.90)
+    # 44 GB: over vLLM's 90 GB budget (50 + 44), within 0.90 x the 50 GB left free
+    assert not kv_pool_fits(memory(44e9), device, None)
+    assert kv_pool_fits(memory(44e9), device, 0.90)
+    assert not kv_pool_fits(memory(46e9), device, 0.90)
+    assert not kv_pool_fits(Memory(120e9, 1.0, 0.0, device * 0.9), device, 0.90)  # weights alone
+
+
+def test_tensorrt_points_size_their_batch_by_the_free_memory_rule() -> None:
+    point = next(p for p in load_measurements() if p["id"] == "P1-70b-b200fp4-h200fp8-128-2048")
+    side = _side(point, "baseline")  # H200, Llama-70B FP8 weights, FP8 KV, 128 + 2048 tokens
+    assert side["kv_pool_fraction"] == 0.90
+    trt = _max_batch(point["model"], side)
+    vllm = _max_batch(point["model"], {k: v for k, v in side.items() if k != "kv_pool_fraction"})
+    assert trt > vllm > 0
