@@ -15,7 +15,8 @@ split(2), 6 held-out evaluation blocks, seed 0); recovery trains on the calibrat
 
 Usage:
   python benchmarks/recovery.py goal [--steps 150] [--lr 1e-4]
-  python benchmarks/recovery.py ablation [--steps 60] [--rows 2:4+bf16,...]
+  python benchmarks/recovery.py ablation [--steps 60] [--rows 2:4+bf16/sparsegpt,...]
+      [--longctx-max 2048] [--lm-eval-limit N]
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--recover-blocks", type=int, default=256)
     ap.add_argument("--longctx-max", type=int, default=2048)
+    ap.add_argument("--lm-eval-limit", type=int, default=None,
+                    help="ablation: the lm-eval task's first N questions (default: all 200)")
     ap.add_argument("--rows", default=None, help="ablation: comma-separated 'choice/score'")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--evaluate-every", type=int, default=25,
@@ -128,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         from autoplan.quality.longctx import LongContextGate
 
         gates = [LongContextGate(tok, model, max_len=args.longctx_max),
-                 LmEvalGate("autoplan_geo_mc", tok, include_path=TASKS)]
+                 LmEvalGate("autoplan_geo_mc", tok, include_path=TASKS,
+                            limit=args.lm_eval_limit)]
     evaluator = QualityEvaluator(model, data.eval, slices=build_slices(tok), gates=gates)
     reference = {k: v[0] for k, v in evaluator.gate_references.items()}
     print(f"reference: ppl {evaluator.ppl_ref:.3f}, gates {reference}", flush=True)
