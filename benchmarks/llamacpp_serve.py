@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import start_run
+from _common import start_run, write_result
 
 SWEEP = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -288,7 +288,6 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     from autoplan.engines.serving import stop_on_signals
     from autoplan.models import load_model
     from autoplan.models._cache import cache_root
-    from autoplan.plan.io import write_json_atomic
     from autoplan.search.budget import QualityBudget
 
     stop_on_signals()  # SIGTERM / SIGHUP stop the servers like Ctrl-C does
@@ -331,7 +330,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
            "reference_ppl": reference.ppl, "decode_load_avg_1m": decode_loads,
            "sides": sides, "serving": serving,
            "goals": goals(sides, serving, list(plans), args.budget)}
-    write_json_atomic(out, doc)
+    write_result(out, doc)  # machine paths made portable, as every benchmark does
     print(tables(doc))
     print(f"goals: {doc['goals']}")
     return 0
