@@ -151,18 +151,19 @@ def open_model_work(req: SearchRequest, rep: Reporter,
     """Load the model and draw its calibration/evaluation tokens."""
     torch.manual_seed(req.seed)
     rep.stage("loading model")
+    gated = [b for b in req.budgets if b.metric in ("gate", "slice")]
+    # what in the request needs the whole model in memory (None: it can stream)
+    what = ("--measure-kernels" if measure_kernels else "a suite budget"
+            if req.budget.suite_file else f"budget '{gated[0].text}'" if gated
+            else "--recover" if req.recovery is not None else None)
     runner = open_model(req.model, req.execution, trust_remote_code=req.trust_remote_code,
                         workload=workload_of(req.seq_len, req.calib_blocks, req.eval_blocks,
-                                             CALIB_BATCH))
+                                             CALIB_BATCH), needs_memory=what)
     rep.note(f"{runner.execution} execution on {runner.device} ({runner.why})")
-    gated = [b for b in req.budgets if b.metric in ("gate", "slice")]
-    if runner.execution == "stream" and (measure_kernels or req.budget.suite_file or gated
-                                         or req.recovery is not None):
-        # refused before profiling: these need the whole model in memory
-        what = ("--measure-kernels" if measure_kernels else "a suite budget"
-                if req.budget.suite_file else f"budget '{gated[0].text}'" if gated
-                else "--recover")
-        raise UserInputError(f"{what} needs the model in memory: pass --execution memory")
+    if runner.execution == "stream" and what:  # refused before profiling
+        fix = ("pass --execution memory" if runner.why == "asked for" else
+               f"it does not fit ({runner.why}): free memory, or use a machine with more")
+        raise UserInputError(f"{what} needs the model in memory: {fix}")
     data = load_text_dataset(req.text, tokenizer=runner.loaded.tokenizer, seq_len=req.seq_len,
                              n_calib=req.calib_blocks, n_eval=req.eval_blocks, seed=req.seed)
     return runner, data

@@ -128,18 +128,27 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
     return MemoryPlan(execution, dev, host_parts, device_parts)
 
 
+# Share of the available memory the in-memory estimate may take: comfortably inside it when
+# streaming is an option (the estimate is not a bound: allocator slack, the evaluation's
+# logits), nearly all of it when the request cannot stream (--recover, gates, kernel timing).
+COMFORTABLE = {"cpu": 0.25, "gpu": 0.5}
+NEEDED = 0.9
+
+
 def choose(spec: ModelSpec, device: str, host_available: int, device_memory: int | None,
-           w: Workload | None = None) -> tuple[str, str]:
+           w: Workload | None = None, needs_memory: str | None = None) -> tuple[str, str]:
     """('memory' | 'stream', why): in memory when it fits comfortably (it is the simpler,
-    slightly faster path: no recomputation), streamed otherwise."""
+    slightly faster path: no recomputation), streamed otherwise. `needs_memory` names what
+    in the request cannot stream (e.g. "--recover"): then memory whenever it fits at all."""
     mem = plan(spec, "memory", device, w)
-    if device == "cpu":
-        fits, room = mem.host <= 0.25 * host_available, host_available
-    else:
-        fits, room = device_memory is not None and mem.gpu <= 0.5 * device_memory, device_memory
+    kind = "cpu" if device == "cpu" else "gpu"
+    need, room = (mem.host, host_available) if kind == "cpu" else (mem.gpu, device_memory)
+    share = NEEDED if needs_memory else COMFORTABLE[kind]
+    fits = room is not None and need <= share * room
     gb = 2**30
-    why = (f"in-memory peak ~{(mem.host if device == 'cpu' else mem.gpu) / gb:.1f} GiB vs "
-           f"{(room or 0) / gb:.1f} GiB {'available RAM' if device == 'cpu' else 'GPU memory'}")
+    why = (f"in-memory peak ~{need / gb:.1f} GiB vs {(room or 0) / gb:.1f} GiB "
+           f"{'available RAM' if kind == 'cpu' else 'GPU memory'}"
+           + (f"; in memory for {needs_memory}" if needs_memory and fits else ""))
     return ("memory" if fits else "stream"), why
 
 

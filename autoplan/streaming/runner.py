@@ -54,11 +54,12 @@ class ExecutionSettings:
 
 
 def pick_execution(spec: ModelSpec, settings: ExecutionSettings, device: torch.device,
-                   w: estimate.Workload) -> tuple[str, str]:
-    """('memory' | 'stream', why)."""
+                   w: estimate.Workload, needs_memory: str | None = None) -> tuple[str, str]:
+    """('memory' | 'stream', why); `needs_memory`: what in the request cannot stream."""
     if settings.execution != "auto":
         return settings.execution, "asked for"
-    return estimate.choose(spec, device.type, host_memory(), device_memory(device), w)
+    return estimate.choose(spec, device.type, host_memory(), device_memory(device), w,
+                           needs_memory)
 
 
 @dataclass
@@ -152,8 +153,11 @@ class ModelRunner:
 
 def open_model(model: str, settings: ExecutionSettings | None = None, *,
                trust_remote_code: bool = False,
-               workload: estimate.Workload | None = None) -> ModelRunner:
-    """Load `model` (alias, HF folder, GGUF) for measurement under `settings`.
+               workload: estimate.Workload | None = None,
+               needs_memory: str | None = None) -> ModelRunner:
+    """Load `model` (alias, HF folder, GGUF) for measurement under `settings`; with
+    `needs_memory` (what in the request cannot stream), `auto` keeps the model in memory
+    whenever it fits.
 
     Raises:
         UserInputError: an unknown device, a GPU that is not there, or what `load_model`
@@ -164,7 +168,7 @@ def open_model(model: str, settings: ExecutionSettings | None = None, *,
     w = workload or estimate.Workload()
     folder, source, tokenizer, spec, content_hash = open_checkpoint(
         model, trust_remote_code=trust_remote_code)
-    execution, why = pick_execution(spec, settings, device, w)
+    execution, why = pick_execution(spec, settings, device, w, needs_memory)
     try:
         if execution == "memory":
             loaded = load_model(model, trust_remote_code=trust_remote_code)

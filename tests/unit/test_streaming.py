@@ -190,6 +190,17 @@ def test_auto_execution_follows_the_memory_estimate(case: Case, monkeypatch) -> 
     assert r.execution == "stream" and isinstance(r.loaded.model, StreamedModel)
 
 
+def test_auto_keeps_in_memory_what_cannot_stream_whenever_it_fits(case: Case) -> None:  # noqa: ANN001
+    """--recover (or a gate) cannot stream: auto picks memory up to 90 % of the free RAM
+    instead of the comfortable 25 %, and still streams (so the caller refuses) beyond it."""
+    spec = open_model(str(case.folder)).loaded.spec
+    need = estimate.plan(spec, "memory", "cpu").host
+    assert estimate.choose(spec, "cpu", 2 * need, None)[0] == "stream"
+    chosen, why = estimate.choose(spec, "cpu", 2 * need, None, needs_memory="--recover")
+    assert chosen == "memory" and why.endswith("in memory for --recover")
+    assert estimate.choose(spec, "cpu", need, None, needs_memory="--recover")[0] == "stream"
+
+
 def test_out_of_memory_names_the_fix_and_leaves_a_valid_cache(case: Case, monkeypatch) -> None:  # noqa: ANN001
     r = open_model(str(case.folder), ExecutionSettings(execution="stream"))
     real, calls = profile_mod.score_task, []
