@@ -17,6 +17,7 @@ Usage:
   python benchmarks/recovery.py goal [--steps 150] [--lr 1e-4]
   python benchmarks/recovery.py ablation [--steps 60] [--rows 2:4+bf16/sparsegpt,...]
       [--longctx-max 2048] [--lm-eval-limit N]
+  python benchmarks/recovery.py table [--out recovery_ablation.json]   # its markdown table
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def recovered(model, compressed, swapped, stats, settings, rs, text, log,  # noq
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=("goal", "ablation"))
+    ap.add_argument("mode", choices=("goal", "ablation", "table"))
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--lr", type=float, default=1e-4)
@@ -113,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.mode == "table":
+        import json
+
+        path = Path(args.out or HERE / "results" / "recovery_ablation.json")
+        print(ablation_table(json.loads(path.read_text())))
+        return 0
     steps = args.steps or (150 if args.mode == "goal" else 60)
     info, command = start_run(args.seed, argv)
     loaded = load_model(args.model)
@@ -146,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     out_path = Path(args.out or HERE / "results" / name)
     head = {"machine": info, "command": command, "model": loaded.model_id,
             "settings": rs.to_dict(), "ppl_ref": evaluator.ppl_ref,
-            "gate_reference": reference}
+            "gate_reference": reference,
+            "gate_reference_detail": {k: v[1] for k, v in evaluator.gate_references.items()}}
     rows = ABLATION if args.mode == "ablation" else [("2:4+bf16", "sparsegpt")]
     if args.rows:
         wanted = set(args.rows.split(","))
@@ -179,7 +187,39 @@ def main(argv: list[str] | None = None) -> int:
         del compressed, swapped, out
     write_result(out_path, {**head, "rows": results})
     out_path.with_suffix(".partial.json").unlink(missing_ok=True)
+    if args.mode == "ablation":
+        print(ablation_table({**head, "rows": results}))
     return 0
+
+
+def ablation_table(doc: dict) -> str:
+    """One markdown row per (choice, prune score): before -> after recovery for KL, each
+    slice's KL, the long-context score and accuracy, and the lm-eval task's accuracy."""
+    ref = doc["gate_reference"]
+    task = next(k for k in ref if k.startswith("lm-eval:"))
+    slices = sorted(doc["rows"][0]["before"]["slices"]) if doc["rows"] else []
+    head = (["choice (every linear but lm_head)", "masks", "KL"]
+            + [f"KL {s}" for s in slices]
+            + ["long-context score (acc %)", f"{task.split(':')[1]} acc %", "ppl"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
+    acc = doc.get("gate_reference_detail", {}).get("longctx", {}).get("accuracy")
+    lc_ref = f"{ref['longctx']:.1f}" + (f" ({acc:.0f})" if acc is not None else "")
+    lines.append("| original | - | 0 | " + " | ".join("0" for _ in slices)
+                 + f" | {lc_ref} | {ref[task]:.0f} | {doc['ppl_ref']:.2f} |")
+
+    def both(row: dict, get) -> str:  # noqa: ANN001 - "before -> after"
+        return f"{get(row['before'])} -> {get(row['after'])}"
+
+    for r in doc["rows"]:
+        cells = [r["choice"], r["prune_score"], both(r, lambda q: f"{q['kl']:.3f}")]
+        cells += [both(r, lambda q, s=s: f"{q['slices'][s]:.2f}") for s in slices]
+        lc = r["before"]["gates"]["longctx"], r["after"]["gates"]["longctx"]
+        cells.append(f"{lc[0]['score']:.1f} ({lc[0]['detail']['accuracy']:.0f}) -> "
+                     f"{lc[1]['score']:.1f} ({lc[1]['detail']['accuracy']:.0f})")
+        cells.append(both(r, lambda q: f"{q['gates'][task]['score']:.0f}"))
+        cells.append(both(r, lambda q: f"{q['ppl']:.1f}"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
