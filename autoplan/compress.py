@@ -75,14 +75,15 @@ def collect_stats(
 
 def compress_linear(
     linear: nn.Linear, choice: Choice, stats: HessianAccumulator | None,
-    settings: CompressionSettings, *, masks: dict | None = None,
+    settings: CompressionSettings, *, masks: dict | None = None, with_codes: bool = True,
 ) -> SimulatedLinear:
     """Prune (mask first, so scales are calibrated on kept weights) then quantize one layer.
 
     `masks`: a dict kept across calls for the same layer, statistics and settings (the
     profile scores one layer for several choices): a sparsity pattern's mask (and SparseGPT's
     reconstructed weight) does not depend on the precision, so 2:4 with bf16, FP8 and INT8
-    prune once.
+    prune once. `with_codes=False`: the layer is only run (the profile), so its stored codes
+    are not kept (see `quantize_weight`).
     """
     hessian = stats.hessian if stats is not None and settings.needs_hessian else None
     weight = None
@@ -104,7 +105,7 @@ def compress_linear(
     return SimulatedLinear.from_linear(
         linear, choice, mask=mask, weight=weight,
         hessian=hessian if settings.quant_method == "gptq" else None,
-        method=settings.quant_method,
+        method=settings.quant_method, with_codes=with_codes,
     )
 
 

@@ -27,12 +27,11 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 def _saturating_cast(x: Tensor, dtype: torch.dtype, fmax: float) -> Tensor:
     # Clamp first: torch's float8 casts are not guaranteed to saturate, and serving kernels
     # clamp to +-max before converting. NaN survives clamp and the cast.
-    return (
-        x.float()
-        .clamp(-fmax, fmax)
-        .to(dtype)
-        .to(x.dtype if x.is_floating_point() else torch.float32)
-    )
+    y = x.float().clamp(-fmax, fmax)
+    out = x.dtype if x.is_floating_point() else torch.float32
+    if out is torch.float32:  # the rounded values back into the clamped copy: one copy fewer
+        return y.copy_(y.to(dtype))
+    return y.to(dtype).to(out)  # straight from fp8 (a NaN keeps the payload it always had)
 
 
 def cast_fp8_e4m3(x: Tensor) -> Tensor:

@@ -59,6 +59,7 @@ class SimulatedLinear(nn.Module):
         method: str = "rtn",
         weight: Tensor | None = None,
         act_scale: Tensor | None = None,
+        with_codes: bool = True,
     ) -> SimulatedLinear:
         """Compress ``linear`` to ``choice``: prune first, then quantize the pruned weight.
 
@@ -75,6 +76,8 @@ class SimulatedLinear(nn.Module):
             weight: replacement weight to quantize (e.g. ``PruneResult.weight`` from
                 SparseGPT, whose kept weights are reconstructed); defaults to linear's.
             act_scale: static activation scale, see ``quantize_activation``.
+            with_codes: False leaves ``quantized.codes`` None (see ``quantize_weight``):
+                for a layer that is only run, never exported or audited.
 
         Returns:
             The SimulatedLinear.
@@ -95,14 +98,23 @@ class SimulatedLinear(nn.Module):
             )
         # A dense layer has no mask to apply: quantizing with an all-True one would give the
         # same bits at the cost of three full-size elementwise passes.
-        quantized = quantize_weight(w, choice.precision, method=method, hessian=hessian, mask=mask)
+        quantized = quantize_weight(w, choice.precision, method=method, hessian=hessian, mask=mask,
+                                    with_codes=with_codes)
         if mask is None:
             mask = torch.ones_like(w, dtype=torch.bool)
         return cls(quantized, mask, linear.bias, choice, act_scale)
 
     def forward(self, x: Tensor) -> Tensor:
         """Fake-quantize ``x`` and multiply with the simulated weight in float32."""
-        xq = quantize_activation(x.float(), self.choice.precision, static_scale=self.act_scale)
+        return self.forward_quantized(x, self.quantize_input(x))
+
+    def quantize_input(self, x: Tensor) -> Tensor:
+        """``x`` as this layer's kernel reads it (float32): the first half of ``forward``."""
+        return quantize_activation(x.float(), self.choice.precision, static_scale=self.act_scale)
+
+    def forward_quantized(self, x: Tensor, xq: Tensor) -> Tensor:
+        """``forward(x)`` given ``xq = quantize_input(x)``: the profile scores several choices
+        that read their inputs alike and quantizes those inputs once for all of them."""
         out = F.linear(xq, self.weight, self.bias)
         weight_min = self.quantized.scales.get("weight_min")
         if weight_min is not None:  # GGUF Q4_1/Q5_1: the dot uses the Q8_1 block sums

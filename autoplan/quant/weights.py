@@ -72,6 +72,7 @@ def quantize_weight(
     mask: Tensor | None = None,
     blocksize: int = 128,
     damp: float = 0.01,
+    with_codes: bool = True,
 ) -> QuantizedWeight:
     """Quantize a linear weight ``w`` [out, in] to ``precision``, bit-exactly.
 
@@ -88,6 +89,9 @@ def quantize_weight(
         mask: optional keep-mask (True = kept) of ``w``'s shape.
         blocksize: GPTQ lazy-batch width.
         damp: GPTQ dampening, as a fraction of the mean Hessian diagonal.
+        with_codes: False skips storing the codes (``codes`` is None): what the sensitivity
+            profile asks for, which only multiplies the dequantized weight; ``dequant`` and
+            ``scales`` are the same bits either way.
 
     Returns:
         The QuantizedWeight.
@@ -118,13 +122,16 @@ def quantize_weight(
         ctx = scheme.prepare(wf)
         deq, codes, params = quantize_rows(wf, scheme, ctx)
     if mask is not None:  # the -0.0 of a masked negative weight becomes a clean +0 code
-        keep = mask.to(torch.bool)
-        deq = torch.where(keep, deq, torch.zeros_like(deq))
-        codes = torch.where(keep, codes, torch.zeros_like(codes))
+        # in place: deq and codes are this function's own results (never an alias of w,
+        # since a mask makes wf a product), and masked_fill_ is about 2x torch.where here
+        dropped = ~mask.to(torch.bool)
+        deq = deq.masked_fill_(dropped, 0.0)
+        if with_codes:
+            codes = codes.masked_fill_(dropped, 0.0)
     return QuantizedWeight(
         dequant=deq.to(kernel_weight_dtype(precision, w.dtype)),
         scales=scheme.scale_dict(params, ctx),
-        codes=scheme.store_codes(codes),
+        codes=scheme.store_codes(codes) if with_codes else None,
         precision=precision,
     )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from autoplan.compress import CompressionSettings, compress_linear
-from autoplan.formats import Choice
+from autoplan.formats import Choice, Precision
 from autoplan.models.graph import get_linear
 from autoplan.plan.io import write_json_atomic
 from autoplan.quant import HessianAccumulator
@@ -137,14 +138,56 @@ def score_task(task: ScoreTask) -> ScoreResult:
     stats.add(x)
     y_ref = x @ linear.weight.detach().float().T
     g2 = g.square()
-    bias = linear.bias.detach().float() if linear.bias is not None else 0.0
+    bias = linear.bias.detach().float() if linear.bias is not None else None
     out: dict[str, float] = {}
     masks: dict = {}  # one mask per sparsity pattern, shared by its precisions
+    inputs = _QUANTIZED_INPUTS.of(x)  # x as each precision's kernel reads it, made once
     for choice in task.choices:
-        sim = compress_linear(linear, choice, stats, task.settings, masks=masks)
-        dy = sim(x) - bias - y_ref
-        out[str(choice)] = 0.5 * float((g2 * dy.square()).sum()) / max(task.tokens, 1)
+        sim = compress_linear(linear, choice, stats, task.settings, masks=masks,
+                              with_codes=False)
+        if choice.precision not in inputs:  # e.g. dense and 2:4 fp8_e4m3 share one
+            inputs[choice.precision] = sim.quantize_input(x)
+        y = sim.forward_quantized(x, inputs[choice.precision])
+        out[str(choice)] = _fisher_score(y, bias, y_ref, g2, task.tokens)
     return ScoreResult(task.layer, out, _outlier_ratio(linear.weight, stats.act_norm()))
+
+
+class _LastInputs:
+    """The fake-quantized versions of the last captured input tensor scored.
+
+    Layers that read one tensor (q/k/v, gate/up: `Recorder.result` hands them the same
+    object) are scored one after the other, so remembering the last input's versions lets
+    them share one activation quantization per precision. Identity, not equality, is the
+    key (a weak reference, so the captures are not kept alive), and the versions are dropped
+    as soon as that tensor is freed or a different one comes.
+    """
+
+    def __init__(self) -> None:
+        self._ref: weakref.ref | None = None
+        self._version = -1
+        self._by_precision: dict[Precision, Tensor] = {}
+
+    def of(self, x: Tensor) -> dict[Precision, Tensor]:
+        if self._ref is None or self._ref() is not x or self._version != x._version:
+            self._by_precision = by_precision = {}
+            self._ref = weakref.ref(x, lambda _dead: by_precision.clear())
+            self._version = x._version
+        return self._by_precision
+
+
+_QUANTIZED_INPUTS = _LastInputs()
+
+
+def _fisher_score(y: Tensor, bias: Tensor | None, y_ref: Tensor, g2: Tensor,
+                  tokens: int) -> float:
+    """1/2 mean_t sum_j G^2 dY^2 with dY = y - bias - y_ref, overwriting the fresh output `y`.
+
+    In place, step for step the out-of-place `g2 * (y - bias - y_ref).square()`: the same
+    bits without three full-size [tokens, out] copies (without a bias, y - 0.0 is y).
+    """
+    dy = y if bias is None else y - bias
+    dy.sub_(y_ref).square_().mul_(g2)
+    return 0.5 * float(dy.sum()) / max(tokens, 1)
 
 
 def make_task(model, name: str, choices: Sequence[Choice], cap: Captured,
