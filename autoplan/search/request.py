@@ -25,8 +25,8 @@ from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.recover.settings import RecoverySettings
 from autoplan.search.budget import QualityBudget, parse_budgets
-from autoplan.workload import Workload
 from autoplan.streaming.runner import ExecutionSettings
+from autoplan.workload import Workload
 
 if TYPE_CHECKING:
     from autoplan.sensitivity.executor import Executor
