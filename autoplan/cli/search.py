@@ -19,7 +19,7 @@ from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
 from autoplan.search.budget import QualityBudget
-from autoplan.search.request import CostTable, ExecutionSettings, parse_choices
+from autoplan.search.request import CostTable, parse_choices
 from autoplan.search.run import SearchRequest, run_search
 from autoplan.workload import Workload
 
@@ -72,7 +72,8 @@ from autoplan.workload import Workload
 @click.option("--lm-eval-tasks", default=None, help="Folder of local lm-eval task YAML files.")
 @click.option("--lm-eval-limit", type=int, default=None, help="Documents per lm-eval task.")
 @click.option("--slices/--no-slices", default=True, show_default=True,
-              help="Measure KL per slice (numbers, proper names, non-English) too.")
+              help="Measure KL per slice (numbers, proper names, non-English) for the plan "
+                   "(for every candidate when a budget names a slice).")
 @ray_option
 def command(model, target, runtime, budgets, objective, batch, input_len, output_len, ttft_ms,  # noqa: ANN001, PLR0913
             tpot_ms, trials, seed, storage, study, out, multi_objective, prune_score, quant_method, text,

@@ -133,14 +133,25 @@ class QualityEvaluator:
     def ppl_ref(self) -> float:
         return self.reference.ppl
 
-    def evaluate(self, model: Any) -> QualityResult:
-        """Measure ``model`` (nn.Module or LoadedModel) against the captured original."""
+    @property
+    def has_slices(self) -> bool:
+        """Whether this evaluator was built with the KL slices."""
+        return self.slice_reference is not None
+
+    def slice_kl(self, model: Any) -> dict[str, float]:
+        """KL per slice of ``model`` alone ({} without slices): what ``evaluate(model,
+        slices=False)`` left out, for the one measurement that reports it."""
+        return slice_kl(_module(model), self.slice_reference) if self.slice_reference else {}
+
+    def evaluate(self, model: Any, *, slices: bool = True) -> QualityResult:
+        """Measure ``model`` (nn.Module or LoadedModel) against the captured original
+        (``slices=False``: without the KL slices, which cost about as much as the rest)."""
         m = _module(model)
         t0 = time.perf_counter()
         nll, kl = compare_pass(m, self.reference, batch_size=self.batch_size)
         suite = score_suite(m, self.suite_reference) if self.suite_reference else None
         ref_score = self.suite_reference.score.score if self.suite_reference else None
-        slices = slice_kl(m, self.slice_reference) if self.slice_reference else {}
+        per_slice = self.slice_kl(m) if slices else {}
         gates = {}
         for g in self.gates:
             score, detail = g.score(m)
@@ -149,7 +160,7 @@ class QualityEvaluator:
             ppl=math.exp(nll), ppl_ref=self.reference.ppl, kl=kl,
             n_tokens=int(self.reference.tokens.numel()), seconds=time.perf_counter() - t0,
             suite_score=suite.score if suite else None, suite_score_ref=ref_score,
-            suite_agreement=suite.agreement if suite else None, slices=slices, gates=gates,
+            suite_agreement=suite.agreement if suite else None, slices=per_slice, gates=gates,
         )
 
 

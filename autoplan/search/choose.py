@@ -66,7 +66,8 @@ def choose(prep: Prepared, rounds: Rounds, rep: Reporter) -> Chosen:
     if chosen.picks == prep.baseline_picks:
         outcome = Outcome.BASELINE
         rep.note("nothing beats the baseline within the budget")
-    return Chosen(chosen, outcome, uniform)
+    # the plan reports its KL per slice: measured for it alone unless a budget needed them
+    return Chosen(prep.verifier.with_slices(chosen), outcome, uniform)
 
 
 def certify(prep: Prepared, rounds: Rounds, rep: Reporter) -> ps.Certificate:

@@ -153,7 +153,7 @@ class RecoveryStage:
         quality = verifier.evaluator.evaluate(done.model)
         adapter_kl = None
         if done.adapter_model is not None:
-            adapter_kl = verifier.evaluator.evaluate(done.adapter_model).kl
+            adapter_kl = verifier.evaluator.evaluate(done.adapter_model, slices=False).kl
         passed = verifier.passes(quality)
         record = done.record(plan_quality(m.quality, m.surrogate, m.passed), m.audit,
                              adapter_kl)

@@ -25,8 +25,8 @@ from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.recover.settings import RecoverySettings
 from autoplan.search.budget import QualityBudget, parse_budgets
-from autoplan.workload import Workload
 from autoplan.streaming.runner import ExecutionSettings
+from autoplan.workload import Workload
 
 if TYPE_CHECKING:
     from autoplan.sensitivity.executor import Executor
@@ -118,7 +118,9 @@ class SearchRequest:
     recovery: RecoverySettings | None = None
     lmeval_tasks: str | None = None  # --lm-eval-tasks: a folder of local lm-eval task YAML
     lmeval_limit: int | None = None  # --lm-eval-limit: documents per task
-    slices: bool = True  # KL per slice (numbers, names, non-English) for every measurement
+    # KL per slice (numbers, names, non-English) for the reported plan (for every
+    # measurement when a budget names a slice: Verifier.slices_decide)
+    slices: bool = True
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:

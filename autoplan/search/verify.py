@@ -2,10 +2,17 @@
 
 Every measurement is memoized by picks, counted, and kept with its surrogate prediction, so
 the calibration between surrogate and measured badness can be re-fitted from all of them.
+
+The KL slices (numbers, names, non-English) cost about as much as the rest of a
+measurement. They are measured for every candidate only when a budget names a slice (they
+then decide whether it passes); otherwise only for the measurement a plan reports
+(`Verifier.with_slices`, called by `choose`), the same rule in `search` and `compare`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -52,6 +59,7 @@ class CandidateContext:
 class CandidateTask:
     decisions: dict[str, Choice]
     use_stats: bool
+    slices: bool = True  # measure the KL slices too (when the evaluator has them)
 
 
 def evaluate_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple[QualityResult, dict]:
@@ -61,7 +69,7 @@ def evaluate_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple[Qual
                                           ctx.stats if task.use_stats else None, ctx.settings,
                                           baseline=ctx.baseline)
     with torch.no_grad():
-        quality = ctx.evaluator.evaluate(compressed)
+        quality = ctx.evaluator.evaluate(compressed, slices=task.slices)
     return quality, audit_digests(swapped)
 
 
@@ -119,12 +127,17 @@ class Verifier:
                 self.shared.stats[tuple(names)] = self._stats
         return self._stats
 
-    def _task(self, key: tuple[int, ...]) -> CandidateTask:
+    @property
+    def slices_decide(self) -> bool:
+        """A budget names a slice: every measurement needs the KL slices to pass or fail."""
+        return any(b.metric == "slice" for b in (self.budget, *self.also))
+
+    def _task(self, key: tuple[int, ...], slices: bool | None = None) -> CandidateTask:
         decisions = self.decisions(key)
         # Calibration statistics are needed only for Wanda/SparseGPT masks and GPTQ.
         needs = self.settings.quant_method == "gptq" or any(
             c.sparsity.kind != "dense" and c != self.space.baseline for c in decisions.values())
-        return CandidateTask(decisions, needs)
+        return CandidateTask(decisions, needs, self.slices_decide if slices is None else slices)
 
     def _results(self, tasks: list[CandidateTask], executor: Executor | None
                  ) -> Iterator[tuple[int, tuple[QualityResult, dict]]]:
@@ -146,7 +159,7 @@ class Verifier:
             done = executor.imap_unordered(partial(evaluate_group, ctx),
                                            [[cands[i] for i in g] for g in groups])
             for gi, results in done:
-                yield from zip(groups[gi], results)
+                yield from zip(groups[gi], results, strict=True)
             return
         stats = self._calibration_stats() if any(t.use_stats for t in tasks) else None
         ctx = CandidateContext(self.model, self.evaluator, stats, self.settings,
@@ -169,7 +182,7 @@ class Verifier:
         returns the measurements in the order given. With `recover` and a recovery stage,
         each new measurement is then replaced by the one after its recovery pass."""
         keys = [tuple(p) for p, _ in candidates]
-        labels = dict(zip(keys, (lb for _, lb in candidates)))
+        labels = dict(zip(keys, (lb for _, lb in candidates), strict=True))
         todo = [k for k in dict.fromkeys(keys) if k not in self.measured]
         new = list(todo)  # measured here or for another platform: each recovered below
         if recover:
@@ -219,6 +232,46 @@ class Verifier:
         self.check_recoverable()
         for key in keys:
             self.measured[key] = self.recovery.measure(self, self.measured[key])
+
+    def with_slices(self, m: Measurement) -> Measurement:
+        """``m`` with its KL per slice, measured now if it was measured without them (the
+        candidate compressed again: the same decisions, statistics and settings give the
+        same weights). Kept here and in the shared measurements, so a platform with the
+        same decisions does not measure them again. ``m`` itself when it has them, when the
+        evaluator has no slices (``--no-slices``, streamed) or after a recovery pass (its
+        measurement already ran on the recovered model, slices included)."""
+        streamed = isinstance(self.evaluator, StreamedEvaluator)  # has no slices
+        if m.quality.slices or m.recovery is not None or streamed \
+                or not self.evaluator.has_slices:
+            return m
+        shared = self.shared.results.get(self._shared_key(m.picks)) if self.shared else None
+        if shared is not None and shared[0].slices:  # another platform's plan: measured
+            quality = dataclasses.replace(m.quality, slices=dict(shared[0].slices))
+        else:
+            quality = self._slices_measured(m)
+        kept = self.measured.get(m.picks)
+        if kept is not None:
+            self.measured[m.picks] = dataclasses.replace(kept, quality=quality)
+        if self.shared is not None:
+            self.shared.results[self._shared_key(m.picks)] = (quality, m.audit)
+        return dataclasses.replace(m, quality=quality)
+
+    def _slices_measured(self, m: Measurement) -> QualityResult:
+        """``m``'s quality with the KL slices of its candidate, compressed again."""
+        task = self._task(m.picks, slices=True)
+        t0 = time.perf_counter()
+        try:
+            stats = self._calibration_stats() if task.use_stats else None
+            compressed, _ = compressed_copy(self.model, task.decisions, stats, self.settings,
+                                            baseline=self.space.baseline)
+            with torch.no_grad():
+                per_slice = self.evaluator.slice_kl(compressed)
+        except (RuntimeError, MemoryError) as exc:
+            if self.out_of_memory is None or not is_out_of_memory(exc):
+                raise
+            raise self.out_of_memory("measuring the KL slices") from None
+        return dataclasses.replace(m.quality, slices=per_slice,
+                                   seconds=m.quality.seconds + time.perf_counter() - t0)
 
     def _shared_key(self, picks: tuple[int, ...]) -> tuple:
         return decisions_key(self.decisions(picks), self.space.baseline)

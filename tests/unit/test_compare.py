@@ -15,6 +15,7 @@ from autoplan.compare import CompareRequest, parse_entries, run_compare
 from autoplan.cost.operating import OperatingRequest
 from autoplan.errors import UnknownNameError, UserInputError
 from autoplan.plan.io import load_plan
+from autoplan.quality.slices import SLICES
 from autoplan.search.request import SearchRequest
 from autoplan.streaming import runner as runner_module
 from autoplan.targets import _MEASURED, get_target
@@ -66,6 +67,7 @@ def test_rows_plans_and_shared_verification(compared) -> None:  # noqa: ANN001
         assert r.gain_over_baseline == pytest.approx(
             plan.predicted["plan"].tokens_per_s / plan.predicted["baseline"].tokens_per_s)
         assert plan.search.points and plan.search.points[-1]["kind"] == "plan"
+        assert set(plan.quality.slices) == set(SLICES)  # measured for the chosen plan
     # h100 and h200 search the same choices: their uniform recipes and candidates coincide
     assert comparison.reused >= 1
     xeon = next(r for r in comparison.rows if r.target == "xeon-8480")

@@ -16,6 +16,7 @@ from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.modelspec import ModelSpec
 from autoplan.plan.io import load_plan
+from autoplan.quality.slices import SLICES
 from autoplan.search.build import build_plan
 from autoplan.search.choose import Outcome, certify, choose
 from autoplan.search.preflight import preflight
@@ -26,6 +27,7 @@ from autoplan.search.run import SearchOutcome, SearchRequest, run_search
 from autoplan.search.space import load_space_file
 from autoplan.search.storage import redact
 from autoplan.search.study import Candidate
+from autoplan.search.verify import CandidateContext, evaluate_candidate
 from autoplan.targets import get_target
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
 
@@ -158,6 +160,7 @@ def test_failing_candidates_fall_back_to_a_passing_uniform(model_dir: Path,
                                                              "passed": False}]}])
     chosen = choose(prep, rounds, Reporter())
     assert chosen.outcome is Outcome.UNIFORM and chosen.measurement.passed
+    _check_slices_of_the_chosen_only(prep, chosen.measurement)
     plan = build_plan(prep, rounds, chosen, certify(prep, rounds, Reporter()), 0.0)
     assert plan.search.outcome == "uniform-fallback"
     assert plan.quality.budget_met and plan.quality.kl <= 0.001
@@ -166,6 +169,30 @@ def test_failing_candidates_fall_back_to_a_passing_uniform(model_dir: Path,
     assert uniform in set(plan.decisions.values()) and uniform != _baseline(plan)
     assert plan.predicted["plan"].weight_gb < plan.predicted["baseline"].weight_gb
     _check_audit(plan)
+
+
+def _check_slices_of_the_chosen_only(prep, chosen) -> None:  # noqa: ANN001
+    """No budget names a slice: candidates are measured without the KL slices, the chosen
+    one gets them afterwards, equal to the bit to a measurement that took them at once."""
+    measured = prep.verifier.measured
+    assert set(chosen.quality.slices) == set(SLICES)
+    assert measured[chosen.picks].quality.slices == chosen.quality.slices
+    assert all(not m.quality.slices for k, m in measured.items() if k != chosen.picks)
+    ctx = CandidateContext(prep.loaded.model, prep.verifier.evaluator,
+                           prep.verifier._calibration_stats(), prep.req.settings,
+                           prep.space.baseline)
+    whole, _ = evaluate_candidate(ctx, prep.verifier._task(chosen.picks, slices=True))
+    assert whole.slices == chosen.quality.slices and whole.kl == chosen.quality.kl
+
+
+def test_a_slice_budget_measures_the_slices_of_every_candidate(model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    req = _request(model_dir, tmp_path / "p.json", also=("kl:numbers<=10",), trials=10)
+    prep = prepare(req, preflight(req), Reporter())
+    harsh = tuple(len(u.choices) - 1 for u in prep.space.units)
+    m = prep.verifier.measure(harsh, "round1-candidate1")
+    assert set(m.quality.slices) == set(SLICES) and m.passed == (m.quality.kl <= 0.05)
+    assert prep.verifier.with_slices(m) is m  # nothing left to measure
 
 
 def test_ppl_budget_with_a_sampler_and_storage_passed_in(model_dir: Path, tmp_path: Path) -> None:
