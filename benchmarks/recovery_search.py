@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{rows[name]['layers']}, KL {plan.quality.kl:.4f}, "
               f"{rows[name]['wall_s']:.0f} s", flush=True)
     speed_main([str(work / "with.json"), "--out", str(work / "speed.json")])
-    rows["with"]["on_8b_shape"] = json.loads((work / "speed.json").read_text())
+    speed = json.loads((work / "speed.json").read_text())
+    speed["command"] = "python benchmarks/recovery_speed.py PLAN.json  # the 'with' plan"
+    rows["with"]["on_8b_shape"] = speed
     write_result(out, {"machine": info, "command": command, "model": args.model,
                        "budget": args.budget, "recovery": rec.to_dict(), "rows": rows})
     return 0
