@@ -79,6 +79,9 @@ class CpuNode(BaseModel):
         return self
 
 
+MIB = 2**20  # nvidia-smi and rocm-smi (divided by it) report device memory in MiB
+
+
 class Target(BaseModel):
     """One piece of hardware as data."""
 
@@ -90,7 +93,11 @@ class Target(BaseModel):
     vendor: Vendor
     kind: Literal["gpu", "cpu"]
     family: str = Field(description="hardware family; efficiency constants are global per family")
-    memory_gb: Figure
+    memory_gb: Figure = Field(description="nominal memory as marketed, decimal GB (GPUs: per "
+                              "device; CPUs: typical node memory per socket)")
+    visible_memory_mib: Figure | None = Field(
+        default=None, description="GPUs: device memory the runtime sees, MiB, as nvidia-smi / "
+        "rocm-smi report it (a dated public reading); absent where none is cited")
     bandwidth_gbps: Figure
     peak_tflops: dict[MathDtype, Figure] = Field(description="dense peaks per math dtype")
     sparse24: dict[MathDtype, Figure] = Field(
@@ -118,6 +125,8 @@ class Target(BaseModel):
     def _node_for_cpus(self) -> Target:
         if self.node is not None and self.kind != "cpu":
             raise ValueError("a [node] table (sockets, SMT, NUMA) is for CPU targets")
+        if self.visible_memory_mib is not None and self.kind != "gpu":
+            raise ValueError("visible_memory_mib is a GPU's runtime-visible device memory")
         return self
 
     @field_validator("name")
@@ -174,7 +183,13 @@ class Target(BaseModel):
 
     @property
     def memory_bytes(self) -> float:
-        """Device (or typical node) memory in bytes."""
+        """Device (or typical node) memory in bytes: what fits, batch and KV capacity use.
+
+        The runtime-visible total where the catalog cites one (an "80 GB" H100 reports
+        81,559 MiB = 85.5e9 B, 7 % more than 80e9), else the nominal `memory_gb` x 1e9.
+        """
+        if self.visible_memory_mib is not None:
+            return self.visible_memory_mib.value * MIB
         return self.memory_gb.value * 1e9
 
 

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from autoplan.cli._output import console, emit_json, json_option
 from autoplan.targets import Figure, Target, Vendor, load_catalog, measured_target_names
+
 _DTYPES = ("fp32", "bf16", "fp8", "int8", "int4", "fp4")
 
 
@@ -41,8 +42,10 @@ def _table(targets: list[Target]) -> Table:
                         "figures per socket, `node`: the server node they are sold in)")
     table.add_column("name", no_wrap=True)
     table.add_column("source", no_wrap=True)
-    for col in ("aliases", "family", "mem GB", "BW GB/s", "dense peaks", "2:4", "TDP W", "$/h",
-                "node"):
+    # "mem GB" is the nominal (marketed) size; "seen MiB" what nvidia-smi / rocm-smi report,
+    # which the planner uses where the catalog cites it.
+    for col in ("aliases", "family", "mem GB", "seen MiB", "BW GB/s", "dense peaks", "2:4",
+                "TDP W", "$/h", "node"):
         table.add_column(col, overflow="fold")
     for t in targets:
         table.add_row(
@@ -51,6 +54,7 @@ def _table(targets: list[Target]) -> Table:
             ", ".join(t.aliases),
             t.family,
             _cell(t.memory_gb),
+            _cell(t.visible_memory_mib),
             _cell(t.bandwidth_gbps, "{:,.4g}"),
             _peaks(t),
             _sparse(t),

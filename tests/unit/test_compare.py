@@ -79,8 +79,9 @@ def test_rows_plans_and_shared_verification(compared) -> None:  # noqa: ANN001
 def test_a_target_that_cannot_hold_the_model_is_listed_with_its_bytes(
         model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = get_target("h100").model_copy(update={"name": "tiny-gpu", "aliases": ()})
+    # A 1 kB device: the nominal figure shrunk and the nvidia-smi reading dropped (it wins).
     tiny = tiny.model_copy(update={"memory_gb": tiny.memory_gb.model_copy(
-        update={"value": 1e-6})})
+        update={"value": 1e-6}), "visible_memory_mib": None})
     monkeypatch.setitem(_MEASURED, "tiny-gpu", lambda: tiny)
     for operating in (None, OperatingRequest("max", 128, 32)):
         base = _base(model_dir, operating=operating)

@@ -25,9 +25,12 @@ REQUIRED = {
 }
 
 
+def _text(name: str) -> str:
+    return (resources.files("autoplan") / "data" / "targets" / f"{name}.toml").read_text()
+
+
 def _raw(name: str) -> dict:
-    text = (resources.files("autoplan") / "data" / "targets" / f"{name}.toml").read_text()
-    return tomllib.loads(text)
+    return tomllib.loads(_text(name))
 
 
 def test_every_catalog_file_loads_and_covers_the_required_targets():
@@ -96,11 +99,31 @@ def test_peaks_are_dense_not_sparse():
 def test_units_and_multipliers():
     h100 = get_target("h100")
     assert h100.bandwidth == pytest.approx(3.35e12)
-    assert h100.memory_bytes == pytest.approx(80e9)
+    # Capacity is the nvidia-smi total (81,559 MiB), not the marketed 80 GB.
+    assert h100.memory_bytes == 81559 * 2**20
     assert h100.sparse_multiplier("fp8") == 2.0
     assert get_target("b300").sparse_multiplier("fp4") < 1.5
     assert get_target("xeon-8480").sparse_multiplier("bf16") == 1.0
     assert h100.platform == "nvidia-gpu" and get_target("spr").platform == "cpu"
+
+
+def test_memory_is_the_runtime_visible_total_where_cited_else_nominal():
+    # The marketed "80 GB" / "141 GB" / "180 GB" is 6-8 % below what the runtimes report.
+    for name in ("a100-80g", "h100-sxm", "h200", "b200"):
+        target = get_target(name)
+        assert target.visible_memory_mib is not None, name
+        assert 1.06 < target.memory_bytes / (target.memory_gb.value * 1e9) < 1.08, name
+    # No cited reading: the nominal decimal figure stands, and the file says why.
+    mi325x = get_target("mi325x")
+    assert mi325x.visible_memory_mib is None and mi325x.memory_bytes == 256e9
+    assert "visible_memory_mib not set" in _text("mi325x")
+
+
+def test_visible_memory_is_for_gpus_only():
+    data = _raw("xeon-8480")
+    data["visible_memory_mib"] = {"value": 1, "source": "measured"}
+    with pytest.raises(ValueError, match="GPU"):
+        Target.model_validate(data)
 
 
 def test_cpu_peaks_are_derived_and_marked_uncertain():
