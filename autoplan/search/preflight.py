@@ -125,12 +125,19 @@ def _check_onnx_exportable(model: str) -> None:
                              f"ONNX export: {exc}") from None
 
 
-def _check_gates(req: SearchRequest) -> None:
-    """Gates and recovery that cannot run as asked, refused before the model loads."""
-    stream = req.execution.execution == "stream"
-    gates = [b.text for b in req.budgets if b.metric in ("gate", "slice")]
-    if stream and (gates or req.recovery is not None):
-        what = f"budget '{gates[0]}'" if gates else "--recover"
+def in_memory_only(req: SearchRequest, measure_kernels: bool) -> str | None:
+    """What in the request cannot stream (named as the user gave it), or None."""
+    gated = [b.text for b in req.budgets if b.metric in ("gate", "slice")]
+    return ("--measure-kernels" if measure_kernels else "a suite budget"
+            if req.budget.suite_file else f"budget '{gated[0]}'" if gated
+            else "--recover" if req.recovery is not None else None)
+
+
+def _check_gates(req: SearchRequest, measure_kernels: bool) -> None:
+    """Gates, suites, kernel timing and recovery that cannot run as asked, refused before
+    the model loads."""
+    what = in_memory_only(req, measure_kernels)
+    if what and req.execution.execution == "stream":
         raise UserInputError(f"{what} needs the model in memory: pass --execution memory")
     for b in req.budgets:
         if b.name and b.name.startswith("lm-eval:"):
@@ -160,11 +167,11 @@ def preflight(req: SearchRequest) -> Platform:
     check_writable_file(req.out, "plan", "pass --out FILE in a writable folder")
     check_model(req.model, runtime)
     check_text_source(req.text)  # a missing calibration file, before the model loads
-    _check_gates(req)
+    _check_gates(req, measure)
     point = operating_point(req, target)  # config only; "nothing fits" is refused here
     storage, label = _storage(req)  # last: opening an SQLite URL creates its file
     return Platform(target, runtime, measure, storage, label, point)
 
 
-__all__ = ["KERNEL_TABLES", "Platform", "check_model", "measures_kernels", "operating_point",
-           "preflight"]
+__all__ = ["KERNEL_TABLES", "Platform", "check_model", "in_memory_only", "measures_kernels",
+           "operating_point", "preflight"]

@@ -24,7 +24,7 @@ from autoplan.models._cache import cache_root
 from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
-from autoplan.search.preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform
+from autoplan.search.preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform, in_memory_only
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
 from autoplan.search.request import SearchRequest
@@ -151,17 +151,14 @@ def open_model_work(req: SearchRequest, rep: Reporter,
     """Load the model and draw its calibration/evaluation tokens."""
     torch.manual_seed(req.seed)
     rep.stage("loading model")
-    gated = [b for b in req.budgets if b.metric in ("gate", "slice")]
-    # what in the request needs the whole model in memory (None: it can stream)
-    what = ("--measure-kernels" if measure_kernels else "a suite budget"
-            if req.budget.suite_file else f"budget '{gated[0].text}'" if gated
-            else "--recover" if req.recovery is not None else None)
+    what = in_memory_only(req, measure_kernels)  # None: the request can stream
     runner = open_model(req.model, req.execution, trust_remote_code=req.trust_remote_code,
                         workload=workload_of(req.seq_len, req.calib_blocks, req.eval_blocks,
                                              CALIB_BATCH), needs_memory=what)
     rep.note(f"{runner.execution} execution on {runner.device} ({runner.why})")
-    if runner.execution == "stream" and what:  # refused before profiling
-        fix = ("pass --execution memory" if runner.why == "asked for" else
+    if runner.execution == "stream" and what:  # refused before profiling (a worker's own
+        # --execution stream is not preflighted)
+        fix = ("pass --execution memory" if req.execution.execution == "stream" else
                f"it does not fit ({runner.why}): free memory, or use a machine with more")
         raise UserInputError(f"{what} needs the model in memory: {fix}")
     data = load_text_dataset(req.text, tokenizer=runner.loaded.tokenizer, seq_len=req.seq_len,
