@@ -62,12 +62,16 @@ class CandidateTask:
     slices: bool = True  # measure the KL slices too (when the evaluator has them)
 
 
+def compressed_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple:
+    """A copy of the model compressed to one candidate's decisions, and its swapped layers."""
+    return compressed_copy(ctx.model, task.decisions, ctx.stats if task.use_stats else None,
+                           ctx.settings, baseline=ctx.baseline)
+
+
 def evaluate_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple[QualityResult, dict]:
     """Compress a copy of the model to one candidate's decisions and measure it: a pure
     function of its arguments, so it can run on any worker."""
-    compressed, swapped = compressed_copy(ctx.model, task.decisions,
-                                          ctx.stats if task.use_stats else None, ctx.settings,
-                                          baseline=ctx.baseline)
+    compressed, swapped = compressed_candidate(ctx, task)
     with torch.no_grad():
         quality = ctx.evaluator.evaluate(compressed, slices=task.slices)
     return quality, audit_digests(swapped)
@@ -262,8 +266,9 @@ class Verifier:
         t0 = time.perf_counter()
         try:
             stats = self._calibration_stats() if task.use_stats else None
-            compressed, _ = compressed_copy(self.model, task.decisions, stats, self.settings,
-                                            baseline=self.space.baseline)
+            ctx = CandidateContext(self.model, self.evaluator, stats, self.settings,
+                                   self.space.baseline)
+            compressed, _ = compressed_candidate(ctx, task)  # the same weights as measured
             with torch.no_grad():
                 per_slice = self.evaluator.slice_kl(compressed)
         except (RuntimeError, MemoryError) as exc:
