@@ -11,6 +11,7 @@ possible refinement, not done here.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from torch import Tensor, nn
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.models.graph import get_linear, set_module
+from autoplan.numerics import current_threads, pinned_threads
 from autoplan.prune import PruneScore, compute_mask
 from autoplan.quant import HessianAccumulator, QuantMethod, SimulatedLinear
 
@@ -31,14 +33,25 @@ class CompressionSettings:
 
     prune_score: PruneScore = PruneScore.WANDA
     quant_method: QuantMethod = QuantMethod.RTN
+    # torch threads the SparseGPT/GPTQ solvers run on (None: the process's): their bits
+    # depend on it (autoplan/numerics.py), so a search fixes it and its plan records it
+    solver_threads: int | None = None
 
     def __post_init__(self) -> None:  # text in, members stored (UserInputError if unknown)
         object.__setattr__(self, "prune_score", PruneScore.parse(self.prune_score))
         object.__setattr__(self, "quant_method", QuantMethod.parse(self.quant_method))
+        if self.solver_threads is not None and self.solver_threads < 1:
+            raise UserInputError(f"solver threads must be at least 1, got {self.solver_threads}")
 
     @property
     def needs_hessian(self) -> bool:
         return self.prune_score is PruneScore.SPARSEGPT or self.quant_method is QuantMethod.GPTQ
+
+    def pinned(self) -> CompressionSettings:
+        """These settings with the solver thread count fixed (to this process's when unset)."""
+        if self.solver_threads is not None:
+            return self
+        return dataclasses.replace(self, solver_threads=current_threads())
 
 
 @torch.no_grad()
@@ -85,6 +98,13 @@ def compress_linear(
     prune once. `with_codes=False`: the layer is only run (the profile), so its stored codes
     are not kept (see `quantize_weight`).
     """
+    with pinned_threads(settings.solver_threads):
+        return _compress_linear(linear, choice, stats, settings, masks, with_codes)
+
+
+def _compress_linear(linear: nn.Linear, choice: Choice, stats: HessianAccumulator | None,
+                     settings: CompressionSettings, masks: dict | None,
+                     with_codes: bool) -> SimulatedLinear:
     hessian = stats.hessian if stats is not None and settings.needs_hessian else None
     weight = None
     mask = None
@@ -125,10 +145,11 @@ def recompress_linear(
     sparse = choice.sparsity.kind != "dense"
     w = weight.detach().to(linear.weight.dtype) * mask if sparse else \
         weight.detach().to(linear.weight.dtype)
-    return SimulatedLinear.from_linear(
-        linear, choice, mask=mask if sparse else None, weight=w,
-        hessian=hessian, method=settings.quant_method,
-    )
+    with pinned_threads(settings.solver_threads):
+        return SimulatedLinear.from_linear(
+            linear, choice, mask=mask if sparse else None, weight=w,
+            hessian=hessian, method=settings.quant_method,
+        )
 
 
 def compressed_copy(

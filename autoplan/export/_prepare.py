@@ -24,6 +24,7 @@ from autoplan.compress import (CompressionSettings, audit_digests, collect_stats
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, format_spec, registered_formats
 from autoplan.models.graph import get_linear
+from autoplan.numerics import signature
 from autoplan.plan.schema import Plan
 from autoplan.prune import PruneScore
 from autoplan.quant import HessianAccumulator, SimulatedLinear
@@ -142,8 +143,19 @@ def _verify_audit(plan: Plan, sims: Mapping[str, SimulatedLinear],
     if bad:
         raise UserInputError(
             f"recomputed weights of {len(bad)} layer(s) differ from the plan's audit "
-            f"({_listing(bad)}): the calibration data ({plan.audit.calibration_source}) or "
-            "the model differ from the search's; export with the same calibration set")
+            f"({_listing(bad)}): {_mismatch_cause(plan)}")
+
+
+def _mismatch_cause(plan: Plan) -> str:
+    """Why recomputed weights can differ, most specific first: the solvers' numerics (torch
+    build, CPU kernels) when they differ from the search's, else calibration or model."""
+    recorded = plan.audit.solver_numerics
+    if recorded is not None and recorded != signature():
+        return (f"the plan's SparseGPT/GPTQ weights were solved with {recorded} and this "
+                f"machine has {signature()}, which round differently; re-run the search "
+                "here, or export where it ran")
+    return (f"the calibration data ({plan.audit.calibration_source}) or the model differ "
+            "from the search's; export with the same calibration set")
 
 
 def apply_recovered(plan: Plan, loaded: Any, sims: dict[str, SimulatedLinear],
@@ -151,7 +163,7 @@ def apply_recovered(plan: Plan, loaded: Any, sims: dict[str, SimulatedLinear],
                     stats: Mapping[str, HessianAccumulator] | None) -> dict[str, SimulatedLinear]:
     """The plan's layers with their recovered weights, each layer's format re-applied under
     the mask recomputed from the original (a weight outside its mask is refused)."""
-    settings = _settings(plan)
+    settings = plan_settings(plan)
     out = dict(sims)
     for name, w in recovered.weights.items():
         sim = sims.get(name)
@@ -167,12 +179,15 @@ def apply_recovered(plan: Plan, loaded: Any, sims: dict[str, SimulatedLinear],
     return out
 
 
-def _settings(plan: Plan) -> CompressionSettings:
-    return CompressionSettings(plan.compression.prune_score, plan.compression.quant_method)
+def plan_settings(plan: Plan) -> CompressionSettings:
+    """The plan's compression settings, its solvers pinned to the thread count it records."""
+    return CompressionSettings(plan.compression.prune_score, plan.compression.quant_method,
+                               solver_threads=plan.audit.solver_threads)
+
 
 
 def _needs_stats(plan: Plan, choices: Mapping[str, Choice]) -> bool:
-    settings = _settings(plan)
+    settings = plan_settings(plan)
     sparse = any(c.sparsity.kind != "dense" for c in choices.values())
     return settings.needs_hessian or (sparse and settings.prune_score is not PruneScore.MAGNITUDE)
 
@@ -226,7 +241,7 @@ def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
     check_runtime(fmt, target, runtime, choices)
     if get_runtime(runtime).fused_projections:
         check_fused_groups(loaded, choices)
-    settings = _settings(plan)
+    settings = plan_settings(plan)
     needs_stats = _needs_stats(plan, choices)
     if needs_stats and stats is None:
         if calibration is None:

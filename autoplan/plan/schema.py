@@ -163,6 +163,10 @@ class Audit(_Strict):
     tensors: dict[str, dict[str, str]] = Field(
         description="layer -> {tensor name -> sha256} for every mask and scale tensor"
     )
+    # SparseGPT/GPTQ weights reproduce bit for bit only on the torch thread count they were
+    # solved on (autoplan/numerics.py); None: the plan's weights do not depend on it
+    solver_threads: int | None = None
+    solver_numerics: str | None = Field(None, description="torch build and CPU kernels")
 
 
 class Plan(_Strict):

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from autoplan import __version__
+from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
+from autoplan.numerics import signature
 from autoplan.plan import schema as ps
 from autoplan.runtimes import get_runtime
 from autoplan.search.choose import Chosen
@@ -94,6 +96,14 @@ def _points(prep: Prepared, rounds: Rounds, chosen: Chosen) -> list[dict]:
     return out
 
 
+def solver_audit(settings: CompressionSettings) -> dict:
+    """The audit's solver fields: the thread count and numerics the SparseGPT/GPTQ weights
+    were solved with, when the settings run a solver (their bits depend on it)."""
+    if not settings.needs_hessian:
+        return {}
+    return {"solver_threads": settings.solver_threads, "solver_numerics": signature()}
+
+
 def _search_meta(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate,
                  gain: float | None, wall_time_s: float) -> ps.SearchMeta:
     req, uniform = prep.req, chosen.best_uniform
@@ -143,7 +153,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
                        calibration=ps.CalibrationSettings(
                            seq_len=req.seq_len, n_calib=req.calib_blocks,
                            n_eval=req.eval_blocks, seed=req.seed, batch_size=CALIB_BATCH),
-                       tensors=m.audit),
+                       tensors=m.audit, **solver_audit(req.settings)),
         operating_point=prep.platform.point.to_json() if prep.platform.point else None,
         recovery=keep_weights(m, req.out),
     )

@@ -91,12 +91,15 @@ def study_name(req: SearchRequest, platform: Platform, model_hash: str, calib_ha
 
 def _measurement_key(req: SearchRequest) -> tuple:
     """What else changes a measurement or the rounds (further budgets, slices, lm-eval task
-    folder and limit, recovery): empty by default, so a plain search keeps its study name."""
+    folder and limit, recovery, the SparseGPT/GPTQ solvers' thread count, which changes
+    their bits): empty by default, so a plain search keeps its study name."""
     lmeval = any((b.name or "").startswith("lm-eval:") for b in req.budgets)
     return ((tuple(b.text for b in req.also),) if req.also else ()) \
         + (("no-slices",) if not req.slices else ()) \
         + ((req.lmeval_tasks, req.lmeval_limit) if lmeval else ()) \
-        + ((req.recovery.key(),) if req.recovery is not None else ())
+        + ((req.recovery.key(),) if req.recovery is not None else ()) \
+        + ((f"solver-threads={req.settings.solver_threads}",)
+           if req.settings.needs_hessian else ())
 
 
 def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,

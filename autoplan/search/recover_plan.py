@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoplan.compress import CompressionSettings
 from autoplan.errors import UserInputError
-from autoplan.export._prepare import pick_runtime, prepare
+from autoplan.export._prepare import pick_runtime, plan_settings, prepare
 from autoplan.export.calibration import CalibrationArgs, plan_dataset
 from autoplan.models.graph import set_module
 from autoplan.plan import schema as ps
@@ -87,7 +86,7 @@ def recover_plan(plan: ps.Plan, loaded: Any, opts: RecoverOptions,
                       calibration=calib)
     from autoplan.compress import collect_stats
 
-    compression = CompressionSettings(plan.compression.prune_score, plan.compression.quant_method)
+    compression = plan_settings(plan)
     layers = {n: sim for n, sim in checked.sims.items() if n in plan.audit.tensors}
     if not layers:
         raise UserInputError("the plan compresses no layer: there is nothing to recover")

@@ -134,6 +134,9 @@ class SearchRequest:
         if isinstance(self.cost_table, str | Path):
             put("cost_table", CostTable.load(str(self.cost_table)))
         put("out", Path(self.out))
+        # the solvers' thread count is fixed at the search's start, so every measurement,
+        # worker and later export of its plan computes the same bits (autoplan/numerics.py)
+        put("settings", self.settings.pinned())
         at_least("trials", self.trials, 1)
         at_least("verify-top", self.verify_top, 1)
         at_least("max-rounds", self.max_rounds, 1)
