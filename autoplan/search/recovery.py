@@ -8,9 +8,10 @@ folder beside the plan (``<out>.recovery/``, one safetensors per candidate, with
 pass's checkpoints), so a rerun of the same search reuses finished passes and resumes an
 interrupted one; the chosen plan's file becomes ``<plan stem>.recovered.safetensors``.
 
-A pass that diverges keeps the candidate's unrecovered measurement (the search goes on,
-with a note); the standalone command stops with the one-line message and leaves the plan
-as it was. Streamed execution is refused before any work: a pass needs the whole model
+A pass that diverges in a search is retried once at a quarter of its rate (its record holds
+the rate that ran); one that diverges again keeps the candidate's unrecovered measurement
+(the search goes on, with a note); the standalone command stops with the one-line message
+and leaves the plan as it was. Streamed execution is refused before any work: a pass needs the whole model
 (and the original beside it) in memory.
 """
 
@@ -21,7 +22,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,9 @@ def _saved_losses(path: Path) -> dict:
         return json.loads((fh.metadata() or {}).get("pass", "{}"))
 
 
+RATE_BACKOFF = 0.25  # a diverged pass in a search is retried once at this fraction of its rate
+
+
 @dataclass
 class RecoveryStage:
     """Measures candidates after a recovery pass (`Verifier.recovery`)."""
@@ -129,26 +133,39 @@ class RecoveryStage:
     work_dir: Path
     reporter: Reporter = field(default_factory=Reporter)
 
+    def _rates(self) -> tuple[RecoverySettings, ...]:
+        """The pass's settings, then the same at a quarter of the rate: a rate that recovers
+        a heavily pruned candidate can make a near-lossless one worse from its first steps
+        (measured: lr 5e-4 on a KL-0.05 candidate, loss +30 % by step 10), and the search
+        should measure that candidate recovered, not drop the pass."""
+        return (self.settings, replace(self.settings, lr=self.settings.lr * RATE_BACKOFF))
+
     def measure(self, verifier: Verifier, m: Measurement) -> Measurement:
-        """``m``'s candidate recovered and re-measured; ``m`` itself if the pass diverges."""
+        """``m``'s candidate recovered and re-measured; ``m`` itself if the pass diverges at
+        both rates (`_rates`)."""
         decisions = verifier.decisions(m.picks)
         baseline = verifier.space.baseline
         needs = verifier.settings.needs_hessian or any(
             c.sparsity.kind != "dense" and c != baseline for c in decisions.values())
         stats = verifier._calibration_stats() if needs else None
-        compressed, swapped = compressed_copy(verifier.model, decisions, stats,
-                                              verifier.settings, baseline=baseline)
-        if not swapped:
-            return m
-        key = run_key(self.model_hash, decisions, verifier.settings, self.settings,
-                      self.text.content_hash)
-        self.reporter.stage(f"recovering {m.label} ({self.settings.method}, "
-                            f"{self.settings.steps} steps)")
-        try:
-            done = run_pass(verifier.model, compressed, swapped, stats, verifier.settings,
-                            self.settings, self.text, key, self.work_dir, self.reporter)
-        except RecoveryDiverged as exc:
-            self.reporter.note(f"{m.label}: {exc}")
+        done = None
+        for settings in self._rates():
+            # a fresh copy per pass: a diverged pass has trained its copy in place
+            compressed, swapped = compressed_copy(verifier.model, decisions, stats,
+                                                  verifier.settings, baseline=baseline)
+            if not swapped:
+                return m
+            key = run_key(self.model_hash, decisions, verifier.settings, settings,
+                          self.text.content_hash)
+            self.reporter.stage(f"recovering {m.label} ({settings.method}, {settings.steps} "
+                                f"steps, lr {settings.lr:g})")
+            try:
+                done = run_pass(verifier.model, compressed, swapped, stats, verifier.settings,
+                                settings, self.text, key, self.work_dir, self.reporter)
+                break
+            except RecoveryDiverged as exc:
+                self.reporter.note(f"{m.label}: {exc}")
+        if done is None:
             return m
         quality = verifier.evaluator.evaluate(done.model)
         adapter_kl = None

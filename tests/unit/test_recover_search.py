@@ -23,6 +23,7 @@ from autoplan.plan.io import load_plan
 from autoplan.recover import RecoveryDiverged, RecoverySettings
 from autoplan.recover.weights import file_sha256
 from autoplan.search.recover_plan import RecoverOptions, recover_plan
+from autoplan.search.reporter import Reporter
 from autoplan.search.run import SearchOutcome, SearchRequest, run_search
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
 
@@ -163,3 +164,24 @@ def test_show_and_recover_command_on_a_recovered_plan(recovered: SearchOutcome,
     again = runner.invoke(cli, ["recover", str(path), "--model", str(model_dir), "--quiet"])
     assert again.exit_code == 2 and "already recovered" in again.output
     assert "Traceback" not in again.output
+
+
+class _Notes(Reporter):
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def test_a_diverging_pass_in_a_search_is_retried_at_a_quarter_of_its_rate(
+        model_dir: Path, tmp_path: Path) -> None:
+    # lr 0.9 diverges at both rates: the search notes both passes, keeps going, and its
+    # plan is the unrecovered measurement (no recovery record, no weights file)
+    notes = _Notes()
+    outcome = run_search(_request(model_dir, tmp_path / "p.json", recovery=RecoverySettings(
+        **(RS | {"lr": 0.9, "steps": 30}))), reporter=notes)
+    diverged = [n for n in notes.notes if "diverged at step" in n]
+    assert diverged and len(diverged) % 2 == 0  # every finalist: its rate, then a quarter
+    assert "--recover-lr (now 0.9)" in diverged[0] and "(now 0.225)" in diverged[1]
+    assert outcome.plan.recovery is None
