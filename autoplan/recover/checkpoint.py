@@ -96,8 +96,9 @@ def restore_moments(opt: torch.optim.Optimizer, params: dict[str, torch.nn.Param
                     moments: dict[str, dict[str, Tensor]], step: int) -> None:
     for name, m in moments.items():
         p = params[name]
-        opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": m["exp_avg"].clone(),
-                        "exp_avg_sq": m["exp_avg_sq"].clone()}
+        # the fused AdamW keeps its step count on the parameter's device
+        opt.state[p] = {"step": torch.tensor(float(step), device=p.device),
+                        "exp_avg": m["exp_avg"].clone(), "exp_avg_sq": m["exp_avg_sq"].clone()}
 
 
 __all__ = ["Checkpoint", "adam_moments", "clear_checkpoint", "load_checkpoint",

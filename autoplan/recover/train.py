@@ -191,8 +191,10 @@ def recover(student: nn.Module, teacher: nn.Module, layers: Mapping[str, Simulat
         for n, p in student.named_parameters():
             p.requires_grad_(".lora_A." in n or ".lora_B." in n)
     params = _trainable(student)
+    # fused: one kernel over all tensors, about a tenth of a step faster on SmolLM2 (2 CPU
+    # cores) than the per-tensor loop torch picks for CPU; same update up to fp32 rounding
     opt = torch.optim.AdamW(list(params.values()), lr=settings.lr, betas=(0.9, 0.999),
-                            weight_decay=0.0)
+                            weight_decay=0.0, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, settings))
     start, losses, before = 0, [], 0.0
     ck = load_checkpoint(checkpoint_dir, run_key)

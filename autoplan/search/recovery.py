@@ -11,8 +11,8 @@ interrupted one; the chosen plan's file becomes ``<plan stem>.recovered.safetens
 A pass that diverges in a search is retried once at a quarter of its rate (its record holds
 the rate that ran); one that diverges again keeps the candidate's unrecovered measurement
 (the search goes on, with a note); the standalone command stops with the one-line message
-and leaves the plan as it was. Streamed execution is refused before any work: a pass needs the whole model
-(and the original beside it) in memory.
+and leaves the plan as it was. Streamed execution is refused before any work: a pass needs
+the whole model (and the original beside it) in memory.
 """
 
 from __future__ import annotations

@@ -166,3 +166,17 @@ def test_settings_refuse_bad_values() -> None:
     assert RecoverySettings(method="lora").method is RecoveryMethod.LORA
     assert RecoverySettings().key() != RecoverySettings(steps=151).key()
     assert RecoverySettings().key() == RecoverySettings(checkpoint_every=1).key()
+
+
+def test_straight_through_is_the_rounded_value_with_the_identity_gradient() -> None:
+    from autoplan.recover.trainable import straight_through
+
+    x = torch.randn(64, requires_grad=True)
+    rounded = x.detach().to(torch.bfloat16).float()
+    out = straight_through(x, rounded)
+    assert torch.equal(out, rounded)  # exactly the format's value, not x + (r - x)
+    (out * torch.arange(64.0)).sum().backward()
+    assert torch.equal(x.grad, torch.arange(64.0))
+    frozen = torch.randn(8)
+    assert straight_through(frozen, frozen.round()) is not None
+    assert not straight_through(frozen, frozen.round()).requires_grad
