@@ -8,8 +8,13 @@ completion order (`ray.wait`), so the caller can write its cache after each one.
 that dies has its task rerun by Ray (`max_retries`); application errors are not retried
 (a deterministic failure would fail again).
 
-Each task claims one GPU when the cluster has GPUs, else one CPU. Tasks run with the
-driver's torch thread count, so a worker computes bit-for-bit what the driver would.
+Tasks run with the driver's torch thread count, so a worker computes bit-for-bit what the
+driver would (reduction order, hence a score's last bits, depends on it). Each task claims
+one GPU when the cluster has GPUs, else as many CPUs as it runs threads: claiming one CPU
+for a 2-thread task put 2 workers x 2 threads on a 2-core machine, whose spinning intra-op
+threads made the sharded profile twice as slow as the serial one. The workers are started
+(and import torch and the scoring code) when the executor is made, so that cost overlaps
+the driver's model load and capture pass instead of delaying the first task.
 """
 
 from __future__ import annotations
@@ -151,6 +156,23 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _warm(threads: int) -> int:
+    """Start a worker and import what scoring tasks need, before the first one comes."""
+    import torch
+
+    import autoplan.sensitivity.profile  # noqa: F401 - the import is the point
+
+    torch.set_num_threads(threads)
+    return os.getpid()
+
+
+def cpus_per_task(threads: int, node_cpus: Iterable[float]) -> int:
+    """CPUs a task of `threads` torch threads claims: its threads, but no more than the
+    biggest node has (a claim no node can meet would wait forever)."""
+    biggest = max((int(c) for c in node_cpus), default=1)
+    return max(min(threads, biggest), 1)
+
+
 def _call(fn: Callable[[T], R], item: T, threads: int) -> R:
     """What each Ray task runs: `fn(item)` with the driver's torch thread count (reduction
     order, hence the last bits of a score, can depend on it)."""
@@ -201,14 +223,22 @@ class RayExecutor:
             else:
                 ray.init(num_cpus=num_cpus, **common)
             self._owns = True
-        resources = ray.cluster_resources()
-        self.gpus = int(resources.get("GPU", 0))
-        self.workers = self.gpus or max(int(resources.get("CPU", 1)), 1)
-        self.max_in_flight = max_in_flight or 2 * self.workers
         self._threads = torch.get_num_threads()
-        claim = {"num_gpus": 1, "num_cpus": 0} if self.gpus else {"num_cpus": 1}
-        self._remote = ray.remote(_call).options(max_retries=max_retries,
-                                                 retry_exceptions=False, **claim)
+        node_cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
+        self.gpus = int(ray.cluster_resources().get("GPU", 0))
+        if self.gpus:
+            claim = {"num_gpus": 1, "num_cpus": 0}
+            self.workers = self.gpus
+        else:
+            cpus = cpus_per_task(self._threads, node_cpus)
+            claim = {"num_cpus": cpus}
+            self.workers = max(sum(int(c) // cpus for c in node_cpus), 1)
+        self.max_in_flight = max_in_flight or 2 * self.workers
+        options = dict(max_retries=max_retries, retry_exceptions=False, **claim)
+        self._remote = ray.remote(_call).options(**options)
+        warm = ray.remote(_warm).options(**options)
+        # not waited for: the workers start while the driver loads the model
+        self._warming = [warm.remote(self._threads) for _ in range(self.workers)]
 
     def imap_unordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[tuple[int, R]]:
         ray = self._ray
@@ -261,4 +291,4 @@ class RayExecutor:
         self.close()
 
 
-__all__ = ["INSTALL_HINT", "RayExecutor", "check_reachable", "import_ray"]
+__all__ = ["INSTALL_HINT", "RayExecutor", "check_reachable", "cpus_per_task", "import_ray"]

@@ -30,7 +30,7 @@ from autoplan.search.space import build_space
 from autoplan.search.tables import build_tables
 from autoplan.search.verify import Verifier
 from autoplan.sensitivity import build_profile, cache_path
-from autoplan.sensitivity.ray_executor import RayExecutor, import_ray
+from autoplan.sensitivity.ray_executor import RayExecutor, cpus_per_task, import_ray
 from autoplan.targets import get_target
 from tests.unit._tiny import WORKLOAD, one_torch_thread, synthetic_profile, tiny_llama, tiny_spec  # noqa: F401
 from tests.unit.tiny_llama import tiny_tokenizer
@@ -115,6 +115,29 @@ def test_cluster_has_two_cpu_workers_and_listens_on_loopback_only(executor: RayE
                  if c.status == psutil.CONN_LISTEN]
     assert listening, "the Ray processes listen somewhere"
     assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip in listening), listening
+
+
+def test_a_task_claims_a_cpu_per_torch_thread_within_the_biggest_node() -> None:
+    assert cpus_per_task(1, [2.0]) == 1
+    assert cpus_per_task(2, [2.0]) == 2
+    assert cpus_per_task(8, [2.0, 4.0]) == 4  # more than any node has would never schedule
+    assert cpus_per_task(2, []) == 1
+
+
+def test_two_thread_tasks_on_two_cpus_run_one_at_a_time_and_equal_serial(
+        s: Setup, executor: RayExecutor, tmp_path: Path) -> None:
+    """2 workers x 2 spinning intra-op threads on 2 cores made sharding twice as slow as one
+    process: a 2-thread task claims both CPUs, and computes the 2-thread serial bits."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        wide = RayExecutor("auto")  # joins the running 2-CPU cluster
+        assert (wide.workers, wide.max_in_flight) == (1, 2)
+        serial = s.build(tmp_path / "serial")
+        prof = s.build(tmp_path / "ray", wide)
+    finally:
+        torch.set_num_threads(previous)
+    assert prof.scores == serial.scores and prof.outliers == serial.outliers
 
 
 def test_profile_on_ray_equals_the_serial_one_exactly(s: Setup, executor: RayExecutor,
