@@ -12,9 +12,11 @@ Tasks run with the driver's torch thread count, so a worker computes bit-for-bit
 driver would (reduction order, hence a score's last bits, depends on it). Each task claims
 one GPU when the cluster has GPUs, else as many CPUs as it runs threads: claiming one CPU
 for a 2-thread task put 2 workers x 2 threads on a 2-core machine, whose spinning intra-op
-threads made the sharded profile twice as slow as the serial one. The workers are started
-(and import torch and the scoring code) when the executor is made, so that cost overlaps
-the driver's model load and capture pass instead of delaying the first task.
+threads made the sharded profile twice as slow as the serial one. A new local cluster
+(`--ray auto` without RAY_ADDRESS) starts in a background thread, and the workers are started
+(and import torch and the scoring code) as soon as it is up, so both overlap the driver's
+model load and capture pass instead of delaying the first task; joining a running cluster
+stays in the caller's thread, so a wrong address fails before the model loads.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +43,7 @@ INSTALL_HINT = "pip install 'autoplan[ray]'"
 CONNECT_TIMEOUT_S = 5.0
 MAX_RETRIES = 3
 DEFAULT_PORT = 6379  # the port `ray start --head` listens on
+_INIT = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
 
 
 def _shim_broken_amdsmi() -> None:
@@ -210,37 +214,88 @@ class RayExecutor:
         ray = import_ray()
         self._ray = ray
         self._owns = False
-        if not ray.is_initialized():
-            common = {"include_dashboard": False, "log_to_driver": False,
-                      "logging_level": logging.ERROR}
-            if target:
-                try:
-                    with _stderr_silenced():  # Ray's C++ client logs each retry there
-                        ray.init(address=target, **common)
-                except (ConnectionError, TimeoutError, RuntimeError) as exc:
-                    raise UserInputError(f"--ray {target}: could not join the Ray cluster "
-                                         f"there: {_first_line(exc)}") from None
-            else:
-                ray.init(num_cpus=num_cpus, **common)
-            self._owns = True
         self._threads = torch.get_num_threads()
+        self._max_retries, self._max_in_flight = max_retries, max_in_flight
+        self._started: BaseException | None = None
+        self._starting: threading.Thread | None = None
+        self._up, self._closing = threading.Event(), threading.Event()
+        self._up.set()  # set again below for a local cluster: cleared while it starts
+        if ray.is_initialized():
+            self._start()
+        elif target:
+            # joined now, in the caller's thread: a wrong address fails with its one line
+            # before the model loads
+            try:
+                with _stderr_silenced():  # Ray's C++ client logs each retry there
+                    ray.init(address=target, **_INIT)
+            except (ConnectionError, TimeoutError, RuntimeError) as exc:
+                raise UserInputError(f"--ray {target}: could not join the Ray cluster "
+                                     f"there: {_first_line(exc)}") from None
+            self._owns = True
+            self._start()
+        else:
+            # A new local cluster starts in the background (5-17 s on 2 cores), overlapping
+            # the driver's model load and capture pass; the first use waits for it.
+            self._owns = True
+            self._up.clear()
+            self._starting = threading.Thread(target=self._start_local, args=(num_cpus,),
+                                              name="autoplan-ray-start", daemon=True)
+            self._starting.start()
+
+    def _start_local(self, num_cpus: int | None) -> None:
+        try:
+            self._ray.init(num_cpus=num_cpus, **_INIT)
+            self._start()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            self._started = exc
+        finally:
+            self._up.set()
+        # Ray's processes die with the *thread* that started them (Linux's parent-death
+        # signal follows the thread), so this one stays until the cluster is shut down.
+        self._closing.wait()
+
+    def _start(self) -> None:
+        """Size the workers from the cluster's resources and start them."""
+        ray = self._ray
         node_cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
-        self.gpus = int(ray.cluster_resources().get("GPU", 0))
-        if self.gpus:
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus:
             claim = {"num_gpus": 1, "num_cpus": 0}
-            self.workers = self.gpus
+            workers = gpus
         else:
             cpus = cpus_per_task(self._threads, node_cpus)
             claim = {"num_cpus": cpus}
-            self.workers = max(sum(int(c) // cpus for c in node_cpus), 1)
-        self.max_in_flight = max_in_flight or 2 * self.workers
-        options = dict(max_retries=max_retries, retry_exceptions=False, **claim)
+            workers = max(sum(int(c) // cpus for c in node_cpus), 1)
+        self._gpus, self._workers = gpus, workers
+        options = dict(max_retries=self._max_retries, retry_exceptions=False, **claim)
         self._remote = ray.remote(_call).options(**options)
         warm = ray.remote(_warm).options(**options)
         # not waited for: the workers start while the driver loads the model
-        self._warming = [warm.remote(self._threads) for _ in range(self.workers)]
+        self._warming = [warm.remote(self._threads) for _ in range(workers)]
+
+    def _ready(self) -> None:
+        """Wait for a local cluster's background start; raise what it raised."""
+        self._up.wait()
+        if self._started is not None:
+            raise AutoplanError(f"--ray auto: the local Ray cluster did not start: "
+                                f"{_first_line(self._started)}") from None
+
+    @property
+    def workers(self) -> int:
+        self._ready()
+        return self._workers
+
+    @property
+    def gpus(self) -> int:
+        self._ready()
+        return self._gpus
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._max_in_flight or 2 * self.workers
 
     def imap_unordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[tuple[int, R]]:
+        self._ready()
         ray = self._ray
         fn_ref = ray.put(fn)
         pending: dict[Any, int] = {}
@@ -280,9 +335,14 @@ class RayExecutor:
                                 "are kept, rerun to resume") from None
 
     def close(self) -> None:
+        self._up.wait()  # closed before first use: let the start finish
         if self._owns and self._ray.is_initialized():
             self._ray.shutdown()
         self._owns = False
+        self._closing.set()
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
 
     def __enter__(self) -> RayExecutor:
         return self
