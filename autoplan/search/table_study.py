@@ -21,6 +21,7 @@ trials' parameters); any other sampler keeps Optuna's own study.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -48,11 +49,16 @@ class TableStudy:
         self._dists = {n: CategoricalDistribution(lb) for n, lb in zip(names, self._labels,
                                                                         strict=True)}
         self._trials: list[FrozenTrial] = []
+        self._complete: list[FrozenTrial] = []  # by number: the sampler asks every trial
+        self._waiting: list[FrozenTrial] = []  # by number: popped first
 
     # ---- the Study protocol the search and ExchangeSampler use ---------------------------
     def get_trials(self, deepcopy: bool = True,
                    states: Sequence[TrialState] | None = None) -> list[FrozenTrial]:
-        out = [t for t in self._trials if states is None or t.state in states]
+        if states is not None and tuple(states) == (TrialState.COMPLETE,):
+            out = list(self._complete)
+        else:
+            out = [t for t in self._trials if states is None or t.state in states]
         return copy.deepcopy(out) if deepcopy else out
 
     @property
@@ -64,6 +70,10 @@ class TableStudy:
         t = copy.copy(trial)
         t.number = t._trial_id = len(self._trials)
         self._trials.append(t)
+        if t.state == TrialState.COMPLETE:
+            self._completed(t)
+        elif t.state == TrialState.WAITING:
+            self._waiting.append(t)
 
     def enqueue_trial(self, params: Mapping[str, Any], skip_if_exists: bool = False) -> None:
         if skip_if_exists and any(t.system_attrs.get("fixed_params", t.params) == params
@@ -72,6 +82,7 @@ class TableStudy:
         n = len(self._trials)
         self._trials.append(FrozenTrial(n, TrialState.WAITING, None, None, None, {}, {}, {},
                                         {"fixed_params": dict(params)}, {}, n))
+        self._waiting.append(self._trials[-1])
 
     def optimize(self, objective: Any, n_trials: int,
                  callbacks: Sequence[Callable[[Any, FrozenTrial], None]] = ()) -> None:
@@ -90,15 +101,23 @@ class TableStudy:
             trial.state = TrialState.FAIL if bad else TrialState.COMPLETE
             trial.values = None if bad else [float(v) for v in values]
             trial.datetime_complete = datetime.now()
+            if not bad:
+                self._completed(trial)
             for cb in callbacks:
                 cb(self, trial)
 
     # ---- internals ---------------------------------------------------------------------
+    def _completed(self, trial: FrozenTrial) -> None:
+        if self._complete and self._complete[-1].number > trial.number:
+            bisect.insort(self._complete, trial, key=lambda t: t.number)
+        else:
+            self._complete.append(trial)
+
     def _next_trial(self) -> FrozenTrial:
-        for t in self._trials:  # Optuna pops the first WAITING trial by number
-            if t.state == TrialState.WAITING:
-                t.state, t.datetime_start = TrialState.RUNNING, datetime.now()
-                return t
+        if self._waiting:  # Optuna pops the first WAITING trial by number
+            t = self._waiting.pop(0)
+            t.state, t.datetime_start = TrialState.RUNNING, datetime.now()
+            return t
         n = len(self._trials)
         t = FrozenTrial(n, TrialState.RUNNING, None, datetime.now(), None, {}, {}, {}, {}, {}, n)
         self._trials.append(t)

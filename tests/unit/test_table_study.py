@@ -58,7 +58,7 @@ def test_same_trials_as_optunas_study(make) -> None:  # noqa: ANN001
                                      enumerate(zip(tables.space.units, picks, strict=True))},
                                     skip_if_exists=True)
             study.optimize(_Objective(tables, cost, cfg, limit), n_trials=round_trials,
-                           callbacks=[lambda s, t: seen.append(t.number)])
+                           callbacks=[lambda s, t, seen=seen: seen.append(t.number)])
         runs.append((_record(study.get_trials(deepcopy=False)), seen))
     assert runs[0] == runs[1]
     states = {t[1] for t in runs[0][0]}
