@@ -4,6 +4,8 @@ objective from the cost model, the quality limit as an Optuna constraint on the 
 Single-objective studies use ExchangeSampler (sampler.py), a randomized exchange local search
 that makes every trial one move from the best feasible trial; `multi_objective` adds the
 surrogate as a second objective, samples with NSGA-II and returns the Pareto front.
+ExchangeSampler's trials run on TableStudy (table_study.py): the trials Optuna's in-memory
+study would run, without its per-parameter bookkeeping; any other sampler on Optuna's.
 Warm starts (uniform recipes, OWL allocations) are enqueued before sampling.
 
 With a storage, the study's trials are shared by every process of the search: each samples
