@@ -41,6 +41,8 @@ class ExchangeSampler(optuna.samplers.BaseSampler):
         self._seen = 0
         self._elites: list[tuple[float, tuple[int, ...]]] = []  # (time, picks), best first
         self._random = optuna.samplers.RandomSampler(seed=seed)
+        self._space = {n: CategoricalDistribution(lbl)
+                       for n, lbl in zip(self._names, self._labels, strict=True)}
 
     def reseed_rng(self) -> None:
         self._rng = np.random.default_rng()
@@ -49,7 +51,7 @@ class ExchangeSampler(optuna.samplers.BaseSampler):
     # ---- Optuna protocol -----------------------------------------------------------------
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial
                                     ) -> dict[str, BaseDistribution]:
-        return {n: CategoricalDistribution(lbl) for n, lbl in zip(self._names, self._labels)}
+        return dict(self._space)  # built once: Optuna asks every trial
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:

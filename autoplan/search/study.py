@@ -4,6 +4,8 @@ objective from the cost model, the quality limit as an Optuna constraint on the 
 Single-objective studies use ExchangeSampler (sampler.py), a randomized exchange local search
 that makes every trial one move from the best feasible trial; `multi_objective` adds the
 surrogate as a second objective, samples with NSGA-II and returns the Pareto front.
+ExchangeSampler's trials run on TableStudy (table_study.py): the trials Optuna's in-memory
+study would run, without its per-parameter bookkeeping; any other sampler on Optuna's.
 Warm starts (uniform recipes, OWL allocations) are enqueued before sampling.
 
 With a storage, the study's trials are shared by every process of the search: each samples
@@ -36,6 +38,7 @@ from autoplan.errors import UserInputError
 from autoplan.search.jobs import Job, JobQueue, drain, worker_id
 from autoplan.search.sampler import ExchangeSampler
 from autoplan.search.storage import load_or_create, open_storage
+from autoplan.search.table_study import TableStudy
 from autoplan.search.tables import Tables
 
 
@@ -81,21 +84,42 @@ def _sampler(cfg: StudyConfig, tables: Tables, limit: float) -> BaseSampler:
     return ExchangeSampler(tables, limit, seed=cfg.seed)
 
 
-def _objective(tables: Tables, cost: CostModel, cfg: StudyConfig, limit: float
-               ) -> Callable[[optuna.Trial], float | tuple[float, float]]:
-    units = tables.space.units
+class _Objective:
+    """The trial's objective: Optuna's callback (`__call__`), and `evaluate` on picks, which
+    TableStudy calls with the picks it sampled the same way."""
 
-    def objective(trial: optuna.Trial):  # noqa: ANN202 - optuna callback
+    def __init__(self, tables: Tables, cost: CostModel, cfg: StudyConfig, limit: float) -> None:
+        self.tables, self.cost, self.cfg, self.limit = tables, cost, cfg, limit
+
+    def evaluate(self, picks: Sequence[int]) -> tuple[tuple[float, ...], float, float]:
+        """(values, surrogate, quality constraint) of one pick."""
+        prefill, decode = self.tables.times(picks)
+        value = self.cost.metric_from_times(prefill, decode, self.cfg.objective)
+        surrogate = self.tables.surrogate(picks)
+        values = (value, surrogate) if self.cfg.multi_objective else (value,)
+        return values, surrogate, surrogate - self.limit
+
+    def __call__(self, trial: optuna.Trial):  # noqa: ANN204 - optuna callback
+        tables = self.tables
         picks = [tables.label_index[i][trial.suggest_categorical(u.name, tables.labels[i])]
-                 for i, u in enumerate(units)]
-        prefill, decode = tables.times(picks)
-        value = cost.metric_from_times(prefill, decode, cfg.objective)
-        surrogate = tables.surrogate(picks)
+                 for i, u in enumerate(tables.space.units)]
+        values, surrogate, constraint = self.evaluate(picks)
         trial.set_user_attr("surrogate", surrogate)
-        trial.set_constraint("quality", surrogate - limit)
-        return (value, surrogate) if cfg.multi_objective else value
+        trial.set_constraint("quality", constraint)
+        return values if self.cfg.multi_objective else values[0]
 
-    return objective
+
+def _objective(tables: Tables, cost: CostModel, cfg: StudyConfig, limit: float) -> _Objective:
+    return _Objective(tables, cost, cfg, limit)
+
+
+def _memory_study(cfg: StudyConfig, tables: Tables, limit: float) -> optuna.Study | TableStudy:
+    """Where trials are sampled: TableStudy for the default ExchangeSampler (the same trials
+    without Optuna's per-parameter bookkeeping, table_study.py), else an Optuna study."""
+    sampler = _sampler(cfg, tables, limit)
+    if type(sampler) is ExchangeSampler:
+        return TableStudy(sampler, [u.name for u in tables.space.units], tables.labels)
+    return optuna.create_study(directions=_directions(cfg), sampler=sampler)
 
 
 def _directions(cfg: StudyConfig) -> list[str]:
@@ -115,8 +139,7 @@ class RoundStudy:
                  storage: BaseStorage) -> None:
         self.tables, self.limit, self.cost, self.cfg = tables, limit, cost, cfg
         self.persist = load_or_create(storage, cfg.study_name, _directions(cfg))
-        self.memory = optuna.create_study(directions=_directions(cfg),
-                                          sampler=_sampler(cfg, tables, limit))
+        self.memory = _memory_study(cfg, tables, limit)
         # who stored a trial: this process, and this mirror (a process may open a study twice)
         self.worker = f"{worker_id()}/{uuid.uuid4().hex[:8]}"
         self._objective = _objective(tables, cost, cfg, limit)
@@ -245,8 +268,7 @@ def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
     direction = DIRECTION[cfg.objective]
     total = cfg.n_trials
     if cfg.storage is None:
-        memory = optuna.create_study(directions=_directions(cfg),
-                                     sampler=_sampler(cfg, tables, limit))
+        memory = _memory_study(cfg, tables, limit)
         study = None
     else:
         storage = open_storage(cfg.storage) if isinstance(cfg.storage, str) else cfg.storage

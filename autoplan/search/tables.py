@@ -39,11 +39,17 @@ class Tables:
     def total_time(self, u: int) -> np.ndarray:
         """Time contribution of unit u per choice that every objective is monotone in:
         prefill_weight * prefill + (out - 1) * decode."""
-        return self.prefill_weight * self.prefill[u] + (self.output_len - 1) * self.decode[u]
+        return self._total_times[u]
+
+    @cached_property
+    def _total_times(self) -> tuple[np.ndarray, ...]:  # the sampler asks every trial
+        return tuple(self.prefill_weight * p + (self.output_len - 1) * d
+                     for p, d in zip(self.prefill, self.decode, strict=True))
 
     def request_time(self, picks: Sequence[int]) -> float:
         """Sum of the units' request-time contributions (every objective is monotone in it)."""
-        return sum(float(self.total_time(u)[c]) for u, c in enumerate(picks))
+        totals = self._total_times
+        return sum(float(totals[u][c]) for u, c in enumerate(picks))
 
     @cached_property
     def labels(self) -> tuple[tuple[str, ...], ...]:

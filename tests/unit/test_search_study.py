@@ -176,3 +176,23 @@ def test_bad_storage_url_is_a_user_error_without_the_password(url: str) -> None:
     msg = str(err.value)
     assert "secret" not in msg and "\n" not in msg
     assert "storage" in msg
+
+
+def test_journal_appends_are_read_at_once_and_synced_now_and_then(
+        tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    import os
+
+    from autoplan.search import storage as st
+
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(st.os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    path = str(tmp_path / "j.journal")
+    writer, reader = st.SyncedJournalFile(path), st.SyncedJournalFile(path)
+    for i in range(50):
+        writer.append_logs([{"op_code": 0, "n": i}])
+        assert [log["n"] for log in reader.read_logs(i)] == [i]  # another process sees it now
+    assert len(synced) <= 1  # 50 appends well within FSYNC_S
+    monkeypatch.setattr(st, "FSYNC_S", 0.0)
+    writer.append_logs([{"op_code": 0, "n": 50}])
+    assert len(synced) >= 1
