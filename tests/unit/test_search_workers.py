@@ -114,7 +114,10 @@ def _shared_search(url: str, model_dir: Path, tmp_path: Path, n_workers: int) ->
     out = tmp_path / "plan.json"
     workers = [_worker(url, tmp_path) for _ in range(n_workers)]  # first: they wait for it
     req = SearchRequest(model=str(model_dir), target="h100-sxm", runtime="vllm",
-                        trials=300, out=out, workload=WORKLOAD, storage=url, study=STUDY, **FAST)
+                        # enough trials that workers get batches: the driver samples one in
+                        # ~1.5 ms (TableStudy), so 300 could all be done before a worker joins
+                        trials=2000, out=out, workload=WORKLOAD, storage=url, study=STUDY,
+                        **FAST)
     storage = open_storage(url)
     result: dict[str, SearchOutcome] = {}
     search = threading.Thread(target=lambda: result.update(
