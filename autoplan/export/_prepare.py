@@ -185,7 +185,6 @@ def plan_settings(plan: Plan) -> CompressionSettings:
                                solver_threads=plan.audit.solver_threads)
 
 
-
 def _needs_stats(plan: Plan, choices: Mapping[str, Choice]) -> bool:
     settings = plan_settings(plan)
     sparse = any(c.sparsity.kind != "dense" for c in choices.values())
