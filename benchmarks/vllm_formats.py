@@ -143,6 +143,7 @@ def check(name: str, plan, ctx: dict, args, folder: Path) -> dict:  # noqa: ANN0
         agreement,
         check_layer,
         compare,
+        int8_pairs_saturate,
         layer_inputs,
         mean_nll,
         noise_draws,
@@ -177,7 +178,9 @@ def check(name: str, plan, ctx: dict, args, folder: Path) -> dict:  # noqa: ANN0
     sim = reference_logprobs(sim_model, prompts, conts)
     draws = noise_draws(sim_model, prompts, conts, seeds=ctx["seeds"])
     agree = agreement(run.results, sim, draws, ctx["floor"])
-    layers = {n: check_layer(sim_model.get_submodule(n), xs[n], run.layers[n]) for n in names}
+    saturate = int8_pairs_saturate(run.cpu)
+    layers = {n: check_layer(sim_model.get_submodule(n), xs[n], run.layers[n],
+                             int8_pairs_saturate=saturate) for n in names}
     cmp = compare(run.results, sim)
     row.update(
         cmp, model_check=agree, layer_check=layers, cpu=run.cpu, versions=run.versions,

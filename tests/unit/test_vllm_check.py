@@ -12,9 +12,11 @@ from autoplan.engines.vllm_check import (
     agreement,
     bf16_model,
     check_layer,
+    int8_pairs_saturate,
     layer_inputs,
     mean_nll,
     noise_draws,
+    onednn_u8s8_pairs,
     reference_logprobs,
     simulated_model,
 )
@@ -114,3 +116,42 @@ def test_serve_command_is_local_and_takes_no_removed_flag(tmp_path):
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and "8123" in cmd
     assert "--disable-log-requests" not in cmd  # vLLM 0.32: "unrecognized arguments"
     assert "--no-trust-remote-code" in cmd
+
+
+def test_onednn_pairs_equal_int32_until_a_pair_passes_int16():
+    # no pair can pass 32767 (2 * (20 + 128) * 100 = 29600: the +128 shift makes even small
+    # inputs large), so the kernel's accumulators are the exact ones
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-20, 21, (5, 64), generator=g, dtype=torch.int8)
+    w = torch.randint(-100, 101, (7, 64), generator=g, dtype=torch.int8)
+    exact = x.long() @ w.long().T
+    assert torch.equal(onednn_u8s8_pairs(x, w), exact)
+    # one pair by hand: x = (127, 127), w = (127, 127) -> (255*127)*2 = 64770 saturates to
+    # 32767, minus the shift 128 * 254 = 32512: 255, where the exact product is 32258
+    x2 = torch.tensor([[127, 127]], dtype=torch.int8)
+    w2 = torch.tensor([[127, 127]], dtype=torch.int8)
+    assert int(onednn_u8s8_pairs(x2, w2)) == 32767 - 128 * 254 == 255
+    assert int(x2.long() @ w2.long().T) == 32258
+
+
+def test_layer_check_under_pair_saturation_tells_the_two_kernels_apart(sim):
+    x = layer_inputs(sim, PROMPTS, [NAME])[NAME] * 64  # large inputs: codes near +-127
+    layer = sim.get_submodule(NAME)
+    exact_engine = _engine_like(layer, x)
+    codes = exact_engine["codes"].reshape(x.shape[0], -1)
+    acc = onednn_u8s8_pairs(codes, layer.quantized.codes)
+    assert not torch.equal(acc, codes.long() @ layer.quantized.codes.long().T)  # it saturates
+    saturating_engine = dict(exact_engine, y=(
+        acc.double() * exact_engine["scales"].double().reshape(-1, 1)
+        * layer.quantized.scales["weight_scale"].double().reshape(1, -1)).bfloat16().float())
+    good = check_layer(layer, x, saturating_engine, int8_pairs_saturate=True)
+    assert good["exact_within_bf16"] and good["saturated_outputs"] > 0
+    assert not check_layer(layer, x, exact_engine, int8_pairs_saturate=True)["exact_within_bf16"]
+    assert not check_layer(layer, x, saturating_engine)["exact_within_bf16"]
+
+
+def test_int8_pairs_saturate_reads_the_workers_cpu_flags():
+    assert int8_pairs_saturate({"flags": ["avx2"]})
+    assert not int8_pairs_saturate({"flags": ["avx2", "avx512f", "avx512_vnni"]})
+    assert not int8_pairs_saturate({"flags": ["avx2", "avx_vnni"]})
+    assert not int8_pairs_saturate({})  # not x86 (or an old worker): no claim

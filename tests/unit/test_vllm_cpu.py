@@ -32,6 +32,14 @@ def test_w4a16_refused_on_avx2_with_vllms_error_allowed_on_avx512():
             assert supports(get_target(target), "vllm", Choice.parse(fmt)).ok
 
 
+def test_w8a8_int8_refused_on_avx2_where_onednn_saturates_allowed_on_vnni():
+    answer = supports(_avx2(), "vllm", Choice.parse("int8"))
+    assert not answer.ok and "saturation" in answer.reason and "VNNI" in answer.reason
+    assert supports(_avx2(), "vllm", Choice.parse("bf16")).ok
+    for target in ("epyc-9654", "xeon-8480"):  # AVX512-VNNI / AMX: the format as simulated
+        assert supports(get_target(target), "vllm", Choice.parse("int8")).ok
+
+
 def test_w8a16_refused_on_every_cpu_in_vllms_words():
     for target in (_avx2(), get_target("epyc-9654"), get_target("xeon-8480")):
         answer = supports(target, "vllm", Choice.parse("int8_wo"))
