@@ -14,6 +14,11 @@ Terms (see autoplan/cost/linear.py for how they enter the step time):
                  HBM bandwidth (hw-facts §2F): modelled as a fixed overhead, not a lower eta.
     step_s:      fixed cost per engine step (scheduler, sampling sync, host work).
     power_frac:  average board power / TDP while serving (hw-facts §3.3: 60-90 % of TDP).
+
+A format whose GEMM kernel has published timings departing from these BF16/FP8 kernels (FP4
+on Blackwell) gets its own efficiencies in autoplan/cost/kernels.py, set from kernel-level
+timings, not from the validation points; the leave-one-family-out hold-out replaces the rows
+here only.
 """
 
 from __future__ import annotations

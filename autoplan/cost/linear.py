@@ -16,6 +16,9 @@
   activation-quantization kernel for W8A8/W4A4 formats; a group's kernel time is split
   evenly between its members so that per-layer terms add up (the search gives fused groups
   one choice).
+- kernel paths (autoplan/cost/kernels.py): a format whose GEMM kernel has published timings
+  of its own (FP4 on Blackwell) streams and computes at that kernel's efficiencies, and its
+  GEMM call costs the kernel's fixed time instead of the family's kernel_s.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.cost.efficiency import BLOCK_COMPUTE_EFF, FamilyEfficiency, bandwidth_factor
+from autoplan.cost.kernels import kernel_path
 from autoplan.cost.sparse import sparse24_speedup
 from autoplan.errors import UnsupportedFormatError
 from autoplan.formats import Choice, Precision
@@ -84,10 +88,12 @@ def gemm_time(target: Target, eff: FamilyEfficiency, choice: Choice, m: int, n: 
               baseline: Precision) -> GemmTime:
     """Roofline time of y[m, n] = x[m, k] @ W[n, k].T under a choice (no kernel overhead)."""
     info, sp = choice.precision.info, choice.sparsity
+    path = kernel_path(target, choice)
+    eta_bw, eta_c = (path.eta_bw, path.eta_c) if path else (eff.eta_bw, eff.eta_c)
     n_eff = n * sp.density if sp.kind == "channel" else n
     weight_bytes = k * n * stored_bits(target, choice) / 8
     act_bytes = m * (k * info.act_bytes + n_eff * 2.0)
-    mem_s = (weight_bytes + act_bytes) / (eff.eta_bw * bandwidth_factor(target, choice)
+    mem_s = (weight_bytes + act_bytes) / (eta_bw * bandwidth_factor(target, choice)
                                           * target.bandwidth)
     flops = 2.0 * m * n * k
     if sp.kind == "channel":
@@ -96,7 +102,7 @@ def gemm_time(target: Target, eff: FamilyEfficiency, choice: Choice, m: int, n: 
         flops *= sp.density / BLOCK_COMPUTE_EFF[sp.block]
     elif sparse24_accelerated(target, choice):
         flops /= sparse24_speedup(m, n, k, info.math, target)
-    comp_s = flops / (eff.eta_c * math_peak(target, choice, baseline))
+    comp_s = flops / (eta_c * math_peak(target, choice, baseline))
     if comp_s > mem_s:
         return GemmTime(comp_s, "compute")
     return GemmTime(mem_s, "memory")
@@ -109,5 +115,13 @@ def kernels_per_call(choice: Choice) -> int:
     return 1 + (0 if info.weight_only or info.act_bytes >= 2 or info.act_group else 1)
 
 
-__all__ = ["GemmTime", "gemm_time", "kernels_per_call", "math_peak", "sparse24_accelerated",
-           "stored_bits"]
+def call_overhead(target: Target, eff: FamilyEfficiency, choice: Choice) -> float:
+    """Fixed seconds of one call of a choice's GEMM (with its activation-quantization kernel,
+    if any): the family's kernel_s per kernel, the GEMM's own fixed time on a kernel path."""
+    path = kernel_path(target, choice)
+    extra = path.fixed_s - eff.kernel_s if path else 0.0
+    return kernels_per_call(choice) * eff.kernel_s + extra
+
+
+__all__ = ["GemmTime", "call_overhead", "gemm_time", "kernels_per_call", "math_peak",
+           "sparse24_accelerated", "stored_bits"]

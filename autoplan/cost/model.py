@@ -23,7 +23,7 @@ from typing import Any
 
 from autoplan.cost.efficiency import baseline_precision, family_efficiency
 from autoplan.cost.fixed import ZERO, FixedCost, PhaseTime, fixed_cost
-from autoplan.cost.linear import gemm_time, kernels_per_call, math_peak, stored_bits
+from autoplan.cost.linear import call_overhead, gemm_time, math_peak, stored_bits
 from autoplan.cost.measured import MeasuredTable
 from autoplan.cost.report import (Estimate, LayerBreakdown, Memory, Metrics, Objective,
                                   metrics_from_times)
@@ -110,7 +110,7 @@ class CostModel:
         if hit is not None:
             return hit
         n, k, b = layer.out_features, layer.in_features, self.workload.batch
-        overhead = kernels_per_call(choice) * self.eff.kernel_s / group
+        overhead = call_overhead(self.target, self.eff, choice) / group
         decode = self._call(choice, b, n, k, group_n, overhead)
         if lm_head:  # logits only for each sequence's last prompt position
             prefill = decode

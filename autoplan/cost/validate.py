@@ -24,7 +24,7 @@ from typing import Any
 from autoplan.cost.configs import resolve_config
 from autoplan.cost.efficiency import (baseline_precision, family_efficiency, family_of,
                                       replaced_family, transfer_row)
-from autoplan.cost.linear import gemm_time, kernels_per_call
+from autoplan.cost.linear import call_overhead, gemm_time
 from autoplan.cost.model import CostModel
 from autoplan.cost.report import Memory
 from autoplan.errors import AutoplanError
@@ -176,7 +176,7 @@ def _value(point: dict[str, Any], side_name: str) -> tuple[float, str]:
         eff = family_efficiency(target)
         m, n, k = point["m"], point["n"], point["k"]
         t = gemm_time(target, eff, choice, m, n, k, baseline_precision(target)).seconds
-        return t + kernels_per_call(choice) * eff.kernel_s, f"{m}x{n}x{k}"
+        return t + call_overhead(target, eff, choice), f"{m}x{n}x{k}"
     batch = side.get("batch", 1)
     if batch == "max":
         batch = _max_batch(point["model"], side)
