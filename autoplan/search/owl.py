@@ -68,12 +68,18 @@ def lagrangian_allocations(tables: Tables, limit: float, count: int = 12) -> lis
         lams.extend((dt[ok] / dq[ok]).tolist())
     if not lams:
         return []
+    # all units at once: [units, choices] with unused slots at +inf time, never picked
+    # (each unit's row is computed exactly as on its own, so argmin picks the same index)
+    width = max(len(t) for t in times)
+    t_all = np.full((n_units, width), np.inf)
+    q_all = np.zeros((n_units, width))
+    for u in range(n_units):
+        t_all[u, :len(times[u])] = times[u]
+        q_all[u, :len(times[u])] = tables.quality[u]
     hull: dict[tuple[int, ...], None] = {}
     for lam in sorted(set(lams)):
         for eps in (1 - 1e-9, 1 + 1e-9):
-            picks = tuple(int(np.argmin(times[u] + lam * eps * tables.quality[u]))
-                          for u in range(n_units))
-            hull[picks] = None
+            hull[tuple(np.argmin(t_all + lam * eps * q_all, axis=1).tolist())] = None
     feasible = [list(p) for p in hull if tables.surrogate(p) <= limit]
     feasible.sort(key=tables.request_time)
     return feasible[:count]
