@@ -114,7 +114,8 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
                           f"best uniform {r.best_uniform_name or '-'}[/dim]")
     err_console.print(f"one profile ({comparison.profile_entries:,} layer x choice scores, "
                       f"{comparison.profile_s:.1f} s), {comparison.measurements} real-model "
-                      f"measurements ({comparison.reused} shared between targets), "
+                      f"measurements ({comparison.reused} shared between targets, "
+                      f"{comparison.cached} from earlier runs), "
                       f"{comparison.wall_s:.1f} s; plans and compare.json in {out}")
 
 

@@ -96,12 +96,14 @@ class Comparison:
     measurements: int  # real-model verifications run
     reused: int  # verifications answered from another entry's identical decisions
     out_dir: str
+    cached: int = 0  # verifications answered from an earlier run's (measurement_cache)
 
     def to_json(self) -> dict[str, Any]:
         return {"predicted_speed": True, "objective": self.objective, "model": self.model,
                 "budget": self.budget, "wall_s": self.wall_s, "profile_s": self.profile_s,
                 "profile_entries": self.profile_entries, "measurements": self.measurements,
-                "reused_measurements": self.reused, "rows": [asdict(r) for r in self.rows]}
+                "reused_measurements": self.reused, "cached_measurements": self.cached,
+                "rows": [asdict(r) for r in self.rows]}
 
 
 class _Prefixed(Reporter):
@@ -195,7 +197,7 @@ def run_compare(req: CompareRequest, reporter: Reporter | None = None) -> Compar
             continue
         live.append((entry, sub, platform))  # type: ignore[arg-type]
     req.out_dir.mkdir(parents=True, exist_ok=True)  # only once every entry passed its checks
-    measurements = reused = entries_scored = 0
+    measurements = reused = cached = entries_scored = 0
     profile_s = 0.0
     if live:
         base = live[0][1]
@@ -227,12 +229,12 @@ def run_compare(req: CompareRequest, reporter: Reporter | None = None) -> Compar
             rows.append(_row_of(entry, plan, platform,
                                 {c: ans.reason for c, ans in refused.items()}, wall,
                                 sub.out.name))
-        reused = work.shared.reused
-        measurements = len(work.shared.results)
+        reused, cached = work.shared.reused, work.shared.cached
+        measurements = work.shared.measured
     comparison = Comparison(
         _sorted(rows, req.base.objective.value), req.base.objective.value, req.base.model,
         req.base.budget.text, time.perf_counter() - t0, profile_s, entries_scored,
-        measurements, reused, str(req.out_dir))
+        measurements, reused, str(req.out_dir), cached)
     write_json_atomic(req.out_dir / RESULT_FILE, comparison.to_json())
     return comparison
 

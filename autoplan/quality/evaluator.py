@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from autoplan.quality.metrics import ReferenceLogprobs, compare_pass, reference_pass
+from autoplan.quality.metrics import ReferenceLogprobs, bounded_compare_pass, reference_pass
 from autoplan.quality.slices import SliceSet, slice_kl, slice_reference
 from autoplan.quality.suite import PromptSuite, score_suite, suite_reference
 
@@ -61,6 +61,9 @@ class QualityResult:
         suite_agreement: greedy-token agreement with the original (0-100).
         slices: slice name -> mean KL over that slice's positions (``quality.slices``).
         gates: gate name -> its score beside the original's.
+        stopped_early: the pass stopped once the KL was certain to exceed the limit it was
+            given (``evaluate(kl_limit=...)``): ``kl`` is then a lower bound, ``ppl`` covers
+            the blocks measured, and no suite, slice or gate was run.
     """
 
     ppl: float
@@ -73,6 +76,7 @@ class QualityResult:
     suite_agreement: float | None = None
     slices: dict[str, float] = field(default_factory=dict)
     gates: dict[str, GateResult] = field(default_factory=dict)
+    stopped_early: bool = False
 
     def __post_init__(self) -> None:  # read back from JSON (asdict): gates as plain dicts
         gates = {k: g if isinstance(g, GateResult) else GateResult(**g)
@@ -99,6 +103,26 @@ class QualityResult:
 def _module(model: Any) -> nn.Module:
     # Accept a LoadedModel as well as the bare transformers model.
     return getattr(model, "model", model) if not isinstance(model, nn.Module) else model
+
+
+def original_quality(evaluator: Any, *, slices: bool = True) -> QualityResult:
+    """What ``evaluator.evaluate`` returns for the original model itself, known without a
+    pass: KL 0 (exactly, as a pass gives it: the same fp16 log-probs), the reference's
+    perplexity, suite and gate scores, and KL 0 on every slice. For a ``QualityEvaluator``
+    or a ``StreamedEvaluator`` (which has no suite, slices or gates)."""
+    ref = evaluator.reference
+    suite_ref = getattr(evaluator, "suite_reference", None)
+    slice_ref = getattr(evaluator, "slice_reference", None)
+    suite = suite_ref.score if suite_ref else None
+    gates = {name: GateResult(score, score, dict(detail))
+             for name, (score, detail) in getattr(evaluator, "gate_references", {}).items()}
+    return QualityResult(
+        ppl=ref.ppl, ppl_ref=ref.ppl, kl=0.0, n_tokens=int(ref.tokens.numel()), seconds=0.0,
+        suite_score=suite.score if suite else None,
+        suite_score_ref=suite.score if suite else None,
+        suite_agreement=suite.agreement if suite else None,
+        slices={s.name: 0.0 for s in slice_ref.slices.slices} if slices and slice_ref else {},
+        gates=gates)
 
 
 class QualityEvaluator:
@@ -143,12 +167,21 @@ class QualityEvaluator:
         slices=False)`` left out, for the one measurement that reports it."""
         return slice_kl(_module(model), self.slice_reference) if self.slice_reference else {}
 
-    def evaluate(self, model: Any, *, slices: bool = True) -> QualityResult:
+    def evaluate(self, model: Any, *, slices: bool = True,
+                 kl_limit: float | None = None) -> QualityResult:
         """Measure ``model`` (nn.Module or LoadedModel) against the captured original
-        (``slices=False``: without the KL slices, which cost about as much as the rest)."""
+        (``slices=False``: without the KL slices, which cost about as much as the rest).
+        ``kl_limit``: stop as soon as the KL is certain to exceed it
+        (``metrics.bounded_compare_pass``; the result says ``stopped_early``)."""
         m = _module(model)
         t0 = time.perf_counter()
-        nll, kl = compare_pass(m, self.reference, batch_size=self.batch_size)
+        nll, kl, blocks = bounded_compare_pass(m, self.reference, batch_size=self.batch_size,
+                                               kl_limit=kl_limit)
+        if blocks < self.reference.tokens.shape[0]:
+            return QualityResult(
+                ppl=math.exp(nll), ppl_ref=self.reference.ppl, kl=kl,
+                n_tokens=int(self.reference.tokens.numel()),
+                seconds=time.perf_counter() - t0, stopped_early=True)
         suite = score_suite(m, self.suite_reference) if self.suite_reference else None
         ref_score = self.suite_reference.score.score if self.suite_reference else None
         per_slice = self.slice_kl(m) if slices else {}
@@ -164,4 +197,4 @@ class QualityEvaluator:
         )
 
 
-__all__ = ["Gate", "GateResult", "QualityEvaluator", "QualityResult"]
+__all__ = ["Gate", "GateResult", "QualityEvaluator", "QualityResult", "original_quality"]

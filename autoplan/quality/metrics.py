@@ -56,6 +56,18 @@ def kl_sum(ref_logprobs: torch.Tensor, logprobs: torch.Tensor) -> float:
     return float(torch.where(p > 0, p * (lp - lq), 0.0).sum(-1).double().sum())
 
 
+def block_terms(logprobs: torch.Tensor, tokens: torch.Tensor,
+                ref_logprobs: torch.Tensor | None = None) -> tuple[list[float], list[float]]:
+    """Per block of a batch: its summed NLL and (with the reference's log-probs of the same
+    blocks) its summed KL. Each block is reduced on its own, and totals are taken with
+    ``math.fsum`` (exactly rounded, order-free), so no figure depends on how blocks were
+    grouped into forward passes: streamed or in memory, bounded or not, any batch size."""
+    nlls = [nll_sum(logprobs[b:b + 1], tokens[b:b + 1]) for b in range(tokens.shape[0])]
+    kls = ([] if ref_logprobs is None else
+           [kl_sum(ref_logprobs[b:b + 1], logprobs[b:b + 1]) for b in range(tokens.shape[0])])
+    return nlls, kls
+
+
 def check_tokens(tokens: torch.Tensor) -> torch.Tensor:
     if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] < 2:
         raise UserInputError("evaluation tokens must be a non-empty [n_blocks, seq_len>=2] tensor; "
@@ -67,14 +79,14 @@ def check_tokens(tokens: torch.Tensor) -> torch.Tensor:
 def reference_pass(model: nn.Module, tokens: torch.Tensor, *, batch_size: int = 4) -> ReferenceLogprobs:
     """Run the original model once and keep what each later comparison needs."""
     tokens = check_tokens(tokens)
-    chunks, nll = [], 0.0
+    chunks, nlls = [], []
     for i in range(0, tokens.shape[0], batch_size):
         batch = tokens[i:i + batch_size]
         lp = _logprobs(model, batch)
-        nll += nll_sum(lp, batch)
+        nlls += block_terms(lp, batch)[0]
         chunks.append(lp.half())
     n_targets = tokens.shape[0] * (tokens.shape[1] - 1)
-    return ReferenceLogprobs(tokens, torch.cat(chunks), nll / n_targets)
+    return ReferenceLogprobs(tokens, torch.cat(chunks), math.fsum(nlls) / n_targets)
 
 
 @torch.inference_mode()
@@ -85,15 +97,53 @@ def compare_pass(model: nn.Module, ref: ReferenceLogprobs, *, batch_size: int = 
     KL is averaged over every position of every block (each position has a next-token
     distribution, target or not); NLL over positions that have a target.
     """
+    nll, kl, _ = bounded_compare_pass(model, ref, batch_size=batch_size)
+    return nll, kl
+
+
+def kl_slack(vocab: int) -> float:
+    """How far below 0 one position's ``kl_sum`` term can fall: the model's log-probs are
+    rounded to fp16 (relative error <= 2^-11) before the difference, which moves the term
+    by at most 2^-11 x the cross-entropy sum p |log q|, and for the part of it that is not
+    KL itself by at most 2^-11 x the entropy H(p) <= ln(vocab)."""
+    return 2.0 ** -11 * math.log(vocab)
+
+
+def bounded_compare_pass(model: nn.Module, ref: ReferenceLogprobs, *, batch_size: int = 4,
+                         kl_limit: float | None = None) -> tuple[float, float, int]:
+    """``compare_pass`` that may stop early: (mean NLL, mean KL, blocks measured).
+
+    Blocks are summed one by one in order, so the figures do not depend on how blocks are
+    grouped into forward passes (the logits are the same per block). With ``kl_limit``, the
+    first pass takes one block alone, and the pass stops as soon as the final mean KL is
+    certain to exceed the limit: every position left can lower the sum by at most
+    ``kl_slack`` (KL itself is >= 0), so
+        final KL >= (sum so far - positions left x slack) / all positions  > kl_limit.
+    It then returns that lower bound as the KL and the NLL of the blocks measured (blocks
+    measured < all blocks says so). Without a limit, or when the bound never passes it,
+    the result is the full pass's, bit for bit.
+    """
     tokens = ref.tokens
-    nll, kl = 0.0, 0.0
-    for i in range(0, tokens.shape[0], batch_size):
-        batch = tokens[i:i + batch_size]
-        lq = _logprobs(model, batch)
-        nll += nll_sum(lq, batch)
-        kl += kl_sum(ref.logprobs[i:i + batch_size], lq)
-    n_targets = tokens.shape[0] * (tokens.shape[1] - 1)
-    return nll / n_targets, kl / tokens.numel()
+    n_blocks, seq = tokens.shape
+    slack = kl_slack(ref.logprobs.shape[-1])
+    nlls: list[float] = []
+    kls: list[float] = []
+    starts = [0, 1] if kl_limit is not None else [0]
+    starts += list(range(starts[-1] + batch_size, n_blocks, batch_size))
+    for i, j in zip(starts, [*starts[1:], n_blocks], strict=True):
+        if i >= n_blocks:
+            break
+        batch = tokens[i:j]
+        nll, kl = block_terms(_logprobs(model, batch), batch, ref.logprobs[i:j])
+        nlls += nll
+        kls += kl
+        left = (n_blocks - len(kls)) * seq
+        if kl_limit is not None and left:
+            bound = (math.fsum(kls) - left * slack) / tokens.numel()
+            if bound > kl_limit:
+                return math.fsum(nlls) / (len(nlls) * (seq - 1)), bound, len(kls)
+    return math.fsum(nlls) / (n_blocks * (seq - 1)), math.fsum(kls) / tokens.numel(), n_blocks
 
 
-__all__ = ["ReferenceLogprobs", "check_tokens", "compare_pass", "kl_sum", "nll_sum", "reference_pass"]
+__all__ = ["ReferenceLogprobs", "block_terms", "bounded_compare_pass", "check_tokens", "compare_pass", "kl_slack",
+           "kl_sum", "nll_sum", "reference_pass"]

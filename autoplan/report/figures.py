@@ -67,7 +67,8 @@ def pareto_front(plan: Plan) -> bytes:
         if kind == "uniform":
             for p in sel:
                 kl = p["measured_kl"] if p["measured_kl"] is not None else p["surrogate_kl"]
-                ax.annotate(p["label"].removeprefix("uniform ").removeprefix("dense+"),
+                bound = ">= " if p.get("measured_kl_lower_bound") else ""  # stopped early
+                ax.annotate(bound + p["label"].removeprefix("uniform ").removeprefix("dense+"),
                             (kl, p["objective"]), fontsize=7, xytext=(4, 3),
                             textcoords="offset points")
     front = sorted((p for p in points if p["kind"] == "front"), key=lambda p: p["surrogate_kl"])

@@ -80,6 +80,8 @@ def _points(prep: Prepared, rounds: Rounds, chosen: Chosen) -> list[dict]:
         return {"kind": kind, "label": label, "objective": prep.value(picks),
                 "surrogate_kl": prep.tables.surrogate(picks),
                 "measured_kl": m.quality.kl if m else None,
+                # a pass stopped once the budget was certain to be exceeded: a lower bound
+                "measured_kl_lower_bound": m.quality.stopped_early if m else None,
                 "passed": m.passed if m else None}
 
     out.append(point("baseline", "baseline", prep.baseline_picks))

@@ -40,13 +40,16 @@ class Chosen:
 
 
 def best_uniform(prep: Prepared, rep: Reporter) -> Measurement | None:
-    """The fastest uniform recipe that passes when measured (among the UNIFORM_TRIES fastest)."""
+    """The fastest uniform recipe that passes when measured (among the UNIFORM_TRIES fastest).
+    Only whether each passes matters until one does, so each pass stops as soon as its KL
+    is certain to exceed the budget (`Verifier.measure(bounded=True)`); the one that passes
+    is measured in full."""
     rep.stage("best uniform recipe")
     ordered = sorted(prep.uniform.items(), key=lambda kv: prep.sign * prep.value(kv[1]))
     for name, picks in ordered[:UNIFORM_TRIES]:
         if tuple(picks) == prep.baseline_picks:
             continue
-        m = prep.verifier.measure(picks, f"uniform {name}")
+        m = prep.verifier.measure(picks, f"uniform {name}", bounded=True)
         if m.passed:
             return dataclasses.replace(m, label=f"uniform {name}")
     return None

@@ -24,6 +24,7 @@ from autoplan.models._cache import cache_root
 from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
+from autoplan.search.measurement_cache import measurement_store
 from autoplan.search.preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform, in_memory_only
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
@@ -199,7 +200,8 @@ def profile_spaces(req: SearchRequest, runner: ModelRunner, calib: list[torch.Te
 def model_work(req: SearchRequest, runner: ModelRunner, data: TextDataset,
                rep: Reporter, gates: list | None = None) -> ModelWork:
     """The evaluator of the original model (measured once, with the KL slices and the
-    budgets' gates, `build_gates` unless given) with an empty verification cache."""
+    budgets' gates, `build_gates` unless given) with its verification cache: empty in memory,
+    backed by the measurements of earlier runs on disk (`measurement_cache`)."""
     calib = list(data.calib.split(CALIB_BATCH))
     budget = req.budget
     loaded = runner.loaded
@@ -211,7 +213,11 @@ def model_work(req: SearchRequest, runner: ModelRunner, data: TextDataset,
         "slices": build_slices(loaded.tokenizer) if wants_slices else None}
     evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite,
                                  cache_dir=cache_root() / "references", **extra)
-    return ModelWork(runner, data, calib, evaluator, SharedMeasurements())
+    store = measurement_store(cache_root() / "measurements",
+                              reference_key=runner.reference_key(data.eval),
+                              calib_hash=calibration_key(calib), settings=req.settings,
+                              evaluator=evaluator)
+    return ModelWork(runner, data, calib, evaluator, SharedMeasurements(store=store))
 
 
 def prepare_platform(req: SearchRequest, platform: Platform, work: ModelWork,

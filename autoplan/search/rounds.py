@@ -76,22 +76,62 @@ def run_verify_jobs(prep: Prepared, queue: JobQueue, jobs: list[Job],
         queue.complete(job, measurement_result(m))
 
 
+def _settled(prep: Prepared, best: Candidate | None) -> Measurement | None:
+    """The best passing measurement so far, when it ends the rounds: it is the round's best
+    searched candidate or beats it (else None)."""
+    passing = [m for m in prep.verifier.measured.values() if m.passed]
+    if not passing:
+        return None
+    chosen = min(passing, key=lambda m: prep.sign * prep.value(m.picks))
+    if best is None or chosen.picks == best.picks or \
+            prep.sign * prep.value(chosen.picks) <= prep.sign * prep.value(best.picks):
+        return chosen
+    return None
+
+
 def _verify(prep: Prepared, result: StudyResult, k: int, rep: Reporter,
             queue: JobQueue | None) -> list[Measurement]:
     """Measure the round's best candidates not measured yet, on the request's executor (each
-    measurement is independent of the others; None: in this process), or through the job
-    queue, where workers may measure some of them."""
+    measurement is independent of the others), or through the job queue, where workers may
+    measure some of them. A process measuring alone (no executor, no worker has joined)
+    measures them one at a time, best first, and stops once one settles the rounds
+    (`_settled`): the others could not change the plan, only cost a whole-model measurement
+    each. A streamed model measures them together instead: one pass over its blocks serves
+    them all."""
     verifier = prep.verifier
     todo = [c for c in result.candidates if c.picks not in verifier.measured]
     todo = todo[:prep.req.verify_top]
     labelled = [(c.picks, f"round{k + 1}-candidate{i + 1}") for i, c in enumerate(todo)]
     rep.progress("verify", 0, len(todo))
-    if queue is None:
-        return verifier.measure_many(labelled, prep.req.executor,
-                                     on_done=lambda d: rep.progress("verify", d, len(todo)),
-                                     recover=prep.req.recovery is not None)
-    if prep.req.recovery is not None:
+    recover = prep.req.recovery is not None
+    if recover:
         verifier.check_recoverable()  # before any measurement
+
+    def measure(items: list) -> list[Measurement]:
+        if queue is None:
+            return verifier.measure_many(items, prep.req.executor, recover=recover)
+        return _measure_queued(prep, queue, items)
+
+    alone = prep.req.executor is None and prep.runner.execution != "stream" and \
+        (queue is None or not queue.workers())
+    if not alone:
+        done = measure(labelled)
+        rep.progress("verify", len(todo), len(todo))
+        return done
+    best = result.candidates[0] if result.candidates else None
+    done = []
+    for item in labelled:
+        done += measure([item])
+        rep.progress("verify", len(done), len(todo))
+        if _settled(prep, best) is not None:
+            break
+    return done
+
+
+def _measure_queued(prep: Prepared, queue: JobQueue, labelled: list) -> list[Measurement]:
+    """Measure these (picks, label) through the job queue: this process runs the jobs no
+    worker has claimed and waits for the rest."""
+    verifier = prep.verifier
     keys = {queue.submit_verify(p, label): (p, label) for p, label in labelled}
 
     # With an executor, everything still waiting goes to it at once; so it does for a
@@ -116,10 +156,9 @@ def _verify(prep: Prepared, result: StudyResult, k: int, rep: Reporter,
         p, label = keys[key]
         if tuple(p) not in verifier.measured:
             verifier.record(p, label, QualityResult(**posted["quality"]), posted["audit"])
-    rep.progress("verify", len(todo), len(todo))
     # Recovery passes run here, in the driver, after the (unrecovered) measurements: the
     # workers measure, the pass trains beside the plan this process writes.
-    verifier.recover([tuple(c.picks) for c in todo] if prep.req.recovery is not None else [])
+    verifier.recover([tuple(p) for p, _ in labelled] if prep.req.recovery is not None else [])
     return [verifier.measured[tuple(p)] for p, _ in labelled]
 
 
@@ -159,8 +198,7 @@ def run_rounds(prep: Prepared, rep: Reporter, queue: JobQueue | None = None) -> 
         passing = [m for m in verifier.measured.values() if m.passed]
         if passing:
             chosen = min(passing, key=lambda m: sign * prep.value(m.picks))
-            if best is None or chosen.picks == best.picks or \
-                    sign * prep.value(chosen.picks) <= sign * prep.value(best.picks):
+            if _settled(prep, best) is not None:
                 break
         new_limit = budget.limit / verifier.slope(prior) * SAFETY
         limit = new_limit if new_limit < limit else limit * 0.5

@@ -22,8 +22,9 @@ import torch
 from autoplan.compress import CompressionSettings, audit_digests, collect_stats, compressed_copy
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
-from autoplan.quality.evaluator import QualityEvaluator, QualityResult
+from autoplan.quality.evaluator import QualityEvaluator, QualityResult, original_quality
 from autoplan.search.budget import QualityBudget
+from autoplan.search.measurement_cache import MeasurementStore
 from autoplan.search.space import SearchSpace
 from autoplan.search.tables import Tables
 from autoplan.sensitivity.executor import Executor, SerialExecutor
@@ -60,6 +61,8 @@ class CandidateTask:
     decisions: dict[str, Choice]
     use_stats: bool
     slices: bool = True  # measure the KL slices too (when the evaluator has them)
+    # stop the pass once the KL is certain to exceed this (QualityEvaluator.evaluate)
+    kl_limit: float | None = None
 
 
 def compressed_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple:
@@ -73,8 +76,10 @@ def evaluate_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple[Qual
     function of its arguments, so it can run on any worker."""
     compressed, swapped = compressed_candidate(ctx, task)
     with torch.no_grad():
-        quality = ctx.evaluator.evaluate(compressed, slices=task.slices)
-    return quality, audit_digests(swapped)
+        quality = ctx.evaluator.evaluate(compressed, slices=task.slices,
+                                         kl_limit=task.kl_limit)
+    # a candidate certain to fail is never planned: its weights need no audit
+    return quality, {} if quality.stopped_early else audit_digests(swapped)
 
 
 def decisions_key(decisions: dict[str, Choice], baseline: Choice) -> tuple:
@@ -88,11 +93,29 @@ def decisions_key(decisions: dict[str, Choice], baseline: Choice) -> tuple:
 class SharedMeasurements:
     """Measurements by decisions, shared by the verifiers of several platforms that search
     one model with one budget and compression settings (`autoplan compare`): two platforms
-    whose candidates compress the same layers the same way measure them once."""
+    whose candidates compress the same layers the same way measure them once. With a
+    `store`, also by earlier runs (`measurement_cache`): read there when not held here, and
+    every new one written there."""
 
     results: dict[tuple, tuple[QualityResult, dict]] = field(default_factory=dict)
     stats: dict[tuple[str, ...], dict] = field(default_factory=dict)  # by layer names
-    reused: int = 0  # measurements answered from `results`
+    measured: int = 0  # candidates measured on the real model in this run
+    reused: int = 0  # requests answered by another platform's measurement
+    cached: int = 0  # requests answered by an earlier run's (`store`)
+    store: MeasurementStore | None = None
+
+    def get(self, key: tuple) -> tuple[tuple[QualityResult, dict] | None, bool]:
+        """The measurement held for `key` (None: none), and whether it came from disk."""
+        hit = self.results.get(key)
+        if hit is not None or self.store is None:
+            return hit, False
+        hit = self.store.get(key)
+        return hit, hit is not None
+
+    def put(self, key: tuple, quality: QualityResult, audit: dict) -> None:
+        self.results[key] = (quality, audit)
+        if self.store is not None:
+            self.store.put(key, quality, audit)
 
 
 @dataclass
@@ -136,12 +159,21 @@ class Verifier:
         """A budget names a slice: every measurement needs the KL slices to pass or fail."""
         return any(b.metric == "slice" for b in (self.budget, *self.also))
 
-    def _task(self, key: tuple[int, ...], slices: bool | None = None) -> CandidateTask:
+    @property
+    def kl_limit(self) -> float | None:
+        """The tightest KL budget (None without one): a candidate certain to exceed it fails
+        whatever the rest of its measurement would say."""
+        limits = [b.limit for b in (self.budget, *self.also) if b.metric == "kl"]
+        return min(limits) if limits else None
+
+    def _task(self, key: tuple[int, ...], slices: bool | None = None,
+              bounded: bool = False) -> CandidateTask:
         decisions = self.decisions(key)
         # Calibration statistics are needed only for Wanda/SparseGPT masks and GPTQ.
         needs = self.settings.quant_method == "gptq" or any(
             c.sparsity.kind != "dense" and c != self.space.baseline for c in decisions.values())
-        return CandidateTask(decisions, needs, self.slices_decide if slices is None else slices)
+        return CandidateTask(decisions, needs, self.slices_decide if slices is None else slices,
+                             self.kl_limit if bounded else None)
 
     def _results(self, tasks: list[CandidateTask], executor: Executor | None
                  ) -> Iterator[tuple[int, tuple[QualityResult, dict]]]:
@@ -171,8 +203,9 @@ class Verifier:
         yield from (executor or SerialExecutor()).imap_unordered(
             partial(evaluate_candidate, ctx), tasks)
 
-    def measure(self, picks: Sequence[int], label: str) -> Measurement:
-        return self.measure_many([(picks, label)])[0]
+    def measure(self, picks: Sequence[int], label: str, *, bounded: bool = False
+                ) -> Measurement:
+        return self.measure_many([(picks, label)], bounded=bounded)[0]
 
     def passes(self, quality: QualityResult) -> bool:
         """The budget and every further budget met."""
@@ -181,35 +214,49 @@ class Verifier:
     def measure_many(self, candidates: Sequence[tuple[Sequence[int], str]],
                      executor: Executor | None = None,
                      on_done: Callable[[int], None] | None = None,
-                     recover: bool = False) -> list[Measurement]:
+                     recover: bool = False, bounded: bool = False) -> list[Measurement]:
         """Measure each (picks, label) not measured yet, on `executor` (serial by default);
         returns the measurements in the order given. With `recover` and a recovery stage,
-        each new measurement is then replaced by the one after its recovery pass."""
+        each new measurement is then replaced by the one after its recovery pass.
+        `bounded`: only whether it passes matters, so a pass stops as soon as the KL budget
+        is certain to be exceeded (in memory; a streamed pass measures every block). Such a
+        measurement is `stopped_early` and does not calibrate the surrogate (`slope`)."""
         keys = [tuple(p) for p, _ in candidates]
         labels = dict(zip(keys, (lb for _, lb in candidates), strict=True))
-        todo = [k for k in dict.fromkeys(keys) if k not in self.measured]
+        todo = [k for k in dict.fromkeys(keys) if k not in self.measured
+                or (not bounded and self.measured[k].quality.stopped_early)]
         new = list(todo)  # measured here or for another platform: each recovered below
         if recover:
             self.check_recoverable()  # before any measurement
         done = 0
-        if self.shared is not None:  # measured already for another platform
+        if self.shared is not None:  # measured already (another platform, an earlier run)
             for k in list(todo):
-                hit = self.shared.results.get(self._shared_key(k))
-                if hit is not None:
+                hit, from_disk = self.shared.get(self._shared_key(k))
+                if hit is not None and self._answers(hit[0], bounded):
                     todo.remove(k)
                     self.record(k, labels[k], *hit)
-                    self.shared.reused += 1
+                    self.shared.results[self._shared_key(k)] = hit
+                    self.shared.cached += from_disk
+                    self.shared.reused += not from_disk
                     done += 1
                     if on_done:
                         on_done(done)
-        tasks = [self._task(k) for k in todo]
+        for k in list(todo):  # nothing compressed: the original, known without a pass
+            if not self._shared_key(k)[1]:
+                todo.remove(k)
+                self.record(k, labels[k], original_quality(self.evaluator), {})
+                done += 1
+                if on_done:
+                    on_done(done)
+        tasks = [self._task(k, bounded=bounded) for k in todo]
         try:
             for n, (i, (quality, audit)) in enumerate(self._results(tasks, executor),
                                                       start=done + 1):
                 key = todo[i]
                 self.record(key, labels[key], quality, audit)
                 if self.shared is not None:
-                    self.shared.results[self._shared_key(key)] = (quality, audit)
+                    self.shared.put(self._shared_key(key), quality, audit)
+                    self.shared.measured += 1
                 if on_done:
                     on_done(n)
         except (RuntimeError, MemoryError) as exc:
@@ -248,7 +295,7 @@ class Verifier:
         if m.quality.slices or m.recovery is not None or streamed \
                 or not self.evaluator.has_slices:
             return m
-        shared = self.shared.results.get(self._shared_key(m.picks)) if self.shared else None
+        shared = self.shared.get(self._shared_key(m.picks))[0] if self.shared else None
         if shared is not None and shared[0].slices:  # another platform's plan: measured
             quality = dataclasses.replace(m.quality, slices=dict(shared[0].slices))
         else:
@@ -257,7 +304,7 @@ class Verifier:
         if kept is not None:
             self.measured[m.picks] = dataclasses.replace(kept, quality=quality)
         if self.shared is not None:
-            self.shared.results[self._shared_key(m.picks)] = (quality, m.audit)
+            self.shared.put(self._shared_key(m.picks), quality, m.audit)
         return dataclasses.replace(m, quality=quality)
 
     def _slices_measured(self, m: Measurement) -> QualityResult:
@@ -278,6 +325,16 @@ class Verifier:
         return dataclasses.replace(m.quality, slices=per_slice,
                                    seconds=m.quality.seconds + time.perf_counter() - t0)
 
+    def _answers(self, quality: QualityResult, bounded: bool) -> bool:
+        """Whether a measurement made elsewhere answers this request: with the KL slices if
+        a budget needs them, and, for a pass stopped early, only a request that may stop
+        early under a limit its lower bound already exceeds."""
+        if self.slices_decide and not quality.slices and not quality.stopped_early:
+            return False
+        if quality.stopped_early:
+            return bounded and self.kl_limit is not None and quality.kl > self.kl_limit
+        return True
+
     def _shared_key(self, picks: tuple[int, ...]) -> tuple:
         return decisions_key(self.decisions(picks), self.space.baseline)
 
@@ -293,7 +350,9 @@ class Verifier:
 
     def slope(self, prior: float) -> float:
         """Measured badness per surrogate nat: the largest ratio seen (conservative)."""
-        ratios = [m.badness / m.surrogate for m in self.measured.values() if m.surrogate > 1e-12]
+        # a measurement stopped early has a lower bound for its badness: left out
+        ratios = [m.badness / m.surrogate for m in self.measured.values()
+                  if m.surrogate > 1e-12 and not m.quality.stopped_early]
         return max(ratios) if ratios else prior
 
 

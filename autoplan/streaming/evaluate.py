@@ -34,7 +34,7 @@ from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.models.graph import get_linear, set_module
 from autoplan.quality.evaluator import QualityResult
-from autoplan.quality.metrics import ReferenceLogprobs, check_tokens, kl_sum, nll_sum
+from autoplan.quality.metrics import ReferenceLogprobs, block_terms, check_tokens
 from autoplan.quant import HessianAccumulator
 from autoplan.streaming.skeleton import StreamedModel
 
@@ -244,22 +244,23 @@ class StreamedEvaluator:
             memo = {}
             for t, ns in zip(tracks, heads):
                 old = self._swap_in(t, ns, stats, settings, memo)
-                nll, kl = 0.0, 0.0
+                nlls, kls = [], []
                 try:
                     for j, (h, batch) in enumerate(zip(t.states, self._batches)):
                         lp = torch.log_softmax(sm.logits(h).float(), dim=-1)
                         batch = batch.to(lp.device)
-                        nll += nll_sum(lp, batch)
-                        if reference is not None:
-                            i0 = j * self.batch_size
-                            kl += kl_sum(reference.logprobs[i0:i0 + batch.shape[0]]
-                                         .to(lp.device), lp)
+                        i0 = j * self.batch_size
+                        ref_lp = (None if reference is None else
+                                  reference.logprobs[i0:i0 + batch.shape[0]].to(lp.device))
+                        nll, kl = block_terms(lp, batch, ref_lp)
+                        nlls += nll
+                        kls += kl
                         if keep:
                             self._kept.append(lp.half().cpu())
                 finally:
                     self._restore(old)
                 t.states = []
-                out.append((nll, kl, dict(sorted(t.audit.items()))))
+                out.append((math.fsum(nlls), math.fsum(kls), dict(sorted(t.audit.items()))))
         return out
 
     def evaluate_many(self, candidates: Sequence[StreamedCandidate],

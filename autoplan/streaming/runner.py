@@ -109,6 +109,13 @@ class ModelRunner:
                 raise self.out_of_memory("profiling", sum(b.numel() for b in batches)) from None
             raise
 
+    def reference_key(self, eval_tokens: Tensor) -> str:
+        """What the original's log-probs on these tokens depend on (`reference_cache`)."""
+        from autoplan.quality.reference_cache import reference_key
+
+        return reference_key(self.loaded.content_hash, eval_tokens, execution=self.execution,
+                             device=self.device.type, batch_size=4)
+
     def evaluator(self, eval_tokens: Tensor, *, calib_batches: Sequence[Tensor] = (),
                   suite: Any = None, cache_dir: Path | None = None, **extra: Any) -> Any:
         """A QualityEvaluator (memory) or StreamedEvaluator (stream) of the original.
@@ -120,14 +127,13 @@ class ModelRunner:
         there otherwise): a resumed search does not recompute them.
         """
         from autoplan.quality.metrics import reference_pass
-        from autoplan.quality.reference_cache import cached_reference, reference_key
+        from autoplan.quality.reference_cache import cached_reference
 
         def reference(compute: Callable[[], Any]) -> Any:
             if cache_dir is None:
                 return None
-            key = reference_key(self.loaded.content_hash, eval_tokens, execution=self.execution,
-                                device=self.device.type, batch_size=4)
-            return cached_reference(cache_dir, key, eval_tokens, compute)
+            return cached_reference(cache_dir, self.reference_key(eval_tokens), eval_tokens,
+                                    compute)
 
         try:
             if self.execution == "stream":

@@ -17,6 +17,7 @@ from autoplan.quality import (
     load_suite,
     load_text_dataset,
 )
+from autoplan.quality.metrics import kl_slack
 from tests.unit.tiny_llama import tiny_model, tiny_tokenizer
 
 
@@ -70,6 +71,34 @@ def test_kl_matches_manual_fp32(model, data):
     exact = float((lp.exp() * (lp - lq)).sum(-1).mean())
     got = QualityEvaluator(model, data.eval).evaluate(other).kl
     assert got == pytest.approx(exact, rel=1e-2, abs=1e-5)  # fp16 storage of log-probs
+
+
+def test_bounded_pass_stops_only_when_the_budget_is_certainly_exceeded(model, tok):
+    tokens = load_text_dataset(tokenizer=tok, seq_len=32, n_calib=1, n_eval=6, seed=0).eval
+    ev = QualityEvaluator(model, tokens, batch_size=4)
+    bad = copy.deepcopy(model)
+    with torch.no_grad():  # an output layer 30x sharper and reordered: a KL far over budgets
+        bad.lm_head.weight.copy_(30 * bad.lm_head.weight.flip(0))
+    full = ev.evaluate(bad)
+    assert not full.stopped_early and full.kl > 0.1
+    # the same figures whatever the grouping of blocks into passes (per-block sums, fsum)
+    other = QualityEvaluator(model, tokens, batch_size=1).evaluate(bad)
+    assert other.kl == full.kl and other.ppl == full.ppl
+    # a limit well under the KL: stopped after the first block (a sixth of the tokens),
+    # with a lower bound above the limit and below the full KL
+    limit = full.kl / 12
+    early = ev.evaluate(bad, kl_limit=limit)
+    assert early.stopped_early and limit < early.kl <= full.kl
+    assert early.slices == {} and early.suite_score is None
+    # a limit over the KL never stops: the full pass's result, bit for bit
+    late = ev.evaluate(bad, kl_limit=full.kl * 1.01)
+    assert not late.stopped_early and late.kl == full.kl and late.ppl == full.ppl
+    # the slack the bound allows per position is the most a kl_sum term falls below 0:
+    # on a model that is not the original, no block's mean gets near it from below
+    slack = kl_slack(ev.reference.logprobs.shape[-1])
+    near = _perturbed(model, scale=1e-3)
+    for i in range(6):
+        assert QualityEvaluator(model, tokens[i:i + 1]).evaluate(near).kl > -slack / 10
 
 
 def test_split_deterministic(tok, data):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autoplan.errors import UserInputError
-from autoplan.quality.evaluator import QualityEvaluator
+from autoplan.quality.evaluator import QualityEvaluator, original_quality
 from autoplan.quality.longctx import LongContextGate, build_cases, default_lengths
 from autoplan.quality.slices import SLICES, build_slices
 from autoplan.search.budget import SLICE_NAMES, QualityBudget, parse_budgets
@@ -123,3 +123,18 @@ def test_budget_texts() -> None:
     for bad in ("kl:prices<=0.1", "longctx>=5", "lm-eval:x>=2"):
         with pytest.raises(UserInputError):
             QualityBudget.parse(bad)
+
+
+def test_original_quality_is_what_a_pass_over_the_original_measures(models) -> None:  # noqa: ANN001
+    # the verifier records the uncompressed candidate without a pass: it must be the same
+    # result, field for field (KL and slices exactly 0, perplexity and gates the reference's)
+    model, _damaged, tok = models
+    gate = LongContextGate(tok, model)
+    ev = QualityEvaluator(model, torch.randint(2, 256, (2, 32)), batch_size=1,
+                          slices=build_slices(tok, seq_len=64, n_blocks=2), gates=[gate])
+    measured = ev.evaluate(copy.deepcopy(model))
+    known = original_quality(ev)
+    assert known.kl == measured.kl == 0.0 and known.slices == measured.slices
+    assert known.ppl == measured.ppl and known.ppl_ref == measured.ppl_ref
+    assert known.gates == measured.gates and known.n_tokens == measured.n_tokens
+    assert original_quality(ev, slices=False).slices == {}

@@ -99,6 +99,8 @@ def test_h100_audit_and_predictions(h100: SearchOutcome) -> None:
     for rnd in plan.search.rounds:
         for v in rnd["verified"]:
             assert v["passed"] == (v["badness"] <= 0.05)
+        # measured one at a time, best first: a round stops at its first passing candidate
+        assert all(not v["passed"] for v in rnd["verified"][:-1])
     assert plan.quality.surrogate_kl <= cert.surrogate_limit
 
 
@@ -193,6 +195,22 @@ def test_a_slice_budget_measures_the_slices_of_every_candidate(model_dir: Path,
     m = prep.verifier.measure(harsh, "round1-candidate1")
     assert set(m.quality.slices) == set(SLICES) and m.passed == (m.quality.kl <= 0.05)
     assert prep.verifier.with_slices(m) is m  # nothing left to measure
+
+
+def test_a_bounded_measurement_stops_once_the_kl_budget_is_certainly_exceeded(
+        model_dir: Path, tmp_path: Path) -> None:
+    req = _request(model_dir, tmp_path / "p.json", budget="kl<=1e-6", trials=10)
+    prep = prepare(req, preflight(req), Reporter())
+    shared = prep.verifier.shared
+    shared.store = None  # measured here, not answered by an earlier test's run
+    harsh = tuple(len(u.choices) - 1 for u in prep.space.units)
+    early = prep.verifier.measure(harsh, "uniform harsh", bounded=True)
+    assert early.quality.stopped_early and not early.passed and early.audit == {}
+    assert prep.verifier.slope(1.5) == 1.5  # a lower bound does not calibrate the surrogate
+    prep.verifier.measured.clear()
+    full = prep.verifier.measure(harsh, "uniform harsh")  # a full pass: not the bound again
+    assert not full.quality.stopped_early and 1e-6 < early.quality.kl <= full.quality.kl
+    assert full.audit and shared.reused == 0
 
 
 def test_ppl_budget_with_a_sampler_and_storage_passed_in(model_dir: Path, tmp_path: Path) -> None:
