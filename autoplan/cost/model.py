@@ -54,11 +54,14 @@ class CostModel:
         price_per_hour: $/hour for the device; default the target's catalog price.
         baseline: the format of layers a decision leaves out (default: the target's usual
             serving dtype, bf16 where the chip has bf16 math, else fp32).
+        prefill_chunk: prompt tokens one prefill step runs (default PREFILL_CHUNK); a
+            runtime's own setting where it is known (trtllm-bench: cost/trtllm_bench.py).
     """
 
     def __init__(self, spec: ModelSpec, target: Target, workload: Workload, *,
                  measured: Mapping[str, Any] | None = None, kv_bytes: float = 2.0,
-                 price_per_hour: float | None = None, baseline: Choice | None = None) -> None:
+                 price_per_hour: float | None = None, baseline: Choice | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
         self.spec, self.target, self.workload = spec, target, workload
         self.eff = family_efficiency(target)
         self.baseline = baseline or Choice(DENSE, baseline_precision(target))
@@ -68,14 +71,17 @@ class CostModel:
             raise UserInputError(f"price per hour must be a finite number >= 0, got "
                                  f"{self.price_per_hour}")
         self.measured = MeasuredTable.from_document(measured)
+        if prefill_chunk < 1:
+            raise UserInputError(f"prefill chunk must be >= 1 token, got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
         self._groups = Counter(layer.fuse_group for layer in spec.layers)
         self._group_n: Counter[str] = Counter()
         for layer in spec.layers:
             self._group_n[layer.fuse_group] += layer.out_features
         self._memo: dict[tuple, PhaseTime] = {}
         tokens = workload.batch * workload.input_len
-        self._chunks = math.ceil(tokens / PREFILL_CHUNK)
-        self._chunk_m = min(tokens, PREFILL_CHUNK)
+        self._chunks = math.ceil(tokens / prefill_chunk)
+        self._chunk_m = min(tokens, prefill_chunk)
         self._last_m = tokens - (self._chunks - 1) * self._chunk_m
         self._fixed: FixedCost | None = None
 
@@ -130,7 +136,7 @@ class CostModel:
         if self._fixed is None:
             peak = math_peak(self.target, self.baseline, self.baseline.precision)
             fixed = fixed_cost(self.spec, self.target, self.eff, self.workload, peak,
-                               self.kv_bytes, PREFILL_CHUNK)
+                               self.kv_bytes, self.prefill_chunk)
             measured = self.measured.non_gemm_decode_s
             if measured is not None:  # a measured decode step without its GEMMs
                 parts = {k: PhaseTime(v.prefill_s, 0.0) for k, v in fixed.parts.items()}

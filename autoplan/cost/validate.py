@@ -25,8 +25,9 @@ from autoplan.cost.configs import resolve_config
 from autoplan.cost.efficiency import (baseline_precision, family_efficiency, family_of,
                                       replaced_family, transfer_row)
 from autoplan.cost.linear import call_overhead, gemm_time
-from autoplan.cost.model import CostModel
+from autoplan.cost.model import PREFILL_CHUNK, CostModel
 from autoplan.cost.report import Memory
+from autoplan.cost.trtllm_bench import BenchSettings, bench_settings
 from autoplan.errors import AutoplanError
 from autoplan.formats import Choice
 from autoplan.targets import get_target
@@ -148,19 +149,45 @@ def kv_pool_fits(memory: Memory, device_bytes: float, pool_fraction: float | Non
     return memory.kv_cache_bytes <= pool_fraction * free
 
 
+def _bench(model: str, side: dict[str, Any]) -> BenchSettings | None:
+    """trtllm-bench's own settings for a side that carries TensorRT-LLM's KV rule
+    (`kv_pool_fraction`: the perf-overview points, run with trtllm-bench throughput and no
+    --max_batch_size/--max_num_tokens), else None."""
+    pool_fraction = side.get("kv_pool_fraction")
+    if pool_fraction is None:
+        return None
+    return bench_settings(resolve_config(model), get_target(side["target"]),
+                          Choice.parse(side["choice"]), side.get("input_len", 512),
+                          side.get("output_len", 128), side.get("kv_bytes", 2.0), pool_fraction)
+
+
+def _prefill_chunk(side: dict[str, Any], bench: BenchSettings | None) -> int:
+    """Prompt tokens per prefill step: trtllm-bench's whole prompts per max_num_tokens
+    (chunked prefill off), else the model's default chunk."""
+    if bench is None:
+        return PREFILL_CHUNK
+    return bench.prompts_per_step * side.get("input_len", 512)
+
+
 def _max_batch(model: str, side: dict[str, Any]) -> int:
-    """Largest batch (<= max_batch) whose KV cache fits the runtime's KV pool."""
+    """Largest batch (<= max_batch, and <= trtllm-bench's max_batch_size where it applies)
+    whose KV cache fits the runtime's KV pool."""
     spec, target = resolve_config(model), get_target(side["target"])
     choice = Choice.parse(side["choice"])
     pool_fraction = side.get("kv_pool_fraction")
+    bench = _bench(model, side)
+    chunk = _prefill_chunk(side, bench)
 
     def fits(batch: int) -> bool:
         wl = Workload(batch=batch, input_len=side.get("input_len", 512),
                       output_len=side.get("output_len", 128))
-        cm = CostModel(spec, target, wl, kv_bytes=side.get("kv_bytes", 2.0))
+        cm = CostModel(spec, target, wl, kv_bytes=side.get("kv_bytes", 2.0),
+                       prefill_chunk=chunk)
         return kv_pool_fits(cm.memory(cm.resolve(choice)), target.memory_bytes, pool_fraction)
 
     lo, hi = 0, int(side.get("max_batch", 256))
+    if bench is not None:
+        hi = min(hi, bench.max_batch_size)
     while lo < hi:  # invariant: lo fits (or is 0), hi+1 does not
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
@@ -182,7 +209,8 @@ def _value(point: dict[str, Any], side_name: str) -> tuple[float, str]:
         batch = _max_batch(point["model"], side)
     wl = Workload(batch=batch, input_len=side.get("input_len", 512),
                   output_len=side.get("output_len", 128))
-    cm = CostModel(resolve_config(point["model"]), target, wl, kv_bytes=side.get("kv_bytes", 2.0))
+    cm = CostModel(resolve_config(point["model"]), target, wl, kv_bytes=side.get("kv_bytes", 2.0),
+                   prefill_chunk=_prefill_chunk(side, _bench(point["model"], side)))
     metrics = cm.evaluate(choice).metrics
     metric = point["metric"]
     if metric in _HIGHER_IS_BETTER:
