@@ -195,11 +195,12 @@ def run_rounds(prep: Prepared, rep: Reporter, queue: JobQueue | None = None) -> 
                     "resumed_trials": result.resumed,
                     "verified": [{"label": m.label, "surrogate_kl": m.surrogate,
                                   "badness": m.badness, "passed": m.passed} for m in checked]})
+        settled = _settled(prep, best)
         passing = [m for m in verifier.measured.values() if m.passed]
         if passing:
             chosen = min(passing, key=lambda m: sign * prep.value(m.picks))
-            if _settled(prep, best) is not None:
-                break
+        if settled is not None:
+            break
         new_limit = budget.limit / verifier.slope(prior) * SAFETY
         limit = new_limit if new_limit < limit else limit * 0.5
         if not checked:
