@@ -4,11 +4,14 @@
         [--extra=--execution=memory]
 
 Cold: a fresh AUTOPLAN_CACHE holding only the converted embedded model (copied from the
-current cache, so the one-time GGUF conversion is not counted) and no profile. Warm: the
-same command again into a new output folder (new studies: every trial runs again), the
-profile cached. Each run is the real CLI in a subprocess; its compare.json gives the profile
-time, the measurements run and those shared between targets, and the table. The 1-minute
-load average is recorded before and after each run (the machine is shared).
+current cache, so the one-time GGUF conversion is not counted) and no profile. Then the
+same command again into a new output folder each time (new studies: every trial runs again):
+"warm, profile only": the profile cached, the measurement cache emptied first, so every
+candidate is measured again; "warm": the profile and the earlier runs' measurements cached
+(autoplan/search/measurement_cache.py), as a rerun finds them. Each run is the real CLI in a
+subprocess; its compare.json gives the profile time, the measurements run, those shared
+between targets and those answered from the cache, and the table. The 1-minute load
+average is recorded before and after each run (the machine is shared).
 Results: benchmarks/results/compare_walltime.json.
 """
 
@@ -51,8 +54,10 @@ def main() -> None:
     env = dict(os.environ, AUTOPLAN_CACHE=str(work / "cache"))
     cmd = ["compare", "--targets", args.targets, "--trials", str(args.trials), *args.extra]
     runs = {}
-    for label in ("cold", "warm"):
-        out = work / label
+    for label in ("cold", "warm, profile only", "warm"):
+        if label == "warm, profile only":
+            shutil.rmtree(work / "cache" / "measurements", ignore_errors=True)
+        out = work / label.replace(", ", "-").replace(" ", "-")
         load_before = os.getloadavg()[0]
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "autoplan.cli", *cmd, "--quiet", "--out", str(out)],
@@ -64,6 +69,7 @@ def main() -> None:
             "load_1min_after": round(os.getloadavg()[0], 2),
             "profile_s": round(doc["profile_s"], 1), "profile_entries": doc["profile_entries"],
             "measurements": doc["measurements"], "reused_measurements": doc["reused_measurements"],
+            "cached_measurements": doc.get("cached_measurements", 0),
             "rows": [{k: r[k] for k in ("target", "runtime", "status", "batch", "kl", "outcome",
                                          "gain_over_baseline", "gain_over_best_uniform",
                                          "best_uniform_name", "real_evaluations", "wall_s")}
