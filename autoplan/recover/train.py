@@ -231,6 +231,9 @@ def recover(student: nn.Module, teacher: nn.Module, layers: Mapping[str, Simulat
                 f"lower --recover-lr (now {settings.lr:g})")
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if not lora:
+            for layer in swapped.values():
+                layer.mask_grad()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         opt.step()
         sched.step()

@@ -5,7 +5,8 @@ serving kernel does, the masked weight in the layer's format), with straight-thr
 gradients (``straight_through``) pass the gradient of the rounding as identity, so
 the loss reaches every earlier layer and the fp32 master weight, whose format is
 re-applied (RTN, scales from the current weight) on every step. Pruned positions stay
-exactly zero: the weight is multiplied by its mask in the forward and after every step.
+exactly zero: their gradient is zeroed before every step (``mask_grad``) and the weight
+multiplied by its mask after it.
 
 It subclasses ``nn.Linear`` (``weight``, ``bias``, ``in_features``, ``out_features``) so
 PEFT's LoRA wraps it like any linear layer: with ``--recover lora`` the master weight is
@@ -75,14 +76,25 @@ class RecoverableLinear(nn.Linear):
         xq = straight_through(xf, quantize_activation(
             xf, self.choice.precision, static_scale=self.act_scale).float())
         q = self._quantized()
-        w = self.weight * self.mask
-        wq = straight_through(w, q.dequant.float()) if self.weight.requires_grad \
-            else q.dequant.float()
+        wq = q.dequant.float()  # the format's weight, already zero where pruned
+        if self.weight.requires_grad:  # its gradient reaches the master weight unrounded
+            wq = straight_through(self.weight, wq)
         out = F.linear(xq, wq, self.bias)
         weight_min = q.scales.get("weight_min")
         if weight_min is not None:  # GGUF Q4_1/Q5_1: the dot uses the Q8_1 block sums
             out = out + q8_1_min_correction(x, weight_min)
         return out.to(x.dtype)
+
+    @torch.no_grad()
+    def mask_grad(self) -> None:
+        """Zero the master weight's gradient where pruned, before clipping and the step.
+
+        The forward hands the gradient straight through to the master weight, pruned
+        positions included; zeroing it here, once per step and in place, gives the bits the
+        forward's ``weight * mask`` gave (its backward multiplied by the mask), without two
+        full-size temporaries per layer and step."""
+        if self.weight.grad is not None:
+            self.weight.grad.mul_(self.mask)
 
     @torch.no_grad()
     def apply_mask(self) -> None:
