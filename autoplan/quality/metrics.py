@@ -109,6 +109,7 @@ def kl_slack(vocab: int) -> float:
     return 2.0 ** -11 * math.log(vocab)
 
 
+@torch.inference_mode()
 def bounded_compare_pass(model: nn.Module, ref: ReferenceLogprobs, *, batch_size: int = 4,
                          kl_limit: float | None = None) -> tuple[float, float, int]:
     """``compare_pass`` that may stop early: (mean NLL, mean KL, blocks measured).
