@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,18 +199,28 @@ def make_task(model, name: str, choices: Sequence[Choice], cap: Captured,
                      cap.inputs[name], cap.grads[name], cap.tokens, tuple(choices), settings)
 
 
+# The choices to score: the same for every layer, or per layer (a layer absent: none)
+LayerChoices = Sequence[Choice] | Mapping[str, Sequence[Choice]]
+
+
+def choices_of(choices: LayerChoices, layer: str) -> Sequence[Choice]:
+    """The choices a layer is scored for."""
+    return choices.get(layer, ()) if isinstance(choices, Mapping) else choices
+
+
 class ProfileRun:
     """The cached profile, what is left to score, and the write-after-every-layer loop that
     both the in-memory and the streamed calibration feed."""
 
-    def __init__(self, layer_names: Iterable[str], choices: Sequence[Choice], *,
+    def __init__(self, layer_names: Iterable[str], choices: LayerChoices, *,
                  model_hash: str, calib_hash: str, settings: CompressionSettings,
                  cache_dir: Path, on_progress: Callable[[int, int], None] | None = None,
                  executor: Executor | None = None) -> None:
         self.executor = executor or SerialExecutor()
         self.path = cache_path(cache_dir, model_hash, calib_hash, settings)
         self.profile = load_cached(self.path, model_hash, calib_hash, settings)
-        todo = {n: [c for c in choices if not self.profile.has(n, c)] for n in layer_names}
+        todo = {n: [c for c in choices_of(choices, n) if not self.profile.has(n, c)]
+                for n in layer_names}
         self.todo = {n: cs for n, cs in todo.items() if cs or n not in self.profile.outliers}
         self.total = sum(len(cs) for cs in self.todo.values())
         self.done = 0
@@ -233,12 +243,13 @@ class ProfileRun:
 
 
 def build_profile(
-    model, layer_names: Iterable[str], choices: Sequence[Choice], calib_batches: Sequence[Tensor],
+    model, layer_names: Iterable[str], choices: LayerChoices, calib_batches: Sequence[Tensor],
     *, model_hash: str, calib_hash: str, settings: CompressionSettings, cache_dir: Path,
     seed: int = 0, on_progress: Callable[[int, int], None] | None = None,
     layer_chunk: int | None = None, executor: Executor | None = None,
 ) -> SensitivityProfile:
-    """Profile every layer x choice, resuming from the on-disk cache.
+    """Profile every layer x choice (``choices`` per layer when a mapping), resuming from
+    the on-disk cache.
 
     All layers are captured in one forward+backward pass by default (about 3 GB for
     SmolLM2-135M at 2,048 tokens); `layer_chunk` bounds memory for bigger models at the price
@@ -259,5 +270,6 @@ def build_profile(
     return run.profile
 
 
-__all__ = ["OWL_M", "ProfileRun", "ScoreResult", "ScoreTask", "SensitivityProfile", "build_profile",
-           "cache_path", "calibration_key", "load_cached", "make_task", "score_task"]
+__all__ = ["OWL_M", "LayerChoices", "ProfileRun", "ScoreResult", "ScoreTask", "SensitivityProfile", "build_profile",
+           "cache_path", "calibration_key", "choices_of", "load_cached", "make_task",
+           "score_task"]

@@ -21,10 +21,9 @@ import torch
 from torch import Tensor
 
 from autoplan.compress import CompressionSettings
-from autoplan.formats import Choice
 from autoplan.sensitivity.capture import Recorder, fisher_loss
 from autoplan.sensitivity.executor import Executor
-from autoplan.sensitivity.profile import ProfileRun, SensitivityProfile, make_task
+from autoplan.sensitivity.profile import LayerChoices, ProfileRun, SensitivityProfile, make_task
 from autoplan.streaming.boundaries import BoundaryStore
 from autoplan.streaming.skeleton import StreamedModel
 
@@ -45,7 +44,7 @@ def _score_resident(run, model, layers, rec, tokens, settings) -> None:  # noqa:
 
 
 def build_profile_streamed(
-    sm: StreamedModel, layer_names: Iterable[str], choices: Sequence[Choice],
+    sm: StreamedModel, layer_names: Iterable[str], choices: LayerChoices,
     calib_batches: Sequence[Tensor], *, model_hash: str, calib_hash: str,
     settings: CompressionSettings, cache_dir: Path, seed: int = 0,
     on_progress: Callable[[int, int], None] | None = None, executor: Executor | None = None,

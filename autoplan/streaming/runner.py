@@ -16,11 +16,10 @@ from torch import Tensor
 
 from autoplan.compress import CompressionSettings
 from autoplan.errors import AutoplanError, UserInputError
-from autoplan.formats import Choice
 from autoplan.models.loader import LoadedModel, load_model, open_checkpoint
 from autoplan.modelspec import ModelSpec
 from autoplan.sensitivity.executor import Executor
-from autoplan.sensitivity.profile import SensitivityProfile, build_profile
+from autoplan.sensitivity.profile import LayerChoices, SensitivityProfile, build_profile
 from autoplan.streaming import estimate
 from autoplan.streaming.device import device_memory, host_memory, is_out_of_memory, resolve_device
 from autoplan.textenum import TextEnum
@@ -89,7 +88,7 @@ class ModelRunner:
             f" + {p.gpu / gb:.1f} GiB GPU: {fix}fewer --calib-blocks or another --device (the "
             "profile cache is kept; rerun resumes)")
 
-    def build_profile(self, layers: Sequence[str], choices: Sequence[Choice],
+    def build_profile(self, layers: Sequence[str], choices: LayerChoices,
                       batches: Sequence[Tensor], *, model_hash: str, calib_hash: str,
                       settings: CompressionSettings, cache_dir: Path, seed: int = 0,
                       on_progress: Callable[[int, int], None] | None = None,

@@ -35,7 +35,7 @@ def compared(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa
     original = runner_module.ModelRunner.build_profile
 
     def counting(self, layers, choices, *a, **kw):  # noqa: ANN001, ANN002, ANN003
-        calls.append((list(layers), [str(c) for c in choices]))
+        calls.append((list(layers), {n: [str(c) for c in cs] for n, cs in choices.items()}))
         return original(self, layers, choices, *a, **kw)
 
     out = tmp_path_factory.mktemp("cmp")
@@ -50,9 +50,12 @@ def test_one_profile_over_the_union_of_choices(compared) -> None:  # noqa: ANN00
     comparison, calls, _ = compared
     assert len(calls) == 1  # one profile pass for three targets
     layers, choices = calls[0]
-    assert "dense+int8_wo" in choices and "dense+int4a8_g32" in choices  # GPU and CPU formats
+    block = choices["model.layers.0.mlp.down_proj"]  # searched by every entry
+    assert "dense+int8_wo" in block and "dense+int4a8_g32" in block  # GPU and CPU formats
     assert "lm_head" in layers  # searched on CPUs, protected on GPU spaces: still in the union
-    assert comparison.profile_entries >= len(layers)
+    # ... and scored for the CPU entry's formats only: no GPU space offers it anything
+    assert "dense+int4a8_g32" in choices["lm_head"] and "dense+int8_wo" not in choices["lm_head"]
+    assert comparison.profile_entries >= sum(map(len, choices.values()))
 
 
 def test_rows_plans_and_shared_verification(compared) -> None:  # noqa: ANN001
