@@ -75,7 +75,7 @@ def portable(obj):  # noqa: ANN001, ANN201 - any JSON value
     subs = [(str(Path(cache).expanduser()), "$AUTOPLAN_CACHE"),
             (sysconfig.get_paths()["purelib"], "<site-packages>"), (repo, "."),
             (str(Path.home()), "~")]
-    other = re.compile(r"/(?:work|tmp|opt|root|home)/[^\s\"':]*/([^/\s\"':]+)")
+    other = re.compile(r"/(?:work|tmp|opt|root|home)(?:/[^\s\"':]*)?/([^/\s\"':]+)")
 
     def fix(text: str) -> str:
         for old, new in subs:

@@ -30,8 +30,9 @@ def test_portable_rewrites_machine_paths(monkeypatch: pytest.MonkeyPatch) -> Non
         sys.path.remove(str(ROOT / "benchmarks"))
     monkeypatch.setenv("AUTOPLAN_CACHE", "/root/.cache/autoplan")
     doc = {"gguf": "/root/.cache/autoplan/x/plan.gguf", "cmd": ["--out", f"{ROOT}/r.json"],
-           "art": "int8=/tmp/p3/art_int8", "n": 3}
+           "art": "int8=/tmp/p3/art_int8", "models": "--models /tmp/scale_models", "n": 3}
     out = portable(doc)
     assert out == {"gguf": "$AUTOPLAN_CACHE/x/plan.gguf", "cmd": ["--out", "./r.json"],
-                   "art": "int8=<path>/art_int8", "n": 3}
+                   "art": "int8=<path>/art_int8", "models": "--models <path>/scale_models",
+                   "n": 3}
     assert not ABSOLUTE.search(str(out))
