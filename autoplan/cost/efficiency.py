@@ -19,6 +19,12 @@ A format whose GEMM kernel has published timings departing from these BF16/FP8 k
 on Blackwell) gets its own efficiencies in autoplan/cost/kernels.py, set from kernel-level
 timings, not from the validation points; the leave-one-family-out hold-out replaces the rows
 here only.
+
+A family's eta_bw was measured on one part (`_ETA_BW_PART`: Hopper's on the H100 SXM). A
+sibling part whose memory reaches a different share of its own datasheet peak gets eta_bw
+scaled by the ratio of the two shares (`part_bandwidth_factor`), where one streaming
+benchmark, run the same way, measured both parts (`_STREAM_READ`); without such a pair the
+factor is 1. It is a hardware measurement, not a fitted constant.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from autoplan.formats import Choice, Precision
-from autoplan.targets import Target
+from autoplan.targets import Target, get_target
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,52 @@ _FAMILIES: dict[str, FamilyEfficiency] = {
         ),
     )
 }
+
+
+@dataclass(frozen=True)
+class StreamFigure:
+    """Achieved device-memory read bandwidth of one part (a streaming microbenchmark)."""
+
+    gbps: float
+    source: str  # key in autoplan/data/references.toml
+    note: str
+
+
+# BabelStream (CUDA) `Dot`, the benchmark's read-only kernel (sum of a[i] * b[i]): the traffic
+# eta_bw prices (weights and KV cache streamed in, little written back). Both parts measured
+# by Azure with the same harness (Benchmarks/HBMBandwidth.py: BabelStream built for sm_90, 5
+# runs), CUDA 12.6, driver 560, Xeon 8480C hosts, published side by side on 2024-09-23/24.
+# The harness's other kernels give the same direction: Copy 2.90 / 4.01, Triad 2.97 / 4.15
+# TB/s (H100 / H200).
+_STREAM_READ: dict[str, StreamFigure] = {
+    "h100-sxm": StreamFigure(3180.0, "AZ-ND-H100-V5", "ND H100 v5, BabelStream Dot 3.18 TB/s "
+                             "(0.949 of 3.35), driver 560.35.03"),
+    "h200": StreamFigure(4480.0, "AZ-ND-H200-V5", "ND H200 v5, BabelStream Dot 4.48 TB/s "
+                         "(0.933 of 4.8), driver 560.28.03"),
+}
+
+# The part each family's eta_bw was measured on (the evidence strings above).
+_ETA_BW_PART = {"hopper": "h100-sxm", "ampere": "a100-80g"}
+
+
+def part_bandwidth_factor(target: Target) -> float:
+    """eta_bw of `target` relative to its family's: (achieved / peak bandwidth of the target)
+    over (the same for the part the family's eta_bw was measured on), both from
+    `_STREAM_READ`; 1.0 where either part has no figure (or the target is that part)."""
+    if target.kind != "gpu" or target.measured:
+        return 1.0
+    ref_name = _ETA_BW_PART.get(family_of(target))
+    own = _STREAM_READ.get(target.name)
+    if ref_name is None or own is None or ref_name == target.name or ref_name not in _STREAM_READ:
+        return 1.0
+    ref = get_target(ref_name)
+    return (own.gbps * 1e9 / target.bandwidth) / (_STREAM_READ[ref_name].gbps * 1e9 / ref.bandwidth)
+
+
+def stream_figures() -> dict[str, StreamFigure]:
+    """Every cited achieved-bandwidth figure (for reports, docs and tests)."""
+    return dict(_STREAM_READ)
+
 
 # Family names the catalog uses that share a row above.
 _FAMILY_ALIASES = {
@@ -161,7 +213,14 @@ def family_efficiency(target: Target) -> FamilyEfficiency:
     if _OVERRIDES and family_of(target) in _OVERRIDES and not target.measured:
         return _OVERRIDES[family_of(target)]
     if family in _FAMILIES:
-        return _FAMILIES[family]
+        row = _FAMILIES[family]
+        factor = part_bandwidth_factor(target)
+        if factor == 1.0:
+            return row
+        return FamilyEfficiency(row.family, row.eta_bw * factor, row.eta_c, row.kernel_s,
+                                row.step_s, row.power_frac,
+                                f"{row.evidence}; eta_bw x {factor:.3f} for {target.name} "
+                                "(measured read bandwidth share vs the family's part)")
     if target.kind == "cpu" and target.measured:
         # The `local` target's bandwidth is an achieved read rate (torch sum on the runtime's
         # thread count), not a datasheet peak: discounting it again by the catalog's eta_bw
@@ -206,6 +265,7 @@ def all_families() -> dict[str, FamilyEfficiency]:
 
 __all__ = [
     "BLOCK_BW_FACTOR", "BLOCK_COMPUTE_EFF", "FamilyEfficiency", "SPARSE24_BW_FACTOR",
-    "all_families", "bandwidth_factor", "baseline_precision", "family_efficiency", "family_of",
-    "replaced_family", "transfer_row",
+    "StreamFigure", "all_families", "bandwidth_factor", "baseline_precision",
+    "family_efficiency", "family_of", "part_bandwidth_factor", "replaced_family",
+    "stream_figures", "transfer_row",
 ]

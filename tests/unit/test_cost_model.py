@@ -204,3 +204,45 @@ def test_measured_cpu_target_does_not_discount_its_bandwidth_twice():
     local = spr.model_copy(update={"name": "local", "family": "local-amx", "measured": True})
     assert family_efficiency(local).eta_bw == 1.0  # an achieved read rate is not
     assert family_efficiency(local).kernel_s == family_efficiency(spr).kernel_s
+
+
+def test_part_bandwidth_factor_from_measured_stream_bandwidth():
+    """Hopper's eta_bw was measured on the H100 SXM; the H200 (same die, HBM3e) reaches a
+    smaller share of its datasheet peak in the same read-only stream benchmark (BabelStream
+    Dot, Azure ND H100 v5 / ND H200 v5: 3.18 of 3.35 and 4.48 of 4.8 TB/s), so its eta_bw is
+    scaled by that ratio; parts without a measured pair keep the family's row."""
+    from autoplan.cost.efficiency import (
+        _FAMILIES,
+        part_bandwidth_factor,
+        replaced_family,
+        stream_figures,
+        transfer_row,
+    )
+    from autoplan.targets import load_references
+
+    h100, h200 = get_target("h100-sxm"), get_target("h200")
+    expected = (4480 / 4800) / (3180 / 3350)
+    assert part_bandwidth_factor(h200) == pytest.approx(expected)
+    assert 0.98 < expected < 0.99
+    assert family_efficiency(h200).eta_bw == pytest.approx(_FAMILIES["hopper"].eta_bw * expected)
+    assert family_efficiency(h200).eta_c == _FAMILIES["hopper"].eta_c  # bandwidth only
+    assert "h200" in family_efficiency(h200).evidence
+    # the reference part itself, and parts with no figure, keep the family's own row
+    assert family_efficiency(h100) is _FAMILIES["hopper"]
+    for name in ("h100-pcie", "a100-80g", "b200", "mi300x", "xeon-8480"):
+        assert part_bandwidth_factor(get_target(name)) == 1.0
+    # a held-out family's row (leave-one-family-out) is used as is
+    row = transfer_row("hopper")
+    assert row is not None
+    with replaced_family("hopper", row):
+        assert family_efficiency(h200) is row
+    # every figure cites a reference key
+    refs = load_references()
+    assert all(fig.source in refs for fig in stream_figures().values())
+    # the step time follows: a memory-bound decode step on H200 is slower by ~1/factor
+    spec = resolve_config("llama-3.1-8b")
+    w = Workload(batch=1, input_len=128, output_len=128)
+    scaled = CostModel(spec, h200, w).step_times("bf16").decode_s
+    with replaced_family("hopper", _FAMILIES["hopper"]):
+        plain = CostModel(spec, h200, w).step_times("bf16").decode_s
+    assert plain < scaled < plain / expected * 1.001
