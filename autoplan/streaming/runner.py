@@ -179,7 +179,7 @@ def open_model(model: str, settings: ExecutionSettings | None = None, *,
             loaded = load_model(model, trust_remote_code=trust_remote_code)
             loaded.model.to(device)
         else:
-            from autoplan.streaming.heap import return_large_frees_to_os
+            from autoplan.heap import return_large_frees_to_os
             from autoplan.streaming.skeleton import StreamedModel
 
             return_large_frees_to_os()
