@@ -7,7 +7,7 @@ from functools import cache
 from autoplan.cost.report import Memory
 from autoplan.cost.validate import _max_batch, _side, kv_pool_fits, load_measurements, validate
 
-# Every point is predicted once per run of the module (70 points with their hold-outs).
+# Every point is predicted once per run of the module (76 points with their hold-outs).
 report_once = cache(validate)
 
 
@@ -17,6 +17,18 @@ def test_measurements_are_complete() -> None:
     for p in points:
         assert p["source"] and p["published"] > 0 and p["metric"]
         assert p["candidate"]["target"] and p["baseline"]["target"]
+
+
+def test_ort_mlas_table_is_whole_and_block_128() -> None:
+    """ORT-24491's AVX512-VNNI table: all eight M x N x K rows, block 128 on both sides (the
+    BlkLen its harness, bench_qnbitgemm.cpp, sweeps), published = 8-bit ns / 4-bit ns."""
+    rows = [p for p in load_measurements() if p["source"] == "ORT-24491"]
+    shapes = {(p["m"], p["n"], p["k"]) for p in rows}
+    assert shapes == {(m, n, k) for m in (1, 4096) for n in (4096, 11008) for k in (4096, 11008)}
+    assert all(p["candidate"]["choice"] == "int4a8_g128" and p["baseline"]["choice"] == "int8a8_g128"
+               for p in rows)
+    assert next(p for p in rows if (p["m"], p["n"], p["k"]) == (1, 4096, 4096))["published"] == \
+        round(34145 / 27723, 3)
 
 
 def test_mape_within_bound() -> None:
