@@ -12,9 +12,9 @@ threshold to its size, up to 32 MiB on 64-bit). Two workloads want opposite fixe
   of a 4-block TinyLlama-shaped profile 1.56 -> 1.32 GiB (docs/benchmarks.md).
 * **A recovery pass** frees and re-allocates the same ~1-2 GB of activations, logits and
   gradients every step. Returned to the OS, every step page-faults them back in as fresh
-  zeroed pages: about 250,000 minor faults per step on SmolLM2 (2 x 256 tokens), 6.0 s a
-  step. Kept for reuse (``keep_frees_for_reuse``: thresholds at 1 GiB / 2 GiB), under
-  50,000 faults (none once warm) and 5.0 s a step, the same bits (2-core AMD EPYC VM,
+  zeroed pages: about 250,000 minor faults per step on SmolLM2 (2 x 256 tokens), 5.35 s a
+  step (median of 8). Kept for reuse (``keep_frees_for_reuse``: thresholds at 1 GiB / 2 GiB),
+  no faults once warm and 4.67 s a step, the same bits (2-core AMD EPYC VM,
   docs/benchmarks.md, "Recovery"). ``release_kept_memory`` trims the heap afterwards.
 
 Off Linux/glibc (macOS, musl) every call is a no-op that returns False.
@@ -73,7 +73,8 @@ def return_large_frees_to_os(threshold: int = THRESHOLD) -> bool:
 
 
 def keep_frees_for_reuse() -> bool:
-    """Keep freed buffers up to 1 GiB (and 2 GiB of free heap top) for the next allocation (a training loop).
+    """Keep freed buffers up to 1 GiB (and up to 2 GiB of free heap top) for the next
+    allocation: what a training loop wants.
 
     Returns:
         Whether it was applied (False off Linux/glibc).

@@ -142,11 +142,6 @@ def part_bandwidth_factor(target: Target) -> float:
     return (own.gbps * 1e9 / target.bandwidth) / (_STREAM_READ[ref_name].gbps * 1e9 / ref.bandwidth)
 
 
-def stream_figures() -> dict[str, StreamFigure]:
-    """Every cited achieved-bandwidth figure (for reports, docs and tests)."""
-    return dict(_STREAM_READ)
-
-
 # Family names the catalog uses that share a row above.
 _FAMILY_ALIASES = {
     "hopper-pcie": "hopper", "ampere-sxm": "ampere", "blackwell-b300": "blackwell-ultra",
@@ -267,5 +262,5 @@ __all__ = [
     "BLOCK_BW_FACTOR", "BLOCK_COMPUTE_EFF", "FamilyEfficiency", "SPARSE24_BW_FACTOR",
     "StreamFigure", "all_families", "bandwidth_factor", "baseline_precision",
     "family_efficiency", "family_of", "part_bandwidth_factor", "replaced_family",
-    "stream_figures", "transfer_row",
+    "transfer_row",
 ]

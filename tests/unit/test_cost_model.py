@@ -213,9 +213,9 @@ def test_part_bandwidth_factor_from_measured_stream_bandwidth():
     scaled by that ratio; parts without a measured pair keep the family's row."""
     from autoplan.cost.efficiency import (
         _FAMILIES,
+        _STREAM_READ,
         part_bandwidth_factor,
         replaced_family,
-        stream_figures,
         transfer_row,
     )
     from autoplan.targets import load_references
@@ -238,7 +238,7 @@ def test_part_bandwidth_factor_from_measured_stream_bandwidth():
         assert family_efficiency(h200) is row
     # every figure cites a reference key
     refs = load_references()
-    assert all(fig.source in refs for fig in stream_figures().values())
+    assert all(fig.source in refs for fig in _STREAM_READ.values())
     # the step time follows: a memory-bound decode step on H200 is slower by ~1/factor
     spec = resolve_config("llama-3.1-8b")
     w = Workload(batch=1, input_len=128, output_len=128)
