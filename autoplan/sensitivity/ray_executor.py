@@ -21,11 +21,13 @@ stays in the caller's thread, so a wrong address fails before the model loads.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import io
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -60,7 +62,11 @@ def _shim_broken_amdsmi() -> None:
     except ImportError:
         return
     except Exception:  # noqa: BLE001 - any failure means amdsmi is unusable here
-        shim = Path(tempfile.mkdtemp(prefix="autoplan-amdsmi-shim-")) / "amdsmi"
+        # Removed when this process exits (the Ray workers it starts end with it), so runs
+        # do not pile up folders in the temp directory.
+        root = tempfile.mkdtemp(prefix="autoplan-amdsmi-shim-")
+        atexit.register(shutil.rmtree, root, True)
+        shim = Path(root) / "amdsmi"
         shim.mkdir()
         (shim / "__init__.py").write_text(
             'raise ImportError("amdsmi unusable here: libamd_smi.so not found")\n')
