@@ -32,7 +32,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoplan.formats import Choice, Precision
 from autoplan.targets import Target, get_target
@@ -190,11 +190,11 @@ def replaced_family(family: str, row: FamilyEfficiency) -> Iterator[None]:
 def transfer_row(family: str) -> FamilyEfficiency | None:
     """Constants for `family` taken from the OTHER families of its kind (the median of each
     constant), none of them set on this family's points; None when it has no such peer."""
-    kind_of = lambda f: "cpu" if f == "cpu" else "gpu"  # noqa: E731
+    kind_of = lambda f: "cpu" if f == "cpu" else "gpu"
     peers = [r for f, r in _FAMILIES.items() if f != family and kind_of(f) == kind_of(family)]
     if not peers:
         return None
-    med = lambda xs: statistics.median(xs)  # noqa: E731
+    med = lambda xs: statistics.median(xs)
     return FamilyEfficiency(
         family, med([r.eta_bw for r in peers]), med([r.eta_c for r in peers]),
         med([r.kernel_s for r in peers]), med([r.step_s for r in peers]),
@@ -212,10 +212,9 @@ def family_efficiency(target: Target) -> FamilyEfficiency:
         factor = part_bandwidth_factor(target)
         if factor == 1.0:
             return row
-        return FamilyEfficiency(row.family, row.eta_bw * factor, row.eta_c, row.kernel_s,
-                                row.step_s, row.power_frac,
-                                f"{row.evidence}; eta_bw x {factor:.3f} for {target.name} "
-                                "(measured read bandwidth share vs the family's part)")
+        return replace(row, eta_bw=row.eta_bw * factor,
+                       evidence=f"{row.evidence}; eta_bw x {factor:.3f} for {target.name} "
+                       "(measured read bandwidth share vs the family's part)")
     if target.kind == "cpu" and target.measured:
         # The `local` target's bandwidth is an achieved read rate (torch sum on the runtime's
         # thread count), not a datasheet peak: discounting it again by the catalog's eta_bw
@@ -259,8 +258,17 @@ def all_families() -> dict[str, FamilyEfficiency]:
 
 
 __all__ = [
-    "BLOCK_BW_FACTOR", "BLOCK_COMPUTE_EFF", "FamilyEfficiency", "SPARSE24_BW_FACTOR",
-    "StreamFigure", "all_families", "bandwidth_factor", "baseline_precision",
-    "family_efficiency", "family_of", "part_bandwidth_factor", "replaced_family",
+    "BLOCK_BW_FACTOR",
+    "BLOCK_COMPUTE_EFF",
+    "SPARSE24_BW_FACTOR",
+    "FamilyEfficiency",
+    "StreamFigure",
+    "all_families",
+    "bandwidth_factor",
+    "baseline_precision",
+    "family_efficiency",
+    "family_of",
+    "part_bandwidth_factor",
+    "replaced_family",
     "transfer_row",
 ]
