@@ -25,10 +25,11 @@ elif policy == "return":
     applied = heap.return_large_frees_to_os()
 for _ in range(10):  # warm: glibc settles its bins over the first few rounds
     torch.ones(16 << 20).sum()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+faults = []
 for _ in range(20):  # 64 MiB freed and allocated again, as a training step's buffers are
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.ones(16 << 20).sum()
-faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 print(json.dumps({"applied": applied, "faults": faults, "trimmed": heap.release_kept_memory()}))
 """
 
@@ -43,8 +44,12 @@ def test_kept_frees_are_reused_without_page_faults() -> None:
     returned, kept = _run("return"), _run("keep")
     assert returned["applied"] and kept["applied"]
     # returned: every 64 MiB allocation maps fresh zeroed pages (16,384 per round at 4 KiB)
-    assert returned["faults"] > 20 * 4096
-    assert kept["faults"] < returned["faults"] / 20
+    assert all(f > 4096 for f in returned["faults"])
+    # kept: the freed buffer is reused. The heap may still grow once or twice after the warm-up
+    # rounds, when a small allocation from torch's threads lands after the freed block (a CI
+    # run saw 2 of 20 rounds fault), but most rounds touch no new page.
+    quiet = sum(f < 256 for f in kept["faults"])
+    assert quiet >= 16, kept["faults"]
 
 
 def test_frees_kept_for_reuse_restores_a_streamed_runs_policy() -> None:
