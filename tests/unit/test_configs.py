@@ -28,6 +28,7 @@ def test_public_shapes() -> None:
     assert (spec.hidden, spec.intermediate, spec.n_layers, spec.n_kv_heads) == (4096, 14336, 32, 8)
     assert 8.0e9 < spec.total_params < 8.1e9
     assert 70.4e9 < resolve_config("llama-3.1-70b").total_params < 70.8e9
+    assert 68.9e9 < resolve_config("llama-2-70b").total_params < 69.1e9  # "70B": 68.98e9
     assert 7.5e9 < resolve_config("qwen2.5-7b").total_params < 7.7e9
     assert 7.2e9 < resolve_config("mistral-7b-v0.3").total_params < 7.3e9
 
