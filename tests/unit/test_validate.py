@@ -7,7 +7,7 @@ from functools import cache
 from autoplan.cost.report import Memory
 from autoplan.cost.validate import _max_batch, _side, kv_pool_fits, load_measurements, validate
 
-# Every point is predicted once per run of the module (141 points with their hold-outs).
+# Every point is predicted once per run of the module (144 points with their hold-outs).
 report_once = cache(validate)
 
 
@@ -29,6 +29,28 @@ def test_ort_mlas_table_is_whole_and_block_128() -> None:
                for p in rows)
     assert next(p for p in rows if (p["m"], p["n"], p["k"]) == (1, 4096, 4096))["published"] == \
         round(34145 / 27723, 3)
+
+
+def test_every_point_cites_a_reference_once() -> None:
+    from autoplan.targets import load_references
+
+    points, refs = load_measurements(), load_references()
+    assert len({p["id"] for p in points}) == len(points)
+    assert {p["source"] for p in points} <= set(refs)
+
+
+def test_trtllm_v017_table_is_whole() -> None:
+    """TRT-PO-017: every TP 1 entry on a catalog GPU against its row's H100 FP8 entry (8B and
+    Mistral 7B: H200, L40S, A100 x 9 rows; 70B: H200 x the 7 rows with an H100 entry), each
+    published ratio the quotient of the two tok/s its `assumed` field quotes."""
+    rows = [p for p in load_measurements() if p["source"] == "TRT-PO-017"]
+    assert len(rows) == 2 * 3 * 9 + 7
+    assert all(p["baseline"] == {"target": "h100-sxm", "choice": "fp8_e4m3", "kv_bytes": 1}
+               and not p.get("tuned", True) for p in rows)
+    for p in rows:
+        cand, base = (float(x.replace(",", "")) for x in
+                      p["assumed"].rsplit("; ", 1)[1].removesuffix(" tok/s").split(" / "))
+        assert p["published"] == round(cand / base, 3), p["id"]
 
 
 def test_mape_within_bound() -> None:
