@@ -24,7 +24,10 @@ A family's eta_bw was measured on one part (`_ETA_BW_PART`: Hopper's on the H100
 sibling part whose memory reaches a different share of its own datasheet peak gets eta_bw
 scaled by the ratio of the two shares (`part_bandwidth_factor`), where one streaming
 benchmark, run the same way, measured both parts (`_STREAM_READ`); without such a pair the
-factor is 1. It is a hardware measurement, not a fitted constant.
+factor is 1. It is a hardware measurement, not a fitted constant. The same holds for eta_c
+(`part_compute_factor`, `_MAX_ACHIEVABLE`): where the vendor published the max-achievable GEMM
+rate of two parts of a family with one harness, a sibling whose share of its datasheet peak
+differs (the MI325X, the MI300X's die at 1,000 W instead of 750 W) has eta_c scaled by it.
 """
 
 from __future__ import annotations
@@ -85,8 +88,10 @@ _FAMILIES: dict[str, FamilyEfficiency] = {
         ),
         FamilyEfficiency(
             "cdna3", 0.60, 0.50, 5.0e-6, 50e-6, _GPU_POWER,
-            "prior: no MI300X GEMV/GEMM efficiency in the references (§4 gaps); set below "
-            "Hopper because ROCm GEMM efficiency is commonly reported lower",
+            "eta_c 0.50: between AMD's max-achievable GEMM rates on the MI300X, BF16 708 / "
+            "1,307 = 0.54 and FP8 1,273 / 2,615 = 0.49 (hipBLASLt-bench, [ROCM-MAF]; one "
+            "eta_c serves both); eta_bw, kernel_s, step_s: prior (no MI300X GEMV or "
+            "per-kernel figure in the references, §4 gaps), below Hopper's",
         ),
         FamilyEfficiency(
             "cdna4", 0.60, 0.50, 5.0e-6, 50e-6, _GPU_POWER,
@@ -128,6 +133,30 @@ _STREAM_READ: dict[str, StreamFigure] = {
 _ETA_BW_PART = {"hopper": "h100-sxm", "ampere": "a100-80g"}
 
 
+@dataclass(frozen=True)
+class ComputeFigure:
+    """Max-achievable dense GEMM rate of one part, as its vendor measured it."""
+
+    bf16_tflops: float
+    fp8_tflops: float
+    source: str  # key in autoplan/data/references.toml
+    note: str
+
+
+# AMD's "Max-Achievable FLOPs" table ([ROCM-MAF], Feb 2025): hipBLASLt-bench on the optimal
+# shape (M 4096, N 4864 / 3648, K 32896), cold caches, normally distributed inputs, the same
+# harness and hipBLASLt branch for both parts. The MI325X has the MI300X's CUs and datasheet
+# peak but runs the dense GEMM at a higher clock (1,447 vs 1,207 MHz median for BF16), so the
+# same eta_c would understate it by about a sixth.
+_MAX_ACHIEVABLE: dict[str, ComputeFigure] = {
+    "mi300x": ComputeFigure(708.0, 1273.0, "ROCM-MAF", "BF16 at 1,207 MHz, FP8 at 1,230 MHz"),
+    "mi325x": ComputeFigure(843.0, 1519.0, "ROCM-MAF", "BF16 at 1,447 MHz, FP8 at 1,464 MHz"),
+}
+
+# The part each family's eta_c was set against (the evidence strings above).
+_ETA_C_PART = {"cdna3": "mi300x"}
+
+
 def part_bandwidth_factor(target: Target) -> float:
     """eta_bw of `target` relative to its family's: (achieved / peak bandwidth of the target)
     over (the same for the part the family's eta_bw was measured on), both from
@@ -140,6 +169,24 @@ def part_bandwidth_factor(target: Target) -> float:
         return 1.0
     ref = get_target(ref_name)
     return (own.gbps * 1e9 / target.bandwidth) / (_STREAM_READ[ref_name].gbps * 1e9 / ref.bandwidth)
+
+
+def part_compute_factor(target: Target) -> float:
+    """eta_c of `target` relative to its family's: the target's max-achievable BF16 share of
+    its datasheet peak over the same for the part the family's eta_c was set against, both
+    from `_MAX_ACHIEVABLE`; 1.0 where either part has no figure (or the target is that part).
+    The FP8 ratio agrees within 1 % for the one pair listed (MI325X / MI300X: 1.191 BF16,
+    1.193 FP8)."""
+    if target.kind != "gpu" or target.measured:
+        return 1.0
+    ref_name = _ETA_C_PART.get(family_of(target))
+    own = _MAX_ACHIEVABLE.get(target.name)
+    if ref_name is None or own is None or ref_name == target.name:
+        return 1.0
+    ref, peak, ref_peak = _MAX_ACHIEVABLE[ref_name], target.peak("bf16"), get_target(ref_name).peak("bf16")
+    if not peak or not ref_peak:
+        return 1.0
+    return (own.bf16_tflops / peak) / (ref.bf16_tflops / ref_peak)
 
 
 # Family names the catalog uses that share a row above.
@@ -209,12 +256,16 @@ def family_efficiency(target: Target) -> FamilyEfficiency:
         return _OVERRIDES[family_of(target)]
     if family in _FAMILIES:
         row = _FAMILIES[family]
-        factor = part_bandwidth_factor(target)
-        if factor == 1.0:
-            return row
-        return replace(row, eta_bw=row.eta_bw * factor,
-                       evidence=f"{row.evidence}; eta_bw x {factor:.3f} for {target.name} "
-                       "(measured read bandwidth share vs the family's part)")
+        bw_factor, c_factor = part_bandwidth_factor(target), part_compute_factor(target)
+        if bw_factor != 1.0:
+            row = replace(row, eta_bw=row.eta_bw * bw_factor,
+                          evidence=f"{row.evidence}; eta_bw x {bw_factor:.3f} for {target.name} "
+                          "(measured read bandwidth share vs the family's part)")
+        if c_factor != 1.0:
+            row = replace(row, eta_c=row.eta_c * c_factor,
+                          evidence=f"{row.evidence}; eta_c x {c_factor:.3f} for {target.name} "
+                          "(vendor max-achievable GEMM share vs the family's part)")
+        return row
     if target.kind == "cpu" and target.measured:
         # The `local` target's bandwidth is an achieved read rate (torch sum on the runtime's
         # thread count), not a datasheet peak: discounting it again by the catalog's eta_bw
@@ -261,6 +312,7 @@ __all__ = [
     "BLOCK_BW_FACTOR",
     "BLOCK_COMPUTE_EFF",
     "SPARSE24_BW_FACTOR",
+    "ComputeFigure",
     "FamilyEfficiency",
     "StreamFigure",
     "all_families",
@@ -269,6 +321,7 @@ __all__ = [
     "family_efficiency",
     "family_of",
     "part_bandwidth_factor",
+    "part_compute_factor",
     "replaced_family",
     "transfer_row",
 ]

@@ -246,3 +246,40 @@ def test_part_bandwidth_factor_from_measured_stream_bandwidth():
     with replaced_family("hopper", _FAMILIES["hopper"]):
         plain = CostModel(spec, h200, w).step_times("bf16").decode_s
     assert plain < scaled < plain / expected * 1.001
+
+
+def test_part_compute_factor_from_vendor_max_achievable_flops():
+    """The MI325X has the MI300X's CUs and datasheet peak but runs a dense GEMM at a higher
+    clock: AMD's max-achievable BF16 rates (708 vs 843 TFLOP/s, one harness) scale its eta_c;
+    the MI300X itself, other families and parts with no figure keep their rows."""
+    from autoplan.cost.efficiency import (
+        _FAMILIES,
+        _MAX_ACHIEVABLE,
+        part_compute_factor,
+        replaced_family,
+        transfer_row,
+    )
+    from autoplan.targets import load_references
+
+    mi300x, mi325x = get_target("mi300x"), get_target("mi325x")
+    assert part_compute_factor(mi325x) == pytest.approx(843 / 708)
+    eff = family_efficiency(mi325x)
+    assert eff.eta_c == pytest.approx(_FAMILIES["cdna3"].eta_c * 843 / 708)
+    assert eff.eta_bw == _FAMILIES["cdna3"].eta_bw and "mi325x" in eff.evidence
+    assert family_efficiency(mi300x) is _FAMILIES["cdna3"]
+    for name in ("mi355x", "h100-sxm", "h200", "b200", "xeon-8480"):
+        assert part_compute_factor(get_target(name)) == 1.0
+    # the FP8 figures give the same ratio within 1 %
+    fp8 = _MAX_ACHIEVABLE["mi325x"].fp8_tflops / _MAX_ACHIEVABLE["mi300x"].fp8_tflops
+    assert fp8 == pytest.approx(843 / 708, rel=0.01)
+    assert all(fig.source in load_references() for fig in _MAX_ACHIEVABLE.values())
+    row = transfer_row("cdna3")
+    assert row is not None
+    with replaced_family("cdna3", row):
+        assert family_efficiency(mi325x) is row
+    # a compute-bound prefill on the MI325X is faster than on the MI300X by about the factor
+    spec = resolve_config("llama-3.1-8b")
+    w = Workload(batch=8, input_len=2048, output_len=1)
+    ratio = (CostModel(spec, mi300x, w).step_times("bf16").prefill_s
+             / CostModel(spec, mi325x, w).step_times("bf16").prefill_s)
+    assert 1.1 < ratio <= 843 / 708 + 1e-9
