@@ -18,7 +18,9 @@ Terms (see autoplan/cost/linear.py for how they enter the step time):
 A format whose GEMM kernel has published timings departing from these BF16/FP8 kernels (FP4
 on Blackwell) gets its own efficiencies in autoplan/cost/kernels.py, set from kernel-level
 timings, not from the validation points; the leave-one-family-out hold-out replaces the rows
-here only.
+here only. eta_c is the BF16 GEMM's; a math dtype whose max-achievable matmul rate was
+measured beside BF16's on the same part runs at eta_c times the ratio of the two shares of
+peak (`math_efficiency_factor`, `_MATH_SHARE`: FP8 on Hopper and on CDNA3).
 
 A family's eta_bw was measured on one part (`_ETA_BW_PART`: Hopper's on the H100 SXM). A
 sibling part whose memory reaches a different share of its own datasheet peak gets eta_bw
@@ -189,6 +191,46 @@ def part_compute_factor(target: Target) -> float:
     return (own.bf16_tflops / peak) / (ref.bf16_tflops / ref_peak)
 
 
+@dataclass(frozen=True)
+class MathShare:
+    """A math dtype's max-achievable share of its peak over BF16's, on one measured part."""
+
+    ratio: float
+    source: str  # key in autoplan/data/references.toml
+    note: str
+
+
+# Both shares from one harness on one part, so clocks, power cap and library cancel except
+# where they treat the two dtypes differently (FP8 GEMMs draw more power per FLOP and run
+# further below their peak). Only the ratio is used: the family's eta_c already prices the
+# gap between a max-achievable shape and the GEMMs of a real model.
+_MATH_SHARE: dict[tuple[str, str], MathShare] = {
+    ("hopper", "fp8"): MathShare(
+        (1402.6 / 1979) / (794.5 / 989), "MAMF",
+        "H100 SXM, mamf-finder, torch 2.7.0+cu126: FP8 1,402.6 of 1,979 TFLOP/s (70.9 %), BF16 "
+        "794.5 of 989 (80.3 %); the H200 (same die, same 700 W) is assumed to share it"),
+    ("cdna3", "fp8"): MathShare(
+        (1273 / 2614.9) / (708 / 1307.4), "ROCM-MAF",
+        "MI300X, hipBLASLt-bench: FP8 1,273 of 2,615 TFLOP/s (48.7 %), BF16 708 of 1,307 "
+        "(54.2 %); the MI325X's pair gives 0.901"),
+}
+
+
+def math_efficiency_factor(target: Target, math: str) -> float:
+    """eta_c multiplier for GEMMs in `math` ("fp8", "bf16", ...) on `target`: the measured
+    share ratio of that dtype over BF16 for the target's family, 1.0 where none was measured
+    (BF16 itself, INT8, every family without a pair, CPUs)."""
+    if target.kind != "gpu" or target.measured:
+        return 1.0
+    share = _MATH_SHARE.get((family_of(target), math))
+    return share.ratio if share else 1.0
+
+
+def all_math_shares() -> dict[tuple[str, str], MathShare]:
+    """Every documented math-dtype share (for reports, docs and tests)."""
+    return dict(_MATH_SHARE)
+
+
 # Family names the catalog uses that share a row above.
 _FAMILY_ALIASES = {
     "hopper-pcie": "hopper", "ampere-sxm": "ampere", "blackwell-b300": "blackwell-ultra",
@@ -314,12 +356,15 @@ __all__ = [
     "SPARSE24_BW_FACTOR",
     "ComputeFigure",
     "FamilyEfficiency",
+    "MathShare",
     "StreamFigure",
     "all_families",
+    "all_math_shares",
     "bandwidth_factor",
     "baseline_precision",
     "family_efficiency",
     "family_of",
+    "math_efficiency_factor",
     "part_bandwidth_factor",
     "part_compute_factor",
     "replaced_family",

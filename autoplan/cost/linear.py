@@ -6,7 +6,9 @@
   metadata, hw-facts §3.6) + activations read at the choice's activation width + outputs
   written in 16 bit.
 - flops: 2 * m * in * out, run at the peak of the choice's math dtype (weight-only formats
-  dequantize and run at the 16-bit peak; FP4 without FP4 units is refused).
+  dequantize and run at the 16-bit peak; FP4 without FP4 units is refused), at eta_c times
+  the dtype's measured share ratio over BF16 where one exists (FP8 on Hopper and CDNA3,
+  efficiency.math_efficiency_factor).
 - 2:4: the byte reduction always applies (decode gains through it); the compute term is
   divided by the shape-dependent speedup s (autoplan/cost/sparse.py; < 1 for small shapes).
 - block-sparse: kept blocks only, at BLOCK_COMPUTE_EFF of dense efficiency.
@@ -25,7 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.efficiency import BLOCK_COMPUTE_EFF, FamilyEfficiency, bandwidth_factor
+from autoplan.cost.efficiency import (
+    BLOCK_COMPUTE_EFF,
+    FamilyEfficiency,
+    bandwidth_factor,
+    math_efficiency_factor,
+)
 from autoplan.cost.kernels import kernel_path
 from autoplan.cost.sparse import sparse24_speedup
 from autoplan.errors import UnsupportedFormatError
@@ -89,7 +96,10 @@ def gemm_time(target: Target, eff: FamilyEfficiency, choice: Choice, m: int, n: 
     """Roofline time of y[m, n] = x[m, k] @ W[n, k].T under a choice (no kernel overhead)."""
     info, sp = choice.precision.info, choice.sparsity
     path = kernel_path(target, choice)
-    eta_bw, eta_c = (path.eta_bw, path.eta_c) if path else (eff.eta_bw, eff.eta_c)
+    if path:
+        eta_bw, eta_c = path.eta_bw, path.eta_c
+    else:
+        eta_bw, eta_c = eff.eta_bw, eff.eta_c * math_efficiency_factor(target, info.math)
     n_eff = n * sp.density if sp.kind == "channel" else n
     weight_bytes = k * n * stored_bits(target, choice) / 8
     act_bytes = m * (k * info.act_bytes + n_eff * 2.0)

@@ -283,3 +283,39 @@ def test_part_compute_factor_from_vendor_max_achievable_flops():
     ratio = (CostModel(spec, mi300x, w).step_times("bf16").prefill_s
              / CostModel(spec, mi325x, w).step_times("bf16").prefill_s)
     assert 1.1 < ratio <= 843 / 708 + 1e-9
+
+
+def test_fp8_gemms_run_at_their_measured_share_of_peak():
+    """FP8 GEMMs reach a smaller share of their (2x) peak than BF16 on the same part: on the
+    H100 SXM 70.9 vs 80.3 % (MAMF), on the MI300X 48.7 vs 54.2 % (AMD's MAF). A compute-bound
+    FP8 GEMM is then 2 x that ratio faster than BF16, not 2x; memory-bound ones are
+    untouched, and families without a measured pair keep eta_c."""
+    from autoplan.cost.efficiency import all_math_shares, math_efficiency_factor
+    from autoplan.cost.linear import gemm_time
+    from autoplan.formats import Choice, Precision
+    from autoplan.targets import load_references
+
+    h100 = get_target("h100-sxm")
+    hopper = (1402.6 / 1979) / (794.5 / 989)
+    assert math_efficiency_factor(h100, "fp8") == pytest.approx(hopper)
+    assert 0.88 < hopper < 0.89
+    assert math_efficiency_factor(get_target("h200"), "fp8") == pytest.approx(hopper)
+    assert math_efficiency_factor(get_target("mi300x"), "fp8") == pytest.approx(
+        (1273 / 2614.9) / (708 / 1307.4))
+    for name, dtype in (("h100-sxm", "bf16"), ("h100-sxm", "int8"), ("l40s", "fp8"),
+                        ("b200", "fp8"), ("xeon-8480", "fp8")):
+        assert math_efficiency_factor(get_target(name), dtype) == 1.0, (name, dtype)
+    assert all(s.source in load_references() for s in all_math_shares().values())
+
+    eff = family_efficiency(h100)
+    big = {"m": 8192, "n": 8192, "k": 8192}
+    bf16 = gemm_time(h100, eff, Choice.parse("bf16"), **big, baseline=Precision.BF16)
+    fp8 = gemm_time(h100, eff, Choice.parse("fp8_e4m3"), **big, baseline=Precision.BF16)
+    assert bf16.bound == fp8.bound == "compute"
+    # the catalog's FP8 peak is 1,978.9 against 2 x 989.4 for BF16
+    assert bf16.seconds / fp8.seconds == pytest.approx(2 * hopper, rel=1e-3)
+    gemv = {"m": 1, "n": 8192, "k": 8192}  # memory-bound: half the weight bytes, as before
+    ratio = (gemm_time(h100, eff, Choice.parse("bf16"), **gemv, baseline=Precision.BF16).seconds
+             / gemm_time(h100, eff, Choice.parse("fp8_e4m3"), **gemv,
+                         baseline=Precision.BF16).seconds)
+    assert 1.9 < ratio < 2.0
