@@ -90,10 +90,11 @@ _FAMILIES: dict[str, FamilyEfficiency] = {
         ),
         FamilyEfficiency(
             "cdna3", 0.60, 0.50, 5.0e-6, 50e-6, _GPU_POWER,
-            "eta_c 0.50: between AMD's max-achievable GEMM rates on the MI300X, BF16 708 / "
-            "1,307 = 0.54 and FP8 1,273 / 2,615 = 0.49 (hipBLASLt-bench, [ROCM-MAF]; one "
-            "eta_c serves both); eta_bw, kernel_s, step_s: prior (no MI300X GEMV or "
-            "per-kernel figure in the references, §4 gaps), below Hopper's",
+            "eta_c 0.50 (BF16): below the MI300X's best-shape BF16 share, 708 / 1,307 = 0.54 "
+            "(hipBLASLt-bench, [ROCM-MAF]), as a typical GEMM sits below the best one (AMD's "
+            "typical attained rate is 74 % of the maximum on the MI325X, [ROCM-TAF]); FP8 via "
+            "_MATH_SHARE; eta_bw, kernel_s, step_s: prior (no MI300X GEMV or per-kernel "
+            "figure in the references, §4 gaps), below Hopper's",
         ),
         FamilyEfficiency(
             "cdna4", 0.60, 0.50, 5.0e-6, 50e-6, _GPU_POWER,
@@ -210,9 +211,12 @@ _MATH_SHARE: dict[tuple[str, str], MathShare] = {
         "H100 SXM, mamf-finder, torch 2.7.0+cu126: FP8 1,402.6 of 1,979 TFLOP/s (70.9 %), BF16 "
         "794.5 of 989 (80.3 %); the H200 (same die, same 700 W) is assumed to share it"),
     ("cdna3", "fp8"): MathShare(
-        (1273 / 2614.9) / (708 / 1307.4), "ROCM-MAF",
-        "MI300X, hipBLASLt-bench: FP8 1,273 of 2,615 TFLOP/s (48.7 %), BF16 708 of 1,307 "
-        "(54.2 %); the MI325X's pair gives 0.901"),
+        (1408.06 / 2614.9) / (831.40 / 1307.4), "ROCM-TAF",
+        "MI325X at 1,000 W, hipBLASLt max-achievable GEMMs with normally distributed inputs "
+        "(AMD, Sept 2026): FP8 1,408.06 of 2,615 TFLOP/s (53.8 %), BF16 831.40 of 1,307 "
+        "(63.6 %). The earlier trig_float-initialised table ([ROCM-MAF]) gives 0.899 on the "
+        "MI300X, but AMD notes that pattern lets FP8 hold a higher clock; the H100 pair above "
+        "was measured on random normal inputs too"),
 }
 
 
