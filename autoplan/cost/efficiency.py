@@ -147,8 +147,9 @@ class ComputeFigure:
 
 
 # AMD's "Max-Achievable FLOPs" table ([ROCM-MAF], Feb 2025): hipBLASLt-bench on the optimal
-# shape (M 4096, N 4864 / 3648, K 32896), cold caches, normally distributed inputs, the same
-# harness and hipBLASLt branch for both parts. The MI325X has the MI300X's CUs and datasheet
+# shape (M 4096, N 4864 / 3648, K 32896), cold caches, trig_float inputs, the same harness
+# and hipBLASLt branch for both parts (the input pattern flatters both parts alike, so the
+# ratio stands; AMD's later normal-input figures exist for the MI325X only). The MI325X has the MI300X's CUs and datasheet
 # peak but runs the dense GEMM at a higher clock (1,447 vs 1,207 MHz median for BF16), so the
 # same eta_c would understate it by about a sixth.
 _MAX_ACHIEVABLE: dict[str, ComputeFigure] = {
