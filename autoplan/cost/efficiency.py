@@ -35,7 +35,7 @@ differs (the MI325X, the MI300X's die at 1,000 W instead of 750 W) has eta_c sca
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -149,9 +149,9 @@ class ComputeFigure:
 # AMD's "Max-Achievable FLOPs" table ([ROCM-MAF], Feb 2025): hipBLASLt-bench on the optimal
 # shape (M 4096, N 4864 / 3648, K 32896), cold caches, trig_float inputs, the same harness
 # and hipBLASLt branch for both parts (the input pattern flatters both parts alike, so the
-# ratio stands; AMD's later normal-input figures exist for the MI325X only). The MI325X has the MI300X's CUs and datasheet
-# peak but runs the dense GEMM at a higher clock (1,447 vs 1,207 MHz median for BF16), so the
-# same eta_c would understate it by about a sixth.
+# ratio stands; AMD's later normal-input figures exist for the MI325X only). The MI325X has the
+# MI300X's CUs and datasheet peak but runs the dense GEMM at a higher clock (1,447 vs 1,207 MHz
+# median for BF16), so the same eta_c would understate it by about a sixth.
 _MAX_ACHIEVABLE: dict[str, ComputeFigure] = {
     "mi300x": ComputeFigure(708.0, 1273.0, "ROCM-MAF", "BF16 at 1,207 MHz, FP8 at 1,230 MHz"),
     "mi325x": ComputeFigure(843.0, 1519.0, "ROCM-MAF", "BF16 at 1,447 MHz, FP8 at 1,464 MHz"),
@@ -161,18 +161,34 @@ _MAX_ACHIEVABLE: dict[str, ComputeFigure] = {
 _ETA_C_PART = {"cdna3": "mi300x"}
 
 
+def _share_vs_family_part(target: Target, family_part: dict[str, str],
+                          share: Callable[[Target], float | None]) -> float:
+    """share(target) / share(the part its family's constant was set on); 1.0 for CPUs, for
+    that part itself, and where either part has no figure (share returns None)."""
+    if target.kind != "gpu" or target.measured:
+        return 1.0
+    ref_name = family_part.get(family_of(target))
+    if ref_name is None or ref_name == target.name:
+        return 1.0
+    own, ref = share(target), share(get_target(ref_name))
+    return own / ref if own and ref else 1.0
+
+
+def _read_share(target: Target) -> float | None:
+    fig = _STREAM_READ.get(target.name)
+    return fig.gbps * 1e9 / target.bandwidth if fig else None
+
+
+def _gemm_share(target: Target) -> float | None:
+    fig, peak = _MAX_ACHIEVABLE.get(target.name), target.peak("bf16")
+    return fig.bf16_tflops * 1e12 / peak if fig and peak else None
+
+
 def part_bandwidth_factor(target: Target) -> float:
     """eta_bw of `target` relative to its family's: (achieved / peak bandwidth of the target)
     over (the same for the part the family's eta_bw was measured on), both from
     `_STREAM_READ`; 1.0 where either part has no figure (or the target is that part)."""
-    if target.kind != "gpu" or target.measured:
-        return 1.0
-    ref_name = _ETA_BW_PART.get(family_of(target))
-    own = _STREAM_READ.get(target.name)
-    if ref_name is None or own is None or ref_name == target.name or ref_name not in _STREAM_READ:
-        return 1.0
-    ref = get_target(ref_name)
-    return (own.gbps * 1e9 / target.bandwidth) / (_STREAM_READ[ref_name].gbps * 1e9 / ref.bandwidth)
+    return _share_vs_family_part(target, _ETA_BW_PART, _read_share)
 
 
 def part_compute_factor(target: Target) -> float:
@@ -181,16 +197,7 @@ def part_compute_factor(target: Target) -> float:
     from `_MAX_ACHIEVABLE`; 1.0 where either part has no figure (or the target is that part).
     The FP8 ratio agrees within 1 % for the one pair listed (MI325X / MI300X: 1.191 BF16,
     1.193 FP8)."""
-    if target.kind != "gpu" or target.measured:
-        return 1.0
-    ref_name = _ETA_C_PART.get(family_of(target))
-    own = _MAX_ACHIEVABLE.get(target.name)
-    if ref_name is None or own is None or ref_name == target.name:
-        return 1.0
-    ref, peak, ref_peak = _MAX_ACHIEVABLE[ref_name], target.peak("bf16"), get_target(ref_name).peak("bf16")
-    if not peak or not ref_peak:
-        return 1.0
-    return (own.bf16_tflops / peak) / (ref.bf16_tflops / ref_peak)
+    return _share_vs_family_part(target, _ETA_C_PART, _gemm_share)
 
 
 @dataclass(frozen=True)

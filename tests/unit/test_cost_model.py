@@ -287,9 +287,9 @@ def test_part_compute_factor_from_vendor_max_achievable_flops():
 
 def test_fp8_gemms_run_at_their_measured_share_of_peak():
     """FP8 GEMMs reach a smaller share of their (2x) peak than BF16 on the same part: on the
-    H100 SXM 70.9 vs 80.3 % (MAMF), on the MI325X 53.8 vs 63.6 % (AMD, normal inputs). A compute-bound
-    FP8 GEMM is then 2 x that ratio faster than BF16, not 2x; memory-bound ones are
-    untouched, and families without a measured pair keep eta_c."""
+    H100 SXM 70.9 vs 80.3 % (MAMF), on the MI325X 53.8 vs 63.6 % (AMD, normal inputs). A
+    compute-bound FP8 GEMM is then 2 x that ratio faster than BF16, not 2x; memory-bound ones
+    are untouched, and families without a measured pair keep eta_c."""
     from autoplan.cost.efficiency import all_math_shares, math_efficiency_factor
     from autoplan.cost.linear import gemm_time
     from autoplan.formats import Choice, Precision
