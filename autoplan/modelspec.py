@@ -71,6 +71,8 @@ class ModelSpec:
     dtype: str
     layers: tuple[LinearLayer, ...] = field(repr=False)
     name: str = ""
+    # per block: the sliding attention window in tokens (0: full attention); () = all full
+    windows: tuple[int, ...] = field(default=(), repr=False)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -115,7 +117,8 @@ class ModelSpec:
         builder = {"llama": _llama_layers, "phi3": _phi3_layers, "gpt_neox": _neox_layers}[family]
         layers = builder(n_layers, hidden, intermediate, n_heads * head_dim, n_kv * head_dim, vocab)
         return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv, head_dim,
-                   vocab, tie, family != "gpt_neox", dtype, tuple(layers), name)
+                   vocab, tie, family != "gpt_neox", dtype, tuple(layers), name,
+                   _attention_windows(cfg, model_type, n_layers))
 
     @classmethod
     def from_path(cls, path: str | Path) -> ModelSpec:
@@ -160,6 +163,44 @@ class ModelSpec:
     def kv_bytes_per_token(self, kv_bytes: float = 2.0) -> float:
         """KV-cache bytes per token of context: 2 (K and V) x layers x kv heads x head_dim."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * kv_bytes
+
+    def window(self, block: int) -> int:
+        """Block ``block``'s sliding attention window in tokens, 0 for full attention."""
+        return self.windows[block] if self.windows else 0
+
+
+def _attention_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> tuple[int, ...]:
+    """Per block: the sliding window (tokens) or 0, as transformers assigns layer types.
+
+    ``layer_types`` when the config lists them; else Gemma 2 alternates (even blocks
+    sliding), Gemma 3 makes every ``sliding_window_pattern``-th block (default 6) global,
+    Qwen2/3 slide from ``max_window_layers`` on only with ``use_sliding_window``, and any
+    other config with a ``sliding_window`` (Mistral v0.1, Phi-3) slides in every block.
+    """
+    window = cfg.get("sliding_window") or 0
+    try:
+        window = int(window)
+    except (TypeError, ValueError):
+        raise ModelConfigError(f"config.json sliding_window must be an integer, got "
+                               f"{window!r}") from None
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == n_layers:
+        slides = [t == "sliding_attention" for t in types]
+    elif window <= 0 or model_type == "gemma":
+        return ()
+    elif model_type == "gemma2":
+        slides = [i % 2 == 0 for i in range(n_layers)]
+    elif model_type == "gemma3_text":
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        slides = [(i + 1) % pattern != 0 for i in range(n_layers)]
+    elif model_type in ("qwen2", "qwen3"):
+        first = int(cfg.get("max_window_layers") or 0)
+        slides = [bool(cfg.get("use_sliding_window")) and i >= first for i in range(n_layers)]
+    else:
+        slides = [True] * n_layers
+    if window <= 0 or not any(slides):
+        return ()
+    return tuple(window if s else 0 for s in slides)
 
 
 def _llama_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: int,
