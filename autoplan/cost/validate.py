@@ -35,7 +35,8 @@ from autoplan.workload import Workload
 
 _HIGHER_IS_BETTER = {"throughput", "decode_tokens_per_s"}
 _LOWER_IS_BETTER = {"ttft": "ttft_s", "latency": "request_latency_s"}
-_SIDE_KEYS = ("batch", "input_len", "output_len", "kv_bytes", "max_batch", "kv_pool_fraction")
+_SIDE_KEYS = ("model", "batch", "input_len", "output_len", "kv_bytes", "max_batch",
+              "kv_pool_fraction")
 
 
 @dataclass(frozen=True)
@@ -204,13 +205,13 @@ def _value(point: dict[str, Any], side_name: str) -> tuple[float, str]:
         m, n, k = point["m"], point["n"], point["k"]
         t = gemm_time(target, eff, choice, m, n, k, baseline_precision(target)).seconds
         return t + call_overhead(target, eff, choice), f"{m}x{n}x{k}"
-    batch = side.get("batch", 1)
+    batch, model = side.get("batch", 1), side["model"]  # a side may name its own model
     if batch == "max":
-        batch = _max_batch(point["model"], side)
+        batch = _max_batch(model, side)
     wl = Workload(batch=batch, input_len=side.get("input_len", 512),
                   output_len=side.get("output_len", 128))
-    cm = CostModel(resolve_config(point["model"]), target, wl, kv_bytes=side.get("kv_bytes", 2.0),
-                   prefill_chunk=_prefill_chunk(side, _bench(point["model"], side)))
+    cm = CostModel(resolve_config(model), target, wl, kv_bytes=side.get("kv_bytes", 2.0),
+                   prefill_chunk=_prefill_chunk(side, _bench(model, side)))
     metrics = cm.evaluate(choice).metrics
     metric = point["metric"]
     if metric in _HIGHER_IS_BETTER:
