@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from autoplan.cost.efficiency import FamilyEfficiency
-from autoplan.cost.kv import KvLayout, block_token_bytes, mean_decode_tokens
+from autoplan.cost.kv import KvLayout, block_token_bytes, cached_tokens
 from autoplan.modelspec import ModelSpec
 from autoplan.targets import Target
 from autoplan.workload import Workload
@@ -115,7 +115,7 @@ def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload:
     blocks, kv_read, attn_pre, attn_dec = [], 0.0, 0.0, 0.0
     for i, (elem, fmt) in enumerate(zip(layout.element_bytes, layout.formats)):
         window = spec.window(i)
-        ctx_i = ctx if not window else mean_decode_tokens(window, s, workload.output_len)
+        ctx_i = cached_tokens(window, ctx)  # a sliding-window block reads its window
         per_tok = block_token_bytes(spec, elem)
         read = b * ctx_i * per_tok
         dec = _roof(read + b * q_out * 4, 4 * b * ctx_i * heads * d, bw, peak)
@@ -127,7 +127,7 @@ def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload:
 
     # Elementwise passes per token per block (bytes): 2 norms and 2 residual adds over the
     # hidden state, rotary on q and k, the MLP activation, the KV-cache write.
-    mlp_act = (3 if spec.gated_mlp else 2) * spec.intermediate * 2
+    mlp_act = (3 if spec.gated_mlp else 2) * spec.active_intermediate * 2
     per_tok = layers * (10 * spec.hidden * 2 + 2 * (q_out + kv_out) * 2 + mlp_act) \
         + sum(block_token_bytes(spec, e) for e in layout.element_bytes)
     elem = PhaseTime(b * s * per_tok / bw, b * per_tok / bw)

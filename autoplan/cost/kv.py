@@ -8,8 +8,8 @@ behind it, when known): 2 for a 16-bit cache, 1 for FP8/INT8, 8.5/8 for llama.cp
     cached tokens, block l   = min(length, window_l)   (window 0: full attention)
     cache of a batch         = batch x sum over blocks of bytes per token x cached tokens
 
-and decode attention reads, per step, each block's cache at the step's context (the mean of
-min(context, window) over the decode steps). These are the two things a KV format changes:
+and decode attention reads, per step, each block's cache at the step's context (the mean
+decode context, capped at the block's window). These are the two things a KV format changes:
 the bytes every decode step reads, and the memory left for the batch (cost/operating.py
 re-solves the batch under it). Formulas: reference/hw-facts.md §3.1 and §3.3.
 """
@@ -85,18 +85,6 @@ def cached_tokens(window: int, length: float) -> float:
     return min(length, window) if window else length
 
 
-def mean_decode_tokens(window: int, input_len: int, output_len: int) -> float:
-    """Mean over the decode steps of the tokens a block attends to: contexts input_len ..
-    input_len + output_len - 1, each capped at the window (exact, in closed form)."""
-    lo, n = input_len, output_len
-    if not window or window >= lo + n - 1:
-        return lo + (n - 1) / 2
-    if window <= lo:
-        return float(window)
-    below = window - lo  # steps whose context is under the window: contexts lo .. window-1
-    return (below * (lo + window - 1) / 2 + (n - below) * window) / n
-
-
 def tokens_per_block(spec: ModelSpec, length: float) -> list[float]:
     return [cached_tokens(spec.window(i), length) for i in range(spec.n_layers)]
 
@@ -114,4 +102,4 @@ def bytes_per_token(spec: ModelSpec, layout: KvLayout) -> float:
 
 
 __all__ = ["KvInput", "KvLayout", "block_token_bytes", "bytes_per_token", "cache_bytes",
-           "cached_tokens", "mean_decode_tokens", "tokens_per_block"]
+           "cached_tokens", "tokens_per_block"]

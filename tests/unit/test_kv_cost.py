@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from autoplan.cli import cli
 from autoplan.cost import CostModel, resolve_config
-from autoplan.cost.kv import KvLayout, bytes_per_token, cache_bytes, mean_decode_tokens
+from autoplan.cost.kv import KvLayout, bytes_per_token, cache_bytes
 from autoplan.cost.operating import OperatingRequest, resolve_operating_point
 from autoplan.errors import UserInputError
 from autoplan.formats.kv import KvFormat
@@ -35,15 +35,6 @@ def test_layouts_per_block_and_refusals() -> None:
     assert bytes_per_token(LLAMA8B, layout) == 96 * 1024
     with pytest.raises(UserInputError, match="blocks 0"):
         KvLayout.of(LLAMA8B, {0: "fp8"})
-
-
-@pytest.mark.parametrize(("window", "inp", "out"), [(0, 100, 50), (120, 100, 50),
-                                                     (80, 100, 50), (100, 100, 50),
-                                                     (149, 100, 50), (4096, 8, 1)])
-def test_mean_decode_tokens_is_the_mean_of_capped_contexts(window: int, inp: int,
-                                                           out: int) -> None:
-    brute = sum(min(c, window) if window else c for c in range(inp, inp + out)) / out
-    assert mean_decode_tokens(window, inp, out) == pytest.approx(brute, rel=1e-12)
 
 
 def _config(model_type: str, **extra: object) -> dict:
