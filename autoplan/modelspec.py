@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplan.config_fields import EXPERT_COUNT_KEYS, check_config
+from autoplan.config_fields import head_dim as config_head_dim
 from autoplan.errors import ModelConfigError
 
 # model_type -> family. Families share a module layout.
@@ -32,7 +34,6 @@ _FAMILIES = {
 _EXTRA_BLOCK_NORMS = {"gemma2": (2, 0), "gemma3_text": (2, 2), "qwen3": (0, 2)}
 _MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx",
               "jamba", "olmoe", "phimoe", "gpt_oss", "llama4"}
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down", "lm_head")
 
@@ -74,40 +75,36 @@ class ModelSpec:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_config(cls, cfg: dict[str, Any], name: str = "") -> ModelSpec:
-        """Build from a parsed HF config.json. Raises ModelConfigError for MoE/unknown types."""
+    def from_config(cls, cfg: dict[str, Any], name: str = "",
+                    source: str = "config.json") -> ModelSpec:
+        """Build from a parsed HF config.json (`source` names it in messages).
+
+        Raises:
+            ModelConfigError: MoE or unknown types, or a field `config_fields` refuses.
+        """
         if not isinstance(cfg, dict):
-            raise ModelConfigError("config.json must hold a JSON object")
+            raise ModelConfigError(f"{source} must hold a JSON object")
         model_type = str(cfg.get("model_type", "")).lower()
         if "text_config" in cfg and model_type not in _FAMILIES:
-            return cls.from_config(cfg["text_config"], name)
-        if model_type in _MOE_TYPES or any((cfg.get(k) or 0) > 1 for k in _MOE_KEYS):
-            raise ModelConfigError(
-                f"'{model_type}' is a mixture-of-experts model; autoplan does not plan MoE models "
-                "yet. Use a dense model (Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, GPT-NeoX)"
-            )
-        if model_type not in _FAMILIES:
+            return cls.from_config(cfg["text_config"], name, source)
+        if model_type not in _FAMILIES and model_type not in _MOE_TYPES:
             raise ModelConfigError(
                 f"unsupported model_type '{model_type or '(missing)'}' in config; supported: "
                 f"{', '.join(sorted(_FAMILIES))}"
             )
-        try:
-            hidden = int(cfg["hidden_size"])
-            n_layers = int(cfg["num_hidden_layers"])
-            n_heads = int(cfg["num_attention_heads"])
-            intermediate = int(cfg["intermediate_size"])
-            vocab = int(cfg["vocab_size"])
-        except KeyError as exc:
-            raise ModelConfigError(f"config.json lacks required key {exc.args[0]!r}") from None
-        except (TypeError, ValueError) as exc:
-            raise ModelConfigError(f"config.json has a non-integer size: {exc}") from None
+        check_config(cfg, source)  # every size divided by or allocated from, one line each
+        if model_type in _MOE_TYPES or any((cfg.get(k) or 0) > 1 for k in EXPERT_COUNT_KEYS):
+            raise ModelConfigError(
+                f"'{model_type}' is a mixture-of-experts model; autoplan does not plan MoE models "
+                "yet. Use a dense model (Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, GPT-NeoX)"
+            )
+        hidden = int(cfg["hidden_size"])
+        n_layers = int(cfg["num_hidden_layers"])
+        n_heads = int(cfg["num_attention_heads"])
+        intermediate = int(cfg["intermediate_size"])
+        vocab = int(cfg["vocab_size"])
         n_kv = int(cfg.get("num_key_value_heads") or n_heads)
-        head_dim = int(cfg.get("head_dim") or hidden // n_heads)
-        if min(hidden, n_layers, n_heads, intermediate, vocab, n_kv, head_dim) <= 0:
-            raise ModelConfigError("config.json sizes must be positive integers")
-        if n_heads % n_kv:
-            raise ModelConfigError(f"num_attention_heads {n_heads} is not a multiple of "
-                                   f"num_key_value_heads {n_kv}")
+        head_dim = config_head_dim(cfg)
         family = _FAMILIES[model_type]
         # absent from config.json, transformers' own default for the type applies
         tie = bool(cfg.get("tie_word_embeddings", model_type in ("gemma", "gemma2", "gemma3_text")))
@@ -130,7 +127,8 @@ class ModelSpec:
             cfg = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ModelConfigError(f"{p} is not valid JSON: {exc}") from None
-        return cls.from_config(cfg, name=p.parent.name if p.name == "config.json" else p.stem)
+        return cls.from_config(cfg, name=p.parent.name if p.name == "config.json" else p.stem,
+                               source=str(p))
 
     # ---- derived facts ---------------------------------------------------------------------
     def layer(self, name: str) -> LinearLayer:
