@@ -12,7 +12,7 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, Estimate, resolve_config
 from autoplan.cost.measured import load_cost_table
-from autoplan.cost.operating import OperatingPoint, resolve_operating_point
+from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
 from autoplan.runtimes import default_runtime, runtime_names, supports
@@ -40,29 +40,37 @@ def _speedups(cand: Estimate, base: Estimate) -> dict[str, float]:
     return out
 
 
-def _summary(cand: Estimate, base: Estimate, choice: Choice, runtime: str) -> Table:
-    batches = (f"{cand.workload['batch']}" if cand.workload == base.workload
+def _summary(cand: Estimate, base: Estimate, choice: Choice, runtime: str,
+             base_status: str | None = None) -> Table:
+    """Side by side; `base_status` ("does not fit", "misses the SLO") replaces the baseline's
+    speed figures when it cannot run (its memory is shown at the batch it was tried at)."""
+    batches = (f"{cand.workload['batch']}" if cand.workload == base.workload or base_status
                else f"{cand.workload['batch']} vs {base.workload['batch']}")
     table = Table(title=f"{cand.model} on {cand.target} ({runtime}), batch "
                         f"{batches}, {cand.workload['input_len']} in / "
                         f"{cand.workload['output_len']} out: PREDICTED by the cost model")
     table.add_column("metric")
     table.add_column(str(choice), justify="right")
-    table.add_column(f"baseline {base.baseline}", justify="right")
+    table.add_column(f"baseline {base.baseline}"
+                     + (f" ({base_status})" if base_status else ""), justify="right")
     table.add_column("gain", justify="right")
-    speed = _speedups(cand, base)
+    speed = {} if base_status else _speedups(cand, base)
     for label, attr, scale, fmt, _higher in _ROWS:
         table.add_row(label, fmt.format(getattr(cand.metrics, attr) * scale),
-                      fmt.format(getattr(base.metrics, attr) * scale),
+                      f"[red]{base_status}[/red]" if base_status
+                      else fmt.format(getattr(base.metrics, attr) * scale),
                       f"{speed[attr]:.2f}x" if attr in speed else "-")
+    at_one = (f" (batch {base.workload['batch']})"
+              if base_status and base.workload != cand.workload else "")
     for label, est_mem in (("memory GB", lambda e: e.memory.total_bytes / 1e9),
                            ("  weights GB", lambda e: e.memory.weights_bytes / 1e9),
                            ("  KV cache GB", lambda e: e.memory.kv_cache_bytes / 1e9)):
-        table.add_row(label, f"{est_mem(cand):,.2f}", f"{est_mem(base):,.2f}", "")
+        table.add_row(label, f"{est_mem(cand):,.2f}", f"{est_mem(base):,.2f}{at_one}", "")
     fit = lambda e: "yes" if e.memory.fits else "[red]NO[/red]"  # noqa: E731
     table.add_row(f"fits ({cand.memory.capacity_bytes / 1e9:,.0f} GB usable)", fit(cand),
                   fit(base), "")
-    table.add_row("MBU (predicted)", f"{cand.mbu:.2f}", f"{base.mbu:.2f}", "")
+    table.add_row("MBU (predicted)", f"{cand.mbu:.2f}",
+                  "-" if base_status else f"{base.mbu:.2f}", "")
     return table
 
 
@@ -144,30 +152,53 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     runtime, support = _pick_runtime(tgt, runtime, choice)
     if not support.ok:
         raise UnsupportedFormatError(support.reason)
-    points: dict[str, OperatingPoint] = {}
-    for side, decisions in (("candidate", choice), ("baseline", None)):
-        points[side] = resolve_operating_point(spec, tgt, decisions, operating,
-                                               model_for=model_for)
+    points: dict[str, OperatingPoint] = {
+        "candidate": resolve_operating_point(spec, tgt, choice, operating, model_for=model_for)}
     cand = model_for(points["candidate"].workload).evaluate(choice)
-    base = model_for(points["baseline"].workload).evaluate(None)
+    # The baseline never blocks the candidate: one that does not fit (or meets no SLO) at
+    # any batch is a column saying so, with its bytes at batch 1.
+    base_status, base_reason = None, ""
+    try:
+        points["baseline"] = resolve_operating_point(spec, tgt, None, operating,
+                                                     model_for=model_for)
+        base = model_for(points["baseline"].workload).evaluate(None)
+    except NoOperatingPoint as exc:
+        base_status = "does not fit" if exc.needed_bytes is not None else "misses the SLO"
+        base_reason = (f"at batch 1 it needs {exc.needed_bytes / 1e9:,.2f} GB but "
+                       f"{exc.usable_bytes / 1e9:,.2f} GB is usable on {tgt.name}"
+                       if exc.needed_bytes is not None and exc.usable_bytes is not None
+                       else str(exc).split(": relax")[0])
+        base = model_for(Workload(batch=1, input_len=input_len,
+                                  output_len=output_len)).evaluate(None)
+    if base_status is None and not base.memory.fits:  # a fixed batch it cannot hold
+        base_status = "does not fit"
+        base_reason = (f"at batch {base.workload['batch']} it needs "
+                       f"{base.memory.total_bytes / 1e9:,.2f} GB but "
+                       f"{base.memory.capacity_bytes / 1e9:,.2f} GB is usable on {tgt.name}")
     if operating.mode != "fixed":
         for side, point in points.items():
             err_console.print(f"{side}: {point.detail}")
-    for est in {id(cand): cand, id(base): base}.values():
-        if not est.memory.fits:
-            err_console.print(f"warning: {est.baseline if est is base else choice} needs "
-                              f"{est.memory.total_bytes / 1e9:,.1f} GB, more than the "
-                              f"{est.memory.capacity_bytes / 1e9:,.0f} GB usable on {tgt.name}")
+    if not cand.memory.fits:
+        err_console.print(f"warning: {choice} needs {cand.memory.total_bytes / 1e9:,.1f} GB, "
+                          f"more than the {cand.memory.capacity_bytes / 1e9:,.0f} GB usable "
+                          f"on {tgt.name}")
+    if base_status:
+        err_console.print(f"baseline {base.baseline} {base_status}: {base_reason}")
     if as_json:
+        base_doc = base.to_json() | ({"status": base_status, "reason": base_reason}
+                                     if base_status else {"status": "ok"})
         doc = {"predicted": True, "runtime": runtime, "choice": str(choice),
-               "candidate": cand.to_json(), "baseline": base.to_json(),
-               "speedup": _speedups(cand, base),
+               "candidate": cand.to_json(), "baseline": base_doc,
+               "speedup": {} if base_status else _speedups(cand, base),
                "operating_point": {k: p.to_json() for k, p in points.items()}}
+        if base_status:
+            doc["operating_point"]["baseline"] = {"mode": operating.mode, "status": base_status,
+                                                  "detail": base_reason}
         if not breakdown:
             for side in ("candidate", "baseline"):
                 doc[side].pop("layers")
         emit_json(doc)
         return
-    console.print(_summary(cand, base, choice, runtime))
+    console.print(_summary(cand, base, choice, runtime, base_status))
     if breakdown:
         console.print(_breakdown(cand))
