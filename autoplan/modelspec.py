@@ -92,12 +92,14 @@ class ModelSpec:
                 f"unsupported model_type '{model_type or '(missing)'}' in config; supported: "
                 f"{', '.join(sorted(_FAMILIES))}"
             )
-        check_config(cfg, source)  # every size divided by or allocated from, one line each
-        if model_type in _MOE_TYPES or any((cfg.get(k) or 0) > 1 for k in EXPERT_COUNT_KEYS):
+        experts = [cfg.get(k) for k in EXPERT_COUNT_KEYS]
+        if model_type in _MOE_TYPES or any(isinstance(n, (int, float)) and n > 1
+                                           for n in experts):
             raise ModelConfigError(
                 f"'{model_type}' is a mixture-of-experts model; autoplan does not plan MoE models "
                 "yet. Use a dense model (Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, GPT-NeoX)"
             )
+        check_config(cfg, source)  # every size divided by or allocated from, one line each
         hidden = int(cfg["hidden_size"])
         n_layers = int(cfg["num_hidden_layers"])
         n_heads = int(cfg["num_attention_heads"])
