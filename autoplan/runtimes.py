@@ -190,6 +190,32 @@ def default_runtime(target: Target) -> str:
     raise AutoplanError(f"no default runtime for {target.platform} targets; pass --runtime")
 
 
+# Runtimes that run inside autoplan's own interpreter, by the package that holds them: on a
+# measured target (`local`, this machine) the version that runs is the installed one, which
+# is what a plan for it records, not the catalog's (the version its rules were checked at).
+_IN_PROCESS_PACKAGES = {"onnxruntime": "onnxruntime"}
+
+
+def installed_version(runtime: str) -> str | None:
+    """The version of an in-process runtime installed here, or None (not one, or absent)."""
+    from importlib import metadata
+
+    package = _IN_PROCESS_PACKAGES.get(runtime.strip().lower())
+    if package is None:
+        return None
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_on(target: Target, runtime: str) -> str:
+    """The version of `runtime` a plan for `target` runs with: the installed one on a
+    measured target (this machine) when autoplan runs it in-process, else the catalog's."""
+    installed = installed_version(runtime) if target.measured else None
+    return installed or get_runtime(runtime).version
+
+
 def _hardware_gap(target: Target, choice: Choice) -> str:
     """Why the target itself cannot run the choice fast, or "" when it can."""
     info = choice.precision.info
@@ -285,9 +311,11 @@ __all__ = [
     "accelerated_choices",
     "default_runtime",
     "get_runtime",
+    "installed_version",
     "listing",
     "load_matrix",
     "refusals",
     "runtime_names",
     "supports",
+    "version_on",
 ]

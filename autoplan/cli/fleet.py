@@ -11,23 +11,26 @@ from rich.table import Table
 
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.cli._args import positive_int
-from autoplan.cli._output import console, emit_json, json_option
+from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, resolve_config
 from autoplan.cost.model import USABLE_MEMORY
 from autoplan.cost.operating import NoOperatingPoint, resolve_operating_point
-from autoplan.errors import UserInputError
+from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.fleet import FleetSizing, ReplicaDoesNotFit, does_not_fit, size_fleet
 from autoplan.fleet_measured import (
     MeasuredCurves,
     MeasuredSizing,
+    check_curve_applies,
     read_capacity_curves,
     size_fleet_measured,
 )
 from autoplan.formats import Choice
 from autoplan.nodes import NodeLayout, node_layout
-from autoplan.plan.io import read_plan
+from autoplan.plan.io import PlanInput, read_plan
+from autoplan.runtimes import default_runtime, get_runtime, listing, refusals, version_on
 from autoplan.search.space import load_space_file
+from autoplan.targets import Target
 from autoplan.workload import Workload
 
 
@@ -122,6 +125,45 @@ def _print_measured(before: FleetSizing, after: FleetSizing, sized: dict[str, Me
     console.print(summary)
 
 
+def _node_runtime(plan: PlanInput, node: Target, measured: MeasuredCurves | None
+                  ) -> tuple[str, list[str]]:
+    """The runtime the node serves the plan with (the plan's when it runs on the node's
+    platform; a measured curve's engine for a plan that names none; else the node's
+    default) and notes saying where the plan was searched, when that is elsewhere.
+
+    Raises:
+        UnsupportedFormatError: a planned format that runtime cannot run on the node.
+    """
+    planned = plan.full.runtime.name if plan.full is not None else None
+    if planned and node.platform in get_runtime(planned).platforms:
+        runtime = planned
+    elif planned is None and measured is not None and measured.engine:
+        runtime = measured.engine
+    else:
+        runtime = default_runtime(node)
+    notes = []
+    searched = plan.target
+    try:
+        searched = get_target(searched).name if searched else None
+    except UserInputError:
+        pass  # an unknown name is shown as written
+    if searched and searched != node.name:
+        notes.append(f"the plan was searched for {searched}, not {node.name}: its choices "
+                     f"were ranked on {searched}'s costs; re-plan with --target {node.name}")
+    if planned and planned != runtime:
+        notes.append(f"the plan was searched for {planned}, which does not run on "
+                     f"{node.name} ({node.platform}); sized for {runtime} instead")
+    refused = refusals(node, runtime, plan.decisions)
+    if refused:
+        why, names = next(iter(refused.items()))
+        total = sum(len(v) for v in refused.values())
+        raise UnsupportedFormatError(
+            f"{runtime} {version_on(node, runtime)} on {node.name} cannot run {total} planned "
+            f"layer(s); {len(names)} are {why}: {listing(names)}: re-plan with "
+            f"`autoplan search --target {node.name}`")
+    return runtime, notes
+
+
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -198,6 +240,9 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
         raise UserInputError("this plan does not name its model: pass --model")
     target = get_target(node)
     lay = node_layout(target, layout)
+    runtime, notes = _node_runtime(plan, target, measured)
+    if measured:
+        check_curve_applies(measured, target, runtime)
     # The "before" is what the search compares plans against on this platform (its search
     # space's baseline: fp32 on CPUs, bf16 on GPUs), not the fastest dtype the node has.
     base = Choice.parse(load_space_file(target.platform).baseline)
@@ -229,9 +274,15 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
                                                 p99_s=p99_ms / 1e3, output_len=output_len,
                                                 price_per_hour=lay.node_price_per_hour)
                       for side, name in curves.items()} if curves else {}
+    version = version_on(target, runtime)
+    for note in notes:
+        err_console.print(f"note: {note}")
     if as_json:
         doc = {"predicted": True, "node": target.name, "qps": qps, "p99_sla_s": p99_ms / 1e3,
-               "layout": lay.to_json(),
+               "runtime": {"name": runtime, "version": version},
+               "searched_for": {"target": plan.target, "runtime": plan.full.runtime.name
+                                if plan.full is not None else None},
+               "notes": notes, "layout": lay.to_json(),
                "workload": points["plan"].workload.model_dump(),
                "operating_point": {k: p.to_json() for k, p in points.items()}
                | {k: {"mode": operating.mode, "status": "does not fit", "detail": why}
@@ -243,9 +294,10 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
                                **{side: m.to_json() for side, m in measured_sized.items()}}
         emit_json(doc)
         return
-    console.print(f"node: {target.name}, layout {lay.name} ({lay.domains} memory domain"
-                  f"{'s' if lay.domains > 1 else ''}, ${lay.node_price_per_hour:,.2f}/h per "
-                  f"node); the runtime must: {lay.runtime_must}")
+    console.print(f"node: {target.name}, {runtime} {version}, layout {lay.name} ({lay.domains} "
+                  f"memory domain{'s' if lay.domains > 1 else ''}, "
+                  f"${lay.node_price_per_hour:,.2f}/h per node); the runtime must: "
+                  f"{lay.runtime_must}")
     if operating.mode != "fixed":
         for side, point in points.items():
             console.print(f"{side}: {point.detail}")
