@@ -292,6 +292,19 @@ def refusals(target: Target, runtime: str, choices: Mapping[str, Choice]) -> dic
     return out
 
 
+def refused_layers(target: Target, runtime: str, choices: Mapping[str, Choice],
+                   shown: int = 4) -> str | None:
+    """One clause for a message when `runtime` does not accelerate some planned layers on
+    `target` ("N planned layer(s) on T; K are CHOICE (WHY): NAMES"), else None."""
+    refused = refusals(target, runtime, choices)
+    if not refused:
+        return None
+    why, names = next(iter(refused.items()))
+    total = sum(len(v) for v in refused.values())
+    return (f"{total} planned layer(s) on {target.name}; {len(names)} are {why}: "
+            f"{listing(names, shown)}")
+
+
 def listing(names: list[str], shown: int = 4) -> str:
     """Names for a one-line message: the first `shown`, then "and N more"."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
@@ -315,6 +328,7 @@ __all__ = [
     "listing",
     "load_matrix",
     "refusals",
+    "refused_layers",
     "runtime_names",
     "supports",
     "version_on",

@@ -28,7 +28,7 @@ from autoplan.fleet_measured import (
 from autoplan.formats import Choice
 from autoplan.nodes import NodeLayout, node_layout
 from autoplan.plan.io import PlanInput, read_plan
-from autoplan.runtimes import default_runtime, get_runtime, listing, refusals, version_on
+from autoplan.runtimes import default_runtime, get_runtime, refused_layers, version_on
 from autoplan.search.space import load_space_file
 from autoplan.targets import Target
 from autoplan.workload import Workload
@@ -153,13 +153,10 @@ def _node_runtime(plan: PlanInput, node: Target, measured: MeasuredCurves | None
     if planned and planned != runtime:
         notes.append(f"the plan was searched for {planned}, which does not run on "
                      f"{node.name} ({node.platform}); sized for {runtime} instead")
-    refused = refusals(node, runtime, plan.decisions)
+    refused = refused_layers(node, runtime, plan.decisions)
     if refused:
-        why, names = next(iter(refused.items()))
-        total = sum(len(v) for v in refused.values())
         raise UnsupportedFormatError(
-            f"{runtime} {version_on(node, runtime)} on {node.name} cannot run {total} planned "
-            f"layer(s); {len(names)} are {why}: {listing(names)}: re-plan with "
+            f"{runtime} {version_on(node, runtime)} cannot run {refused}: re-plan with "
             f"`autoplan search --target {node.name}`")
     return runtime, notes
 
