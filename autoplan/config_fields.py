@@ -202,7 +202,8 @@ def _experts(cfg: Config) -> int | None:
 
 
 def _routing(cfg: Config) -> str | None:
-    experts, top_k = _experts(cfg), cfg.get("num_experts_per_tok")
+    experts = _experts(cfg)
+    top_k = cfg.get("num_experts_per_tok", cfg.get("experts_per_token"))
     if experts is not None and top_k is not None and int(top_k) > experts:
         return (f"num_experts_per_tok {int(top_k)} is more than the {experts} experts: each "
                 "token is routed to at most every expert")
@@ -212,6 +213,8 @@ def _routing(cfg: Config) -> str | None:
 MOE = FieldSet("mixture-of-experts routing", tuple(
     Field(key, "the number of routed experts", maximum=2**16) for key in EXPERT_COUNT_KEYS)
     + (Field("num_experts_per_tok", "the experts each token is routed to", maximum=2**16),
+       Field("experts_per_token", "the experts each token is routed to", maximum=2**16),
+       Field("decoder_sparse_step", "divides the blocks into routed ones", maximum=10_000),
        Field("moe_intermediate_size", "each expert's MLP width", maximum=2**22),
        Field("shared_expert_intermediate_size", "the shared expert's MLP width",
              minimum=0, maximum=2**22),

@@ -3,6 +3,8 @@ uncompressed baseline, optionally with the per-layer breakdown."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 from pydantic import ValidationError
 from rich.table import Table
@@ -10,7 +12,7 @@ from rich.table import Table
 from autoplan.cli._args import finite_non_negative, positive_int
 from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._workload_options import operating_from, workload_options
-from autoplan.cost import CostModel, Estimate, resolve_config
+from autoplan.cost import CostModel, Estimate, LayerBreakdown, resolve_config
 from autoplan.cost.measured import load_cost_table
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
@@ -64,7 +66,9 @@ def _summary(cand: Estimate, base: Estimate, choice: Choice, runtime: str,
               if base_status and base.workload != cand.workload else "")
     for label, est_mem in (("memory GB", lambda e: e.memory.total_bytes / 1e9),
                            ("  weights GB", lambda e: e.memory.weights_bytes / 1e9),
-                           ("  KV cache GB", lambda e: e.memory.kv_cache_bytes / 1e9)):
+                           ("  KV cache GB", lambda e: e.memory.kv_cache_bytes / 1e9),
+                           ("active weights GB read per token",
+                            lambda e: e.active_weight_bytes / 1e9)):
         table.add_row(label, f"{est_mem(cand):,.2f}", f"{est_mem(base):,.2f}{at_one}", "")
     fit = lambda e: "yes" if e.memory.fits else "[red]NO[/red]"  # noqa: E731
     table.add_row(f"fits ({cand.memory.capacity_bytes / 1e9:,.0f} GB usable)", fit(cand),
@@ -80,7 +84,7 @@ def _breakdown(est: Estimate) -> Table:
         table.add_column(col, justify="left" if col in ("layer", "choice") else "right",
                          overflow="fold")
     decode = est.metrics.decode_s
-    for row in est.layers:
+    for row in _experts_grouped(est.layers):
         table.add_row(row.name, row.choice, f"{row.prefill_s * 1e3:.3f}",
                       f"{row.decode_s * 1e6:.1f}", f"{row.decode_s / decode:.1%}",
                       f"{row.weight_bytes / 1e6:.1f}")
@@ -88,6 +92,26 @@ def _breakdown(est: Estimate) -> Table:
         table.add_row(f"[dim]{name}[/dim]", "-", f"{t.prefill_s * 1e3:.3f}",
                       f"{t.decode_s * 1e6:.1f}", f"{t.decode_s / decode:.1%}", "-")
     return table
+
+
+def _experts_grouped(rows: tuple[LayerBreakdown, ...]) -> list[LayerBreakdown]:
+    """The breakdown with each block's routed experts summed into one row (`...experts`,
+    all E experts, one choice: they are one decision unit)."""
+    out: list[LayerBreakdown] = []
+    at: dict[str, int] = {}
+    for row in rows:
+        if not row.role.startswith("expert_"):
+            out.append(row)
+            continue
+        group = row.name[: row.name.index(".experts.") + len(".experts")]
+        if group not in at:
+            at[group] = len(out)
+            out.append(LayerBreakdown(group, "experts", row.choice, 0.0, 0.0, 0.0))
+        old = out[at[group]]
+        out[at[group]] = replace(old, prefill_s=old.prefill_s + row.prefill_s,
+                                 decode_s=old.decode_s + row.decode_s,
+                                 weight_bytes=old.weight_bytes + row.weight_bytes)
+    return out
 
 
 def _pick_runtime(tgt, runtime: str | None, choice: Choice):

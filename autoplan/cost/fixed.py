@@ -84,17 +84,18 @@ def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload:
     layers, d, heads = spec.n_layers, spec.head_dim, spec.n_heads
     q_out, kv_out = heads * d, spec.n_kv_heads * d
     chunks = math.ceil(b * s / chunk_tokens)
-    kv_tok = spec.kv_bytes_per_token(kv_bytes)
 
-    # Attention. Decode reads the whole KV cache once per step; prefill is compute-bound.
-    kv_read = b * ctx * kv_tok
-    attn_dec = _roof(kv_read + layers * b * q_out * 4, layers * 4 * b * ctx * heads * d, bw, peak)
+    # Attention. Decode reads the whole KV cache once per step (a sliding-window layer its
+    # window); prefill is compute-bound: 4 FLOPs x keys per query x heads x d (qk + sv).
+    kv_read = b * spec.kv_bytes_at(ctx, kv_bytes)
+    attn_dec = _roof(kv_read + layers * b * q_out * 4, 4 * b * spec.kv_tokens(ctx) * heads * d,
+                     bw, peak)
     attn_pre = _roof(layers * b * s * (2 * q_out + 2 * kv_out) * 2,
-                     layers * 2 * b * s * s * heads * d, bw, peak)
+                     4 * b * s * spec.attended_keys(s) * heads * d, bw, peak)
 
     # Elementwise passes per token per block (bytes): 2 norms and 2 residual adds over the
     # hidden state, rotary on q and k, the MLP activation, the KV-cache write.
-    mlp_act = (3 if spec.gated_mlp else 2) * spec.intermediate * 2
+    mlp_act = (3 if spec.gated_mlp else 2) * spec.active_intermediate * 2
     per_tok = layers * (10 * spec.hidden * 2 + 2 * (q_out + kv_out) * 2 + mlp_act
                         + 2 * kv_out * kv_bytes)
     elem = PhaseTime(b * s * per_tok / bw, b * per_tok / bw)

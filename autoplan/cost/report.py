@@ -132,6 +132,7 @@ class Estimate:
     mbu: float
     layers: tuple[LayerBreakdown, ...]
     fixed: dict[str, PhaseTime]
+    active_weight_bytes: float = 0.0  # weight bytes one token reads (MoE: top_k experts)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (all speed figures are predictions: ``predicted`` is true)."""
@@ -141,6 +142,7 @@ class Estimate:
             "predicted": True, "model": self.model, "target": self.target,
             "workload": dict(self.workload), "baseline": self.baseline,
             "metrics": asdict(self.metrics), "memory": memory, "mbu": self.mbu,
+            "active_weight_bytes": self.active_weight_bytes,
             "layers": [asdict(row) for row in self.layers],
             "fixed": {k: asdict(v) for k, v in self.fixed.items()},
         }

@@ -10,6 +10,11 @@ lists that weight as one layer: it is one tensor, so it is one decision (one for
 sparsity pattern). Every exporter keeps it whole: vLLM and compressed-tensors load Phi-3's
 fused modules as they are, llama.cpp's GGUF stores them as `attn_qkv` and a double-width
 `ffn_up`, and the ONNX export runs each as one MatMul node.
+
+Mixture-of-experts models (modelspec/moe.py) list every routed expert's projections as
+layers of their own, all of a block's experts in one fuse group (one decision unit: the
+engines load one scheme per MoE layer); the router stays out of the layer list (no engine
+loads it quantized) and is counted in `total_params` and the cost model.
 """
 
 from __future__ import annotations
@@ -19,23 +24,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoplan.config_fields import EXPERT_COUNT_KEYS, check_config
+from autoplan.config_fields import check_config
 from autoplan.config_fields import head_dim as config_head_dim
 from autoplan.errors import ModelConfigError
+from autoplan.modelspec.moe import (MoESpec, is_moe_config, layer_windows, moe_block_rows,
+                                    moe_from_config)
 
 # model_type -> family. Families share a module layout.
 _FAMILIES = {
     "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
     "gemma": "llama", "gemma2": "llama", "gemma3_text": "llama", "gpt_neox": "gpt_neox",
     "phi3": "phi3",
+    "mixtral": "moe", "qwen2_moe": "moe", "qwen3_moe": "moe", "gpt_oss": "moe",
 }
 # RMSNorm weights per block beyond input/post-attention: Gemma 2/3's pre/post-feedforward
 # norms (hidden each); q_norm / k_norm (head_dim each) in Qwen3 and Gemma 3.
-_EXTRA_BLOCK_NORMS = {"gemma2": (2, 0), "gemma3_text": (2, 2), "qwen3": (0, 2)}
-_MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx",
-              "jamba", "olmoe", "phimoe", "gpt_oss", "llama4"}
+_EXTRA_BLOCK_NORMS = {"gemma2": (2, 0), "gemma3_text": (2, 2), "qwen3": (0, 2),
+                      "qwen3_moe": (0, 2)}
 
-ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down", "lm_head")
+ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down", "lm_head",
+         "expert_gate", "expert_up", "expert_gate_up", "expert_down",
+         "shared_gate", "shared_up", "shared_down")
+# role -> the part of the model it belongs to (show and the report group decisions by it)
+_PARTS = {"q": "attention", "k": "attention", "v": "attention", "qkv": "attention",
+          "o": "attention", "gate": "mlp", "up": "mlp", "gate_up": "mlp", "down": "mlp",
+          "lm_head": "lm_head", "expert_gate": "routed_experts", "expert_up": "routed_experts",
+          "expert_gate_up": "routed_experts", "expert_down": "routed_experts",
+          "shared_gate": "shared_expert", "shared_up": "shared_expert",
+          "shared_down": "shared_expert"}
 
 
 @dataclass(frozen=True)
@@ -48,10 +64,22 @@ class LinearLayer:
     in_features: int
     out_features: int
     fuse_group: str  # layers with the same group run as one GEMM in serving runtimes
+    tensor: str = ""  # the stacked tensor an engine stores it in (routed experts); "" = its own
+    expert: int = -1  # routed expert index; -1 for every other layer
 
     @property
     def params(self) -> int:
         return self.in_features * self.out_features
+
+    @property
+    def stored_as(self) -> str:
+        """The tensor a runtime that does not fuse projections stores this layer in."""
+        return self.tensor or self.name
+
+    @property
+    def part(self) -> str:
+        """attention | mlp | shared_expert | routed_experts | lm_head."""
+        return _PARTS[self.role]
 
 
 @dataclass(frozen=True)
@@ -72,6 +100,9 @@ class ModelSpec:
     dtype: str
     layers: tuple[LinearLayer, ...] = field(repr=False)
     name: str = ""
+    moe: MoESpec | None = None
+    windows: tuple[int, ...] = ()  # per block: sliding window in tokens, 0 = full; () = all full
+    sinks: bool = False  # a learned attention-sink logit per head (gpt-oss)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -87,17 +118,11 @@ class ModelSpec:
         model_type = str(cfg.get("model_type", "")).lower()
         if "text_config" in cfg and model_type not in _FAMILIES:
             return cls.from_config(cfg["text_config"], name, source)
-        if model_type not in _FAMILIES and model_type not in _MOE_TYPES:
+        moe = moe_from_config(cfg, model_type) if is_moe_config(cfg, model_type) else None
+        if model_type not in _FAMILIES:
             raise ModelConfigError(
                 f"unsupported model_type '{model_type or '(missing)'}' in config; supported: "
                 f"{', '.join(sorted(_FAMILIES))}"
-            )
-        experts = [cfg.get(k) for k in EXPERT_COUNT_KEYS]
-        if model_type in _MOE_TYPES or any(isinstance(n, (int, float)) and n > 1
-                                           for n in experts):
-            raise ModelConfigError(
-                f"'{model_type}' is a mixture-of-experts model; autoplan does not plan MoE models "
-                "yet. Use a dense model (Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, GPT-NeoX)"
             )
         check_config(cfg, source)  # every size divided by or allocated from, one line each
         hidden = int(cfg["hidden_size"])
@@ -111,6 +136,12 @@ class ModelSpec:
         # absent from config.json, transformers' own default for the type applies
         tie = bool(cfg.get("tie_word_embeddings", model_type in ("gemma", "gemma2", "gemma3_text")))
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        if moe is not None:
+            layers = _moe_layers(moe, n_layers, hidden, n_heads * head_dim, n_kv * head_dim,
+                                 vocab)
+            return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv,
+                       head_dim, vocab, tie, True, dtype, tuple(layers), name, moe,
+                       layer_windows(cfg, model_type, n_layers), model_type == "gpt_oss")
         builder = {"llama": _llama_layers, "phi3": _phi3_layers, "gpt_neox": _neox_layers}[family]
         layers = builder(n_layers, hidden, intermediate, n_heads * head_dim, n_kv * head_dim, vocab)
         return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv, head_dim,
@@ -155,11 +186,69 @@ class ModelSpec:
         norms = (((2 + wide) * self.hidden + per_head * self.head_dim) * self.n_layers
                  + self.hidden)
         lm_head = self.vocab * self.hidden if not self.tie_embeddings else 0
-        return self.linear_params - self.vocab * self.hidden + lm_head + self.embedding_params + norms
+        return (self.linear_params - self.vocab * self.hidden + lm_head + self.embedding_params
+                + norms + self.unlisted_params)
+
+    @property
+    def unlisted_params(self) -> int:
+        """Parameters outside the linear layers, embeddings and norms: MoE routers (and
+        qwen2_moe's shared-expert gates), gpt-oss's expert and attention biases and sinks."""
+        if self.moe is None:
+            return 0
+        attn = 0
+        if self.sinks:  # gpt-oss: a sink per head, and biases on q/k/v/o
+            attn = self.n_layers * (self.n_heads + (self.n_heads + 2 * self.n_kv_heads)
+                                    * self.head_dim + self.hidden)
+        return (self.moe.router_params(self.hidden) + self.moe.expert_bias_params(self.hidden)
+                + attn)
+
+    @property
+    def active_intermediate(self) -> float:
+        """MLP intermediate width one token passes through, averaged over blocks: the dense
+        width, or top_k x the expert width (+ the shared expert's) in an MoE block."""
+        moe = self.moe
+        if moe is None:
+            return float(self.intermediate)
+        routed = moe.top_k * moe.expert_intermediate + moe.shared_intermediate
+        dense = self.n_layers - len(moe.moe_blocks)
+        return (routed * len(moe.moe_blocks) + moe.dense_intermediate * dense) / self.n_layers
+
+    def active_params(self) -> float:
+        """Parameters one token reads: all but the input embedding table (one row of it; a
+        tied lm_head reads it whole), with every routed expert counted top_k / n_experts of
+        its size (each token runs exactly top_k experts per block, whatever the routing
+        frequencies). gpt-oss-20b / 120b: 3.6 / 5.1 B, OpenAI's figures."""
+        embedding = 0 if self.tie_embeddings else self.embedding_params
+        if self.moe is None:
+            return float(self.total_params - embedding)
+        routed = sum(layer.params for layer in self.layers if layer.expert >= 0)
+        routed += self.moe.expert_bias_params(self.hidden)
+        return self.total_params - embedding - routed * (1 - self.moe.top_k / self.moe.n_experts)
 
     def kv_bytes_per_token(self, kv_bytes: float = 2.0) -> float:
         """KV-cache bytes per token of context: 2 (K and V) x layers x kv heads x head_dim."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * kv_bytes
+
+    def kv_bytes_at(self, context: float, kv_bytes: float = 2.0) -> float:
+        """KV-cache bytes of one sequence at `context` tokens: a sliding-window layer holds
+        at most its window (vLLM's hybrid KV-cache manager frees what falls out of it)."""
+        if not self.windows:
+            return context * self.kv_bytes_per_token(kv_bytes)
+        return 2 * self.kv_tokens(context) * self.n_kv_heads * self.head_dim * kv_bytes
+
+    def kv_tokens(self, context: float) -> float:
+        """Cached tokens summed over layers at `context` (a windowed layer keeps its window)."""
+        if not self.windows:
+            return self.n_layers * context
+        return sum(min(context, w) if w else context for w in self.windows)
+
+    def attended_keys(self, queries: float) -> float:
+        """Keys per query summed over layers for a causal prompt of `queries` tokens (half of
+        them on a full layer; about the window on a windowed one, w - w^2 / 2s)."""
+        full = queries / 2
+        if not self.windows:
+            return self.n_layers * full
+        return sum(min(w - w * w / (2 * queries), full) if w else full for w in self.windows)
 
 
 def _llama_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: int,
@@ -178,6 +267,25 @@ def _llama_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: in
             LinearLayer(f"{mlp}.down_proj", "down", i, inter, hidden, f"{mlp}.down_proj"),
         ]
     out.append(LinearLayer("lm_head", "lm_head", -1, hidden, vocab, "lm_head"))
+    return out
+
+
+def _moe_layers(moe: MoESpec, n_layers: int, hidden: int, q_out: int, kv_out: int,
+                vocab: int) -> list[LinearLayer]:
+    """Attention as Llama's; each MoE block's routed (and shared) experts, the other blocks'
+    dense MLP; lm_head."""
+    dense = _llama_layers(n_layers, hidden, moe.dense_intermediate, q_out, kv_out, vocab)
+    moe_blocks = set(moe.moe_blocks)
+    out: list[LinearLayer] = []
+    for layer in dense[:-1]:
+        if layer.block in moe_blocks and layer.role in ("gate", "up", "down"):
+            if layer.role == "gate":
+                out += [LinearLayer(r.name, r.role, layer.block, r.in_features, r.out_features,
+                                    r.fuse_group, r.tensor, r.expert)
+                        for r in moe_block_rows(moe, layer.block, hidden)]
+            continue
+        out.append(layer)
+    out.append(dense[-1])
     return out
 
 
