@@ -305,6 +305,40 @@ def refused_layers(target: Target, runtime: str, choices: Mapping[str, Choice],
             f"{listing(names, shown)}")
 
 
+def format_family(choice: Choice) -> str:
+    """The family a choice belongs to, as users name them: its sparsity pattern when pruned
+    ("2:4 sparsity", "block sparsity"), else by its math: "FP8", "FP4", "INT8",
+    "INT4 weight-only", "INT4/INT5 x INT8 activations" (the CPU block formats), "floats"."""
+    if choice.sparsity.kind != "dense":
+        kind = choice.sparsity.kind
+        return f"{str(choice.sparsity) if kind == 'nm' else kind} sparsity"
+    info = choice.precision.info
+    if info.weight_only:
+        return f"INT{info.value_bits} weight-only"
+    if info.math in ("fp8", "fp4"):
+        return info.math.upper()
+    if info.math == "int8":
+        return "INT8" if info.value_bits == 8 else "INT4/INT5 x INT8 activations"
+    return "floats"
+
+
+def summarize_refused(refused: Mapping[str, str]) -> str:
+    """A short line for "what was asked for that this runtime cannot accelerate": the count,
+    then each family with how many of its formats ("9 formats: 2:4 sparsity (4), W4A4 fp4
+    (2), ..."), largest first; "-" when nothing was refused."""
+    if not refused:
+        return "-"
+    families: dict[str, int] = {}
+    for text in refused:
+        try:
+            family = format_family(Choice.parse(text))
+        except (AutoplanError, ValueError):
+            family = "other"
+        families[family] = families.get(family, 0) + 1
+    parts = [f"{name} ({n})" for name, n in sorted(families.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return f"{len(refused)} format{'s' if len(refused) > 1 else ''}: {', '.join(parts)}"
+
+
 def listing(names: list[str], shown: int = 4) -> str:
     """Names for a one-line message: the first `shown`, then "and N more"."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
@@ -323,6 +357,7 @@ __all__ = [
     "Support",
     "accelerated_choices",
     "default_runtime",
+    "format_family",
     "get_runtime",
     "installed_version",
     "listing",
@@ -330,6 +365,7 @@ __all__ = [
     "refusals",
     "refused_layers",
     "runtime_names",
+    "summarize_refused",
     "supports",
     "version_on",
 ]
