@@ -232,6 +232,32 @@ def default_runtime(target: Target) -> str:
     raise AutoplanError(f"no default runtime for {target.platform} targets; pass --runtime")
 
 
+# Runtimes that run inside autoplan's own interpreter, by the package that holds them: on a
+# measured target (`local`, this machine) the version that runs is the installed one, which
+# is what a plan for it records, not the catalog's (the version its rules were checked at).
+_IN_PROCESS_PACKAGES = {"onnxruntime": "onnxruntime"}
+
+
+def installed_version(runtime: str) -> str | None:
+    """The version of an in-process runtime installed here, or None (not one, or absent)."""
+    from importlib import metadata
+
+    package = _IN_PROCESS_PACKAGES.get(runtime.strip().lower())
+    if package is None:
+        return None
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_on(target: Target, runtime: str) -> str:
+    """The version of `runtime` a plan for `target` runs with: the installed one on a
+    measured target (this machine) when autoplan runs it in-process, else the catalog's."""
+    installed = installed_version(runtime) if target.measured else None
+    return installed or get_runtime(runtime).version
+
+
 def _hardware_gap(target: Target, choice: Choice) -> str:
     """Why the target itself cannot run the choice fast, or "" when it can."""
     info = choice.precision.info
@@ -306,6 +332,53 @@ def refusals(target: Target, runtime: str, choices: Mapping[str, Choice]) -> dic
         if not answer.ok:
             out.setdefault(f"{choice} ({answer.reason})", []).append(name)
     return out
+
+
+def refused_layers(target: Target, runtime: str, choices: Mapping[str, Choice],
+                   shown: int = 4) -> str | None:
+    """One clause for a message when `runtime` does not accelerate some planned layers on
+    `target` ("N planned layer(s) on T; K are CHOICE (WHY): NAMES"), else None."""
+    refused = refusals(target, runtime, choices)
+    if not refused:
+        return None
+    why, names = next(iter(refused.items()))
+    total = sum(len(v) for v in refused.values())
+    return (f"{total} planned layer(s) on {target.name}; {len(names)} are {why}: "
+            f"{listing(names, shown)}")
+
+
+def format_family(choice: Choice) -> str:
+    """The family a choice belongs to, as users name them: its sparsity pattern when pruned
+    ("2:4 sparsity", "block sparsity"), else by its math: "FP8", "FP4", "INT8",
+    "INT4 weight-only", "INT4/INT5 x INT8 activations" (the CPU block formats), "floats"."""
+    if choice.sparsity.kind != "dense":
+        kind = choice.sparsity.kind
+        return f"{str(choice.sparsity) if kind == 'nm' else kind} sparsity"
+    info = choice.precision.info
+    if info.weight_only:
+        return f"INT{info.value_bits} weight-only"
+    if info.math in ("fp8", "fp4"):
+        return info.math.upper()
+    if info.math == "int8":
+        return "INT8" if info.value_bits == 8 else "INT4/INT5 x INT8 activations"
+    return "floats"
+
+
+def summarize_refused(refused: Mapping[str, str]) -> str:
+    """A short line for "what was asked for that this runtime cannot accelerate": the count,
+    then each family with how many of its formats ("9 formats: 2:4 sparsity (4), W4A4 fp4
+    (2), ..."), largest first; "-" when nothing was refused."""
+    if not refused:
+        return "-"
+    families: dict[str, int] = {}
+    for text in refused:
+        try:
+            family = format_family(Choice.parse(text))
+        except (AutoplanError, ValueError):
+            family = "other"
+        families[family] = families.get(family, 0) + 1
+    parts = [f"{name} ({n})" for name, n in sorted(families.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return f"{len(refused)} format{'s' if len(refused) > 1 else ''}: {', '.join(parts)}"
 
 
 def listing(names: list[str], shown: int = 4) -> str:
@@ -399,12 +472,17 @@ __all__ = [
     "check_kv_layers",
     "default_kv",
     "default_runtime",
-    "kv_supports",
-    "served_kv_formats",
+    "format_family",
     "get_runtime",
+    "installed_version",
+    "kv_supports",
     "listing",
     "load_matrix",
     "refusals",
+    "refused_layers",
     "runtime_names",
+    "served_kv_formats",
+    "summarize_refused",
     "supports",
+    "version_on",
 ]

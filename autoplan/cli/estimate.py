@@ -14,7 +14,7 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, Estimate, LayerBreakdown, resolve_config
 from autoplan.cost.measured import load_cost_table
-from autoplan.cost.operating import OperatingPoint, resolve_operating_point
+from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
 from autoplan.formats.kv import KvFormat
@@ -43,29 +43,37 @@ def _speedups(cand: Estimate, base: Estimate) -> dict[str, float]:
     return out
 
 
-def _summary(cand: Estimate, base: Estimate, label: str, runtime: str) -> Table:
-    batches = (f"{cand.workload['batch']}" if cand.workload == base.workload
+def _summary(cand: Estimate, base: Estimate, label: str, runtime: str,
+             base_status: str | None = None) -> Table:
+    """Side by side; `base_status` ("does not fit", "misses the SLO") replaces the baseline's
+    speed figures when it cannot run (its memory is shown at the batch it was tried at)."""
+    batches = (f"{cand.workload['batch']}" if cand.workload == base.workload or base_status
                else f"{cand.workload['batch']} vs {base.workload['batch']}")
     table = Table(title=f"{cand.model} on {cand.target} ({runtime}), batch "
                         f"{batches}, {cand.workload['input_len']} in / "
                         f"{cand.workload['output_len']} out: PREDICTED by the cost model")
     table.add_column("metric")
     table.add_column(label, justify="right")
-    table.add_column(f"baseline {base.baseline}, KV {base.kv.format}", justify="right")
+    table.add_column(f"baseline {base.baseline}, KV {base.kv.format}"
+                     + (f" ({base_status})" if base_status else ""), justify="right")
     table.add_column("gain", justify="right")
-    speed = _speedups(cand, base)
+    speed = {} if base_status else _speedups(cand, base)
     for label, attr, scale, fmt, _higher in _ROWS:
         table.add_row(label, fmt.format(getattr(cand.metrics, attr) * scale),
-                      fmt.format(getattr(base.metrics, attr) * scale),
+                      f"[red]{base_status}[/red]" if base_status
+                      else fmt.format(getattr(base.metrics, attr) * scale),
                       f"{speed[attr]:.2f}x" if attr in speed else "-")
+    at_one = (f" (batch {base.workload['batch']})"
+              if base_status and base.workload != cand.workload else "")
     for label, est_mem in (("memory GB", lambda e: e.memory.total_bytes / 1e9),
                            ("  weights GB", lambda e: e.memory.weights_bytes / 1e9),
                            ("  KV cache GB", lambda e: e.memory.kv_cache_bytes / 1e9),
                            ("active weights GB read per token",
                             lambda e: e.active_weight_bytes / 1e9)):
-        table.add_row(label, f"{est_mem(cand):,.2f}", f"{est_mem(base):,.2f}", "")
+        table.add_row(label, f"{est_mem(cand):,.2f}", f"{est_mem(base):,.2f}{at_one}", "")
     table.add_row("batch (concurrent sequences)", f"{cand.workload['batch']:,}",
-                  f"{base.workload['batch']:,}",
+                  f"{base.workload['batch']:,}{at_one and ' (tried)'}",
+                  "-" if base_status else
                   f"{cand.workload['batch'] / base.workload['batch']:.2f}x")
     table.add_row("KV cache format", cand.kv.format, base.kv.format, "")
     table.add_row("  KV KiB per token (all blocks)", f"{cand.kv.bytes_per_token / 1024:,.1f}",
@@ -75,7 +83,8 @@ def _summary(cand: Estimate, base: Estimate, label: str, runtime: str) -> Table:
     fit = lambda e: "yes" if e.memory.fits else "[red]NO[/red]"  # noqa: E731
     table.add_row(f"fits ({cand.memory.capacity_bytes / 1e9:,.0f} GB usable)", fit(cand),
                   fit(base), "")
-    table.add_row("MBU (predicted)", f"{cand.mbu:.2f}", f"{base.mbu:.2f}", "")
+    table.add_row("MBU (predicted)", f"{cand.mbu:.2f}",
+                  "-" if base_status else f"{base.mbu:.2f}", "")
     return table
 
 
@@ -206,35 +215,59 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     kv_ok = kv_supports(tgt, runtime, kv_cand)
     if not kv_ok.ok:
         raise UnsupportedFormatError(f"--kv-cache {kv_cand.value}: {kv_ok.reason}")
-    points: dict[str, OperatingPoint] = {}
-    sides = {"candidate": (choice, kv_cand), "baseline": (None, kv_base)}
-    for side, (decisions, kv) in sides.items():
-        points[side] = resolve_operating_point(
-            spec, tgt, decisions, operating, model_for=lambda w, kv=kv: model_for(w, kv))
-    cand = model_for(points["candidate"].workload, kv_cand).evaluate(choice)
-    base = model_for(points["baseline"].workload, kv_base).evaluate(None)
     label = str(choice) if kv_asked is None else f"{choice}, KV {kv_cand.value}"
+    cand_model = lambda w: model_for(w, kv_cand)  # noqa: E731
+    base_model = lambda w: model_for(w, kv_base)  # noqa: E731
+    points: dict[str, OperatingPoint] = {
+        "candidate": resolve_operating_point(spec, tgt, choice, operating, model_for=cand_model)}
+    cand = cand_model(points["candidate"].workload).evaluate(choice)
+    # The baseline never blocks the candidate: one that does not fit (or meets no SLO) at
+    # any batch is a column saying so, with its bytes at batch 1.
+    base_status, base_reason = None, ""
+    try:
+        points["baseline"] = resolve_operating_point(spec, tgt, None, operating,
+                                                     model_for=base_model)
+        base = base_model(points["baseline"].workload).evaluate(None)
+    except NoOperatingPoint as exc:
+        base_status = "does not fit" if exc.needed_bytes is not None else "misses the SLO"
+        base_reason = (f"at batch 1 it needs {exc.needed_bytes / 1e9:,.2f} GB but "
+                       f"{exc.usable_bytes / 1e9:,.2f} GB is usable on {tgt.name}"
+                       if exc.needed_bytes is not None and exc.usable_bytes is not None
+                       else str(exc).split(": relax")[0])
+        base = base_model(Workload(batch=1, input_len=input_len,
+                                   output_len=output_len)).evaluate(None)
+    if base_status is None and not base.memory.fits:  # a fixed batch it cannot hold
+        base_status = "does not fit"
+        base_reason = (f"at batch {base.workload['batch']} it needs "
+                       f"{base.memory.total_bytes / 1e9:,.2f} GB but "
+                       f"{base.memory.capacity_bytes / 1e9:,.2f} GB is usable on {tgt.name}")
     if operating.mode != "fixed":
         for side, point in points.items():
             err_console.print(f"{side}: {point.detail}")
-    for est in {id(cand): cand, id(base): base}.values():
-        if not est.memory.fits:
-            err_console.print(f"warning: {est.baseline if est is base else choice} needs "
-                              f"{est.memory.total_bytes / 1e9:,.1f} GB, more than the "
-                              f"{est.memory.capacity_bytes / 1e9:,.0f} GB usable on {tgt.name}")
+    if not cand.memory.fits:
+        err_console.print(f"warning: {choice} needs {cand.memory.total_bytes / 1e9:,.1f} GB, "
+                          f"more than the {cand.memory.capacity_bytes / 1e9:,.0f} GB usable "
+                          f"on {tgt.name}")
+    if base_status:
+        err_console.print(f"baseline {base.baseline} {base_status}: {base_reason}")
     if as_json:
+        base_doc = base.to_json() | ({"status": base_status, "reason": base_reason}
+                                     if base_status else {"status": "ok"})
         doc = {"predicted": True, "runtime": runtime, "choice": str(choice),
                "kv_cache": kv_cand.value, "baseline_kv_cache": kv_base.value,
-               "candidate": cand.to_json(), "baseline": base.to_json(),
-               "speedup": _speedups(cand, base),
+               "candidate": cand.to_json(), "baseline": base_doc,
+               "speedup": {} if base_status else _speedups(cand, base),
                "operating_point": {k: p.to_json() for k, p in points.items()}}
+        if base_status:
+            doc["operating_point"]["baseline"] = {"mode": operating.mode, "status": base_status,
+                                                  "detail": base_reason}
         if not breakdown:
             for side in ("candidate", "baseline"):
                 doc[side].pop("layers")
                 doc[side]["kv"].pop("blocks")
         emit_json(doc)
         return
-    console.print(_summary(cand, base, label, runtime))
+    console.print(_summary(cand, base, label, runtime, base_status))
     if breakdown:
         console.print(_breakdown(cand))
         console.print(_kv_breakdown(cand))
