@@ -36,16 +36,19 @@ from autoplan.models.graph import get_linear, set_module
 from autoplan.quality.evaluator import QualityResult
 from autoplan.quality.metrics import ReferenceLogprobs, block_terms, check_tokens
 from autoplan.quant import HessianAccumulator
+from autoplan.quant.kv_cache import KvAmax, KvQuant, kv_hooks
 from autoplan.streaming.skeleton import StreamedModel
 
 
 @dataclass(frozen=True)
 class StreamedCandidate:
-    """One model to measure: per-layer decisions, and whether its compression needs the
-    calibration Hessians (Wanda/SparseGPT masks, GPTQ)."""
+    """One model to measure: per-layer decisions, whether its compression needs the
+    calibration Hessians (Wanda/SparseGPT masks, GPTQ), and its simulated KV cache per
+    block (``quant.kv_cache``; absent blocks keep the model's own)."""
 
     decisions: Mapping[str, Choice]
     needs_stats: bool = False
+    kv: Mapping[int, KvQuant] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class _Track:
     needs_stats: bool
     states: list[Tensor]
     audit: dict[str, dict[str, str]]
+    kv: Mapping[int, KvQuant]
 
 
 class StreamedEvaluator:
@@ -142,6 +146,7 @@ class StreamedEvaluator:
             raise UserInputError("the reference log-probs were computed on other tokens")
         self.reference = reference
         self.suite_reference = None
+        self._kv_amax: dict[int, KvAmax] | None = None
         self.setup_seconds = time.perf_counter() - t0
 
     @property
@@ -214,7 +219,7 @@ class StreamedEvaluator:
         sm = self.sm
         tracks = [_Track({n: c for n, c in cand.decisions.items()
                           if baseline is None or c != baseline}, cand.needs_stats,
-                         list(self._eval_in), {}) for cand in candidates]
+                         list(self._eval_in), {}, dict(cand.kv or {})) for cand in candidates]
         want_stats = any(t.needs_stats and t.decided for t in tracks)
         h_cal = list(self._cal_in) if want_stats else []
         for i in range(sm.n_blocks):
@@ -229,9 +234,11 @@ class StreamedEvaluator:
                 memo: dict = {}
                 for t, ns in zip(tracks, names):
                     old = self._swap_in(t, ns, stats, settings, memo)
+                    hooks = {i: t.kv[i]} if i in t.kv else {}
                     try:
-                        t.states = [sm.run_block(i, h, kw)
-                                    for h, kw in zip(t.states, self._eval_kw)]
+                        with kv_hooks(sm.model, hooks):
+                            t.states = [sm.run_block(i, h, kw)
+                                        for h, kw in zip(t.states, self._eval_kw)]
                     finally:
                         self._restore(old)
                 del memo, stats
@@ -263,6 +270,21 @@ class StreamedEvaluator:
                 out.append((math.fsum(nlls), math.fsum(kls), dict(sorted(t.audit.items()))))
         return out
 
+    @torch.no_grad()
+    def kv_amax(self) -> dict[int, KvAmax]:
+        """The largest |K| and |V| each block's attention sees on the calibration batches,
+        through the ORIGINAL blocks (one streamed pass, kept): the static KV scales' input,
+        as ``quant.kv_cache.calibrate_kv`` takes it in memory."""
+        if self._kv_amax is None:
+            sm, amax = self.sm, {}
+            states = list(self._cal_in)
+            for i in range(sm.n_blocks):
+                amax[i] = KvAmax()
+                with sm.resident(i), kv_hooks(sm.model, {i: amax[i]}):
+                    states = [sm.run_block(i, h, kw) for h, kw in zip(states, self._cal_kw)]
+            self._kv_amax = amax
+        return self._kv_amax
+
     def evaluate_many(self, candidates: Sequence[StreamedCandidate],
                       settings: CompressionSettings, *, baseline: Choice | None = None
                       ) -> list[tuple[QualityResult, dict[str, dict[str, str]]]]:
@@ -281,10 +303,12 @@ class StreamedEvaluator:
                 for nll, kl, audit in runs]
 
     def evaluate_decisions(self, decisions: Mapping[str, Choice], settings: CompressionSettings,
-                           *, baseline: Choice | None = None, needs_stats: bool = False
+                           *, baseline: Choice | None = None, needs_stats: bool = False,
+                           kv: Mapping[int, KvQuant] | None = None
                            ) -> tuple[QualityResult, dict[str, dict[str, str]]]:
-        """Quality of the original with `decisions` applied, and the audit digests."""
-        return self.evaluate_many([StreamedCandidate(decisions, needs_stats)], settings,
+        """Quality of the original with `decisions` (and a KV cache) applied, and the audit
+        digests."""
+        return self.evaluate_many([StreamedCandidate(decisions, needs_stats, kv)], settings,
                                   baseline=baseline)[0]
 
 
