@@ -27,7 +27,7 @@ from autoplan.fleet_measured import (
 from autoplan.formats import Choice
 from autoplan.nodes import NodeLayout, node_layout
 from autoplan.plan.io import read_plan
-from autoplan.search.space import load_space_file
+from autoplan.search import load_space_file
 from autoplan.workload import Workload
 
 
