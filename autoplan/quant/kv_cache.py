@@ -39,24 +39,49 @@ class KvHook(Protocol):
         ...
 
 
+def gguf_head_order(model_type: str, head_dim: int) -> Tensor | None:
+    """The order llama.cpp holds q and k elements of a head in, as an index into
+    transformers' order, or None when they agree.
+
+    convert_hf_to_gguf.py permutes the q/k rows of Llama-family models per head
+    (``LlamaModel.permute``: rotate-half pairs (i, i + d/2) become adjacent, for llama.cpp's
+    interleaved RoPE), so a cache block of 32 along head_dim holds other elements than the
+    same block in transformers' layout; NeoX-RoPE architectures (Qwen2/3, Gemma, Phi-3,
+    GPT-NeoX) keep transformers' order.
+    """
+    if model_type not in ("llama", "mistral", "mixtral"):
+        return None
+    return torch.arange(head_dim).reshape(2, head_dim // 2).t().reshape(head_dim)
+
+
+def _in_order(x: Tensor, order: Tensor | None, fn) -> Tensor:  # noqa: ANN001 - a rounding
+    """``fn`` applied to x's last dim in ``order`` (then put back in x's order)."""
+    if order is None:
+        return fn(x)
+    return fn(x[..., order])[..., torch.argsort(order)]
+
+
 @dataclass(frozen=True)
 class KvQuant:
     """One layer's cache format, its static K/V scales ([1], or [kv_heads] per head; None
-    for formats without calibrated scales) and the engine's query rounding (None: none)."""
+    for formats without calibrated scales), the engine's query rounding (None: none) and,
+    for block formats, the order the engine holds K and q elements in (``gguf_head_order``;
+    None: transformers')."""
 
     fmt: KvFormat
     k_scale: Tensor | None = None
     v_scale: Tensor | None = None
     query: KvFormat | None = None
+    order: Tensor | None = None
 
     def __call__(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         spec = kv_spec(self.fmt)
-        key = spec.quantize(key, self.k_scale)
+        key = _in_order(key, self.order, lambda x: spec.quantize(x, self.k_scale))
         value = spec.quantize(value, self.v_scale)
         if self.query is not None:  # unit scale: vLLM's q_scale default, ggml's own blocks
             qspec = kv_spec(self.query)
             one = torch.ones(1) if qspec.static else None
-            query = qspec.quantize(query, one)
+            query = _in_order(query, self.order, lambda x: qspec.quantize(x, one))
         return query, key, value
 
 
@@ -206,18 +231,18 @@ def calibrate_kv(model: nn.Module, batches: Iterable[Tensor]) -> dict[int, KvAma
 
 
 def kv_quants(fmts: Mapping[int, KvFormat], amax: Mapping[int, KvAmax] | None,
-              query: KvFormat | None) -> dict[int, KvQuant]:
+              query: KvFormat | None, order: Tensor | None = None) -> dict[int, KvQuant]:
     """Each block's KvQuant from its format and calibrated amax (formats with static scales
-    need ``amax``)."""
+    need ``amax``); ``order``: the engine's element order of K and q (block formats)."""
     out = {}
     for i, fmt in fmts.items():
         if kv_spec(fmt).static and (amax is None or i not in amax):
             raise UserInputError(f"the {fmt.value} KV cache needs calibrated scales for block "
                                  f"{i}; calibrate them first (calibrate_kv)")
         k, v = amax[i].scales(fmt) if kv_spec(fmt).static else (None, None)  # type: ignore[index]
-        out[i] = KvQuant(fmt, k, v, query)
+        out[i] = KvQuant(fmt, k, v, query, order if kv_spec(fmt).block else None)
     return out
 
 
-__all__ = ["KvAmax", "KvHook", "KvQuant", "attach_kv", "attention_modules", "calibrate_kv",
+__all__ = ["KvAmax", "KvHook", "KvQuant", "attach_kv", "gguf_head_order", "attention_modules", "calibrate_kv",
            "detach_kv", "kv_hooks", "kv_quants"]
