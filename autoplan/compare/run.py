@@ -148,9 +148,9 @@ def _row_of(entry: CompareEntry, plan: ps.Plan, platform: Platform, dropped: dic
     gain = None
     if pred["baseline"].tokens_per_s > 0:
         gain = pred["plan"].tokens_per_s / pred["baseline"].tokens_per_s
-    return Row(entry.target, entry.runtime, "ok", plan_file=file, batch=plan.workload["batch"],
+    return Row(entry.target, entry.runtime, "ok", plan_file=file, batch=plan.workload.batch,
                operating_point=platform.point.detail if platform.point else
-               f"batch {plan.workload['batch']} (as given)",
+               f"batch {plan.workload.batch} (as given)",
                plan=pred["plan"].model_dump(), baseline=pred["baseline"].model_dump(),
                best_uniform=pred["best_uniform"].model_dump() if "best_uniform" in pred else None,
                kl=plan.quality.kl, budget_met=plan.quality.budget_met,

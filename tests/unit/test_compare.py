@@ -69,7 +69,7 @@ def test_rows_plans_and_shared_verification(compared) -> None:  # noqa: ANN001
         assert r.kl == plan.quality.kl and plan.quality.budget_met
         assert r.gain_over_baseline == pytest.approx(
             plan.predicted["plan"].tokens_per_s / plan.predicted["baseline"].tokens_per_s)
-        assert plan.search.points and plan.search.points[-1]["kind"] == "plan"
+        assert plan.search.points and plan.search.points[-1].kind == "plan"
         assert set(plan.quality.slices) == set(SLICES)  # measured for the chosen plan
     # h100 and h200 search the same choices: their uniform recipes and candidates coincide
     assert comparison.reused >= 1
@@ -144,9 +144,9 @@ def test_batch_max_is_resolved_per_target_and_recorded(model_dir: Path, tmp_path
     batches = {}
     for row in comparison.rows:
         plan = load_plan(tmp_path / "o" / row.plan_file)
-        assert plan.operating_point["mode"] == "max" and plan.operating_point["bound"]
-        assert plan.workload["batch"] == row.batch == plan.operating_point["batch"] > 8
-        assert plan.operating_point["bound"] == "memory"
+        assert plan.operating_point.mode == "max" and plan.operating_point.bound
+        assert plan.workload.batch == row.batch == plan.operating_point.batch > 8
+        assert plan.operating_point.bound == "memory"
         assert plan.predicted["baseline"].fits and plan.predicted["plan"].fits
         batches[row.target] = row.batch
     assert batches["h200"] > batches["l40s"]  # 141 GB hold more sequences than 48 GB
