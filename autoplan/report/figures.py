@@ -67,7 +67,7 @@ def pareto_front(plan: Plan) -> bytes:
         if kind == "uniform":
             for p in sel:
                 kl = p.measured_kl if p.measured_kl is not None else p.surrogate_kl
-                bound = ">= " if p.get("measured_kl_lower_bound") else ""  # stopped early
+                bound = ">= " if p.measured_kl_lower_bound else ""  # stopped early
                 ax.annotate(bound + p.label.removeprefix("uniform ").removeprefix("dense+"),
                             (kl, p.objective), fontsize=7, xytext=(4, 3),
                             textcoords="offset points")
