@@ -16,6 +16,7 @@ from autoplan.search.verify._measurement_cache import (
 from autoplan.search.verify._verifier import (
     CandidateContext,
     CandidateTask,
+    KvSimulation,
     Measurement,
     SharedMeasurements,
     Verifier,
@@ -27,6 +28,7 @@ __all__ = [
     "CACHE_VERSION",
     "CandidateContext",
     "CandidateTask",
+    "KvSimulation",
     "Measurement",
     "MeasurementStore",
     "QualityBudget",

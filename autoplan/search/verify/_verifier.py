@@ -23,6 +23,7 @@ from autoplan.compress import CompressionSettings, audit_digests, collect_stats,
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.quality.evaluator import QualityEvaluator, QualityResult, original_quality
+from autoplan.quant.kv_cache import KvQuant
 from autoplan.search.optimize import SearchSpace, Tables
 from autoplan.search.verify._budget import QualityBudget
 from autoplan.search.verify._measurement_cache import MeasurementStore
@@ -45,6 +46,17 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class KvSimulation:
+    """A compressed KV cache every candidate of a search runs with (quant/kv_cache.py):
+    its label (part of each measurement's key), each block's rounding, and the evaluator
+    of the long-prompt split (with the long-context gate) it is measured on as well."""
+
+    label: str
+    quants: dict[int, KvQuant]
+    long_evaluator: object | None = None
+
+
+@dataclass(frozen=True)
 class CandidateContext:
     """What every candidate's evaluation shares (a distributed executor ships it once)."""
 
@@ -53,6 +65,7 @@ class CandidateContext:
     stats: dict | None
     settings: CompressionSettings
     baseline: Choice
+    long_evaluator: QualityEvaluator | None = None  # with a compressed KV cache
 
 
 @dataclass(frozen=True)
@@ -62,30 +75,49 @@ class CandidateTask:
     slices: bool = True  # measure the KL slices too (when the evaluator has them)
     # stop the pass once the KL is certain to exceed this (QualityEvaluator.evaluate)
     kl_limit: float | None = None
+    kv: dict[int, KvQuant] | None = None  # the simulated KV cache (None: the model's own)
 
 
 def compressed_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple:
-    """A copy of the model compressed to one candidate's decisions, and its swapped layers."""
+    """A copy of the model compressed to one candidate's decisions (and KV cache), and its
+    swapped layers."""
     return compressed_copy(ctx.model, task.decisions, ctx.stats if task.use_stats else None,
-                           ctx.settings, baseline=ctx.baseline)
+                           ctx.settings, baseline=ctx.baseline, kv=task.kv)
+
+
+def with_long_context(quality: QualityResult, long: QualityResult) -> QualityResult:
+    """``quality`` with the long-prompt split's KL and its gates (the long-context check)."""
+    return dataclasses.replace(quality, kl_long=long.kl, gates=quality.gates | long.gates,
+                               seconds=quality.seconds + long.seconds)
 
 
 def evaluate_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple[QualityResult, dict]:
     """Compress a copy of the model to one candidate's decisions and measure it: a pure
-    function of its arguments, so it can run on any worker."""
+    function of its arguments, so it can run on any worker. With a compressed KV cache the
+    long-prompt split and the long-context check are measured too."""
     compressed, swapped = compressed_candidate(ctx, task)
     with torch.no_grad():
         quality = ctx.evaluator.evaluate(compressed, slices=task.slices,
                                          kl_limit=task.kl_limit)
+        if task.kv and ctx.long_evaluator is not None and not quality.stopped_early:
+            quality = with_long_context(quality, ctx.long_evaluator.evaluate(compressed,
+                                                                             slices=False))
     # a candidate certain to fail is never planned: its weights need no audit
     return quality, {} if quality.stopped_early else audit_digests(swapped)
 
 
-def decisions_key(decisions: dict[str, Choice], baseline: Choice) -> tuple:
+def decisions_key(decisions: dict[str, Choice], baseline: Choice, kv: str = "") -> tuple:
     """What a measurement depends on besides the shared model, tokens and settings: the
-    layers compressed (those not at the baseline) and the baseline itself."""
-    return (str(baseline), tuple(sorted((n, str(c)) for n, c in decisions.items()
-                                        if c != baseline)))
+    layers compressed (those not at the baseline), the baseline itself and, when the KV
+    cache is compressed, its format (``KvSimulation.label``)."""
+    key = (str(baseline), tuple(sorted((n, str(c)) for n, c in decisions.items()
+                                       if c != baseline)))
+    return (*key, kv) if kv else key
+
+
+def is_original(key: tuple) -> bool:
+    """A measurement key of the uncompressed model (no layer, no KV cache compressed)."""
+    return not key[1] and len(key) == 2
 
 
 @dataclass
@@ -134,6 +166,8 @@ class Verifier:
     recovery: object | None = None
     # further budgets every passing candidate must also meet (the search steers on `budget`)
     also: tuple[QualityBudget, ...] = ()
+    # the compressed KV cache every candidate runs with (None: the model's own)
+    kv: KvSimulation | None = None
     _stats: dict | None = None
 
     @property
@@ -172,7 +206,8 @@ class Verifier:
         needs = self.settings.quant_method == "gptq" or any(
             c.sparsity.kind != "dense" and c != self.space.baseline for c in decisions.values())
         return CandidateTask(decisions, needs, self.slices_decide if slices is None else slices,
-                             self.kl_limit if bounded else None)
+                             self.kl_limit if bounded else None,
+                             self.kv.quants if self.kv is not None else None)
 
     def _results(self, tasks: list[CandidateTask], executor: Executor | None
                  ) -> Iterator[tuple[int, tuple[QualityResult, dict]]]:
@@ -183,8 +218,17 @@ class Verifier:
             # this process: one group. On a distributed executor: one group per worker, each
             # worker streaming the checkpoint itself (the model is never shipped; the
             # reference log-probs are, once).
-            cands = [StreamedCandidate(t.decisions, t.use_stats) for t in tasks]
+            cands = [StreamedCandidate(t.decisions, t.use_stats, t.kv) for t in tasks]
             n = getattr(executor, "workers", 1) if executor is not None else 1
+            if self.kv is not None:  # in this process, with the long-prompt split as well
+                short = self.evaluator.evaluate_many(cands, self.settings,
+                                                     baseline=self.space.baseline)
+                long = self.kv.long_evaluator.evaluate_many(  # type: ignore[union-attr]
+                    cands, self.settings, baseline=self.space.baseline) \
+                    if self.kv.long_evaluator is not None else [None] * len(cands)
+                yield from enumerate((q if lg is None else with_long_context(q, lg[0]), a)
+                                     for (q, a), lg in zip(short, long, strict=True))
+                return
             if n <= 1 or len(cands) <= 1:
                 yield from enumerate(self.evaluator.evaluate_many(
                     cands, self.settings, baseline=self.space.baseline))
@@ -198,9 +242,13 @@ class Verifier:
             return
         stats = self._calibration_stats() if any(t.use_stats for t in tasks) else None
         ctx = CandidateContext(self.model, self.evaluator, stats, self.settings,
-                               self.space.baseline)
+                               self.space.baseline, self._long_evaluator)
         yield from (executor or SerialExecutor()).imap_unordered(
             partial(evaluate_candidate, ctx), tasks)
+
+    @property
+    def _long_evaluator(self) -> QualityEvaluator | None:
+        return self.kv.long_evaluator if self.kv is not None else None  # type: ignore[return-value]
 
     def measure(self, picks: Sequence[int], label: str, *, bounded: bool = False
                 ) -> Measurement:
@@ -241,7 +289,7 @@ class Verifier:
                     if on_done:
                         on_done(done)
         for k in list(todo):  # nothing compressed: the original, known without a pass
-            if not self._shared_key(k)[1]:
+            if is_original(self._shared_key(k)):
                 todo.remove(k)
                 self.record(k, labels[k], original_quality(self.evaluator), {})
                 done += 1
@@ -313,7 +361,7 @@ class Verifier:
         try:
             stats = self._calibration_stats() if task.use_stats else None
             ctx = CandidateContext(self.model, self.evaluator, stats, self.settings,
-                                   self.space.baseline)
+                                   self.space.baseline, self._long_evaluator)
             compressed, _ = compressed_candidate(ctx, task)  # the same weights as measured
             with torch.no_grad():
                 per_slice = self.evaluator.slice_kl(compressed)
@@ -335,7 +383,8 @@ class Verifier:
         return True
 
     def _shared_key(self, picks: tuple[int, ...]) -> tuple:
-        return decisions_key(self.decisions(picks), self.space.baseline)
+        return decisions_key(self.decisions(picks), self.space.baseline,
+                             self.kv.label if self.kv is not None else "")
 
     def record(self, picks: Sequence[int], label: str, quality: QualityResult,
                audit: dict[str, dict[str, str]]) -> Measurement:
@@ -355,5 +404,6 @@ class Verifier:
         return max(ratios) if ratios else prior
 
 
-__all__ = ["CandidateContext", "CandidateTask", "Measurement", "SharedMeasurements", "Verifier",
-           "decisions_key", "evaluate_candidate"]
+__all__ = ["CandidateContext", "CandidateTask", "KvSimulation", "Measurement",
+           "SharedMeasurements", "Verifier", "decisions_key", "evaluate_candidate", "is_original",
+           "with_long_context"]
