@@ -182,7 +182,7 @@ def tensor_digest(t: Tensor) -> str:
     """sha256 of a tensor's dtype, shape and bytes (for the plan's audit section)."""
     t = t.detach().contiguous().cpu()
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
 

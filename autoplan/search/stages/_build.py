@@ -6,16 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import torch
-
 from autoplan import __version__
 from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.numerics import signature
 from autoplan.plan import schema as ps
-from autoplan.compress import tensor_digest
 from autoplan.cost.kv import bytes_per_token, cache_bytes
 from autoplan.deploy import deploy_for
+from autoplan.export.kv import scale_digest
 from autoplan.formats.kv import kv_spec
 from autoplan.runtimes import get_runtime, kv_supports
 from autoplan.search.recovery import keep_weights, plan_quality
@@ -140,8 +138,7 @@ def _kv_section(prep: Prepared) -> ps.KvCache | None:
     digests = {}
     if kv is not None and spec.static:
         for i, q in sorted(kv.quants.items()):
-            digests[str(i)] = tensor_digest(torch.cat([q.k_scale.float().reshape(-1),
-                                                       q.v_scale.float().reshape(-1)]))
+            digests[str(i)] = scale_digest(q.k_scale, q.v_scale)
     w = prep.req.workload
     layout = prep.cost.kv
     long_eval = kv.long_evaluator if kv is not None else None

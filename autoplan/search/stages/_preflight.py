@@ -195,7 +195,9 @@ def in_memory_only(req: SearchRequest, measure_kernels: bool) -> str | None:
     gated = [b.text for b in req.budgets if b.metric in ("gate", "slice")]
     return ("--measure-kernels" if measure_kernels else "a suite budget"
             if req.budget.suite_file else f"budget '{gated[0]}'" if gated
-            else "--recover" if req.recovery is not None else None)
+            else "--recover" if req.recovery is not None
+            else f"--kv-cache (its long-context check, {req.kv_gate})"
+            if req.kv_cache is not None else None)
 
 
 def _check_gates(req: SearchRequest, measure_kernels: bool) -> None:

@@ -140,12 +140,15 @@ class ModelWork:
         return self.runner.loaded
 
 
-def open_model_work(req: SearchRequest, rep: Reporter,
-                    measure_kernels: bool = False) -> tuple[ModelRunner, TextDataset]:
-    """Load the model and draw its calibration/evaluation tokens."""
+def open_model_work(req: SearchRequest, rep: Reporter, measure_kernels: bool = False,
+                    kv: bool = False) -> tuple[ModelRunner, TextDataset]:
+    """Load the model and draw its calibration/evaluation tokens (`kv`: some platform
+    compresses the KV cache, whose long-context check needs the model in memory)."""
     torch.manual_seed(req.seed)
     rep.stage("loading model")
     what = in_memory_only(req, measure_kernels)  # None: the request can stream
+    if what is None and kv:
+        what = f"--kv-cache (its long-context check, {req.kv_gate})"
     runner = open_model(req.model, req.execution, trust_remote_code=req.trust_remote_code,
                         workload=workload_of(req.seq_len, req.calib_blocks, req.eval_blocks,
                                              CALIB_BATCH), needs_memory=what)
@@ -294,7 +297,8 @@ def prepare_shared(reqs: list[SearchRequest], platforms: list[Platform], rep: Re
     to the last bit) and measure the original. `reqs[0]` holds what they share (model,
     text, seed, budget, settings)."""
     req = reqs[0]
-    runner, data = open_model_work(req, rep, any(p.measure_kernels for p in platforms))
+    runner, data = open_model_work(req, rep, any(p.measure_kernels for p in platforms),
+                                   kv=any(p.kv_compressed for p in platforms))
     spaces = tuple(platform_space(r, p, runner.loaded)
                    for r, p in zip(reqs, platforms, strict=True))
     calib = list(data.calib.split(CALIB_BATCH))
