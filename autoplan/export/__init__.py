@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
@@ -26,6 +26,10 @@ from autoplan.errors import AutoplanError, UnknownNameError
 from autoplan.export._prepare import Prepared, needs_calibration, prepare
 from autoplan.plan.schema import Plan
 from autoplan.quant import HessianAccumulator
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
+    from autoplan.recover import RecoveredWeights
 
 
 class Exporter(Protocol):
@@ -78,10 +82,10 @@ def get_exporter(fmt: str) -> Exporter:
     return _REGISTRY[key]
 
 
-def export_plan(plan: Plan, loaded_model: Any, fmt: str, out_dir: str | Path, *,
+def export_plan(plan: Plan, loaded_model: LoadedModel, fmt: str, out_dir: str | Path, *,
                 stats: Mapping[str, HessianAccumulator] | None = None,
                 calibration: Sequence[Tensor] | None = None,
-                allow_model_mismatch: bool = False, recovered: Any = None,
+                allow_model_mismatch: bool = False, recovered: RecoveredWeights | None = None,
                 unrecovered: bool = False) -> Path:
     """Export ``plan`` applied to ``loaded_model`` as ``fmt`` into ``out_dir``.
 

@@ -30,7 +30,7 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -43,6 +43,9 @@ from autoplan.export._write import AUDIT_FILE, PLAN_FILE, atomic_dir, write_side
 from autoplan.formats import Precision, registered_formats
 from autoplan.formats.gguf_blocks import block_format, gguf_type_name, pack_blocks
 from autoplan.models.graph import get_linear
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 GGUF_FILE = "model.gguf"
 
@@ -61,7 +64,7 @@ def ggml_type_name(precision: Precision) -> str:
         f"GGUF has no type for {precision.value}: plan with --runtime llama.cpp ({stored})")
 
 
-def source_gguf(loaded: Any) -> Path:
+def source_gguf(loaded: LoadedModel) -> Path:
     """The GGUF file the model was converted from.
 
     Raises:

@@ -34,6 +34,7 @@ from autoplan.search.stages._request import SearchRequest
 from autoplan.search.verify import SharedMeasurements, Verifier, build_gates, measurement_store
 from autoplan.sensitivity import SensitivityProfile, calibration_key
 from autoplan.streaming import open_model
+from autoplan.streaming.candidates import Evaluator
 from autoplan.streaming.runner import ModelRunner, workload_of
 
 CALIB_BATCH = 2  # calibration blocks per forward pass (part of the audit: it changes rounding)
@@ -126,7 +127,7 @@ class ModelWork:
     runner: ModelRunner
     data: TextDataset
     calib: list[torch.Tensor]
-    evaluator: Any
+    evaluator: Evaluator
     shared: SharedMeasurements
 
     @property
