@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoplan.errors import AutoplanError, UnknownNameError, UserInputError
-from autoplan.models._cache import cache_root
+from autoplan.cache_dir import cache_root
 
 _MARKER = "autoplan-engine.json"  # written last: a venv without it is an interrupted install
 

@@ -114,7 +114,7 @@ def machine_key(threads: int | None = None) -> str:
 
 
 def cache_path(threads: int | None = None) -> Path:
-    from autoplan.models._cache import cache_root
+    from autoplan.cache_dir import cache_root
 
     return cache_root() / "cost_tables" / f"{machine_key(threads)}.json"
 

@@ -68,7 +68,7 @@ def simulated_model(plan: Any, loaded: LoadedModel, *, stats: Any = None,
                     calibration: Any = None) -> nn.Module:
     """A copy of the model with every planned layer replaced by the layer the export holds."""
     from autoplan.export import get_exporter
-    from autoplan.export._prepare import prepare
+    from autoplan.export import prepare
 
     exporter = get_exporter("compressed-tensors")
     prep = prepare(plan, loaded, exporter.name, exporter.runtimes, stats=stats,

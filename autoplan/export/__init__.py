@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 from torch import Tensor
 
 from autoplan.errors import AutoplanError, UnknownNameError
-from autoplan.export._prepare import Prepared, needs_calibration, prepare
+from autoplan.export._prepare import Prepared, needs_calibration, pick_runtime, plan_settings, prepare
 from autoplan.plan.schema import Plan
 from autoplan.quant import HessianAccumulator
 
@@ -130,4 +130,4 @@ def _register_builtins() -> None:
 _register_builtins()
 
 __all__ = ["Exporter", "Prepared", "export_plan", "exporter_names", "get_exporter",
-           "needs_calibration", "register_exporter"]
+           "needs_calibration", "pick_runtime", "plan_settings", "prepare", "register_exporter"]

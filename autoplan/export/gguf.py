@@ -39,7 +39,8 @@ from autoplan import __version__
 from autoplan.atomic import replace_files
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
 from autoplan.export._prepare import Prepared
-from autoplan.export._write import AUDIT_FILE, PLAN_FILE, atomic_dir, write_sidecars
+from autoplan.atomic import atomic_dir
+from autoplan.export._write import AUDIT_FILE, PLAN_FILE, is_export, write_sidecars
 from autoplan.formats import Precision, registered_formats
 from autoplan.formats.gguf_blocks import block_format, gguf_type_name, pack_blocks
 from autoplan.models.graph import get_linear
@@ -259,7 +260,7 @@ class GgufExporter:
         out = Path(out_dir)
         layers = {n: str(c) for n, c in sorted(prep.choices.items())}
         if out.suffix.lower() != ".gguf":
-            with atomic_dir(out) as tmp:
+            with atomic_dir(out, is_ours=is_export) as tmp:
                 audit = write_gguf(prep, tmp / GGUF_FILE)
                 write_sidecars(tmp, prep.plan, self.name, prep.runtime, layers,
                                {"gguf_tensors": audit})

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import UserInputError
-from autoplan.export._prepare import pick_runtime, plan_settings, prepare
+from autoplan.export import pick_runtime, plan_settings, prepare
 from autoplan.export.calibration import CalibrationArgs, plan_dataset
 from autoplan.models.graph import set_module
 from autoplan.plan import schema as ps

@@ -22,7 +22,7 @@ from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.models import LoadedModel
-from autoplan.models._cache import cache_root
+from autoplan.cache_dir import cache_root
 from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
