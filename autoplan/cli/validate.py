@@ -53,6 +53,9 @@ def command(cost_table: str | None, target: str | None, as_json: bool) -> None:
                   f"({doc['out_of_sample']} added later); leave-one-family-out "
                   f"{report.mape_lofo:.1%} (" + ", ".join(
                       f"{f} {m:.1%}" for f, m in report.lofo_by_family().items()) + ")")
+    if doc["moe"]:
+        console.print(f"mixture-of-experts points: {report.mape_moe:.1%} over {doc['moe']} "
+                      "(out of sample)")
 
 
 def _cost_table(path: str, target: str | None, as_json: bool) -> None:
