@@ -54,7 +54,7 @@ KIT_MODULES = ("gguf", "optuna", "alembic", "sqlalchemy", "colorlog", "pydantic"
                "loguru", "pycountry", "mako", "typing_extensions")
 AUTOPLAN_MODULES = ("autoplan.cli", "autoplan.backends.registry", "autoplan.backends.microbench",
                     "autoplan.backends.nvidia.kernels", "autoplan.backends.amd.triton_bsr",
-                    "autoplan.search.run", "autoplan.streaming.profile",
+                    "autoplan.search", "autoplan.streaming",
                     "autoplan.cost.table_check", "autoplan.search_spaces")
 SEARCH_MODEL = REPO / ".gpu_model" / "smollm2-135m-4blocks.gguf"
 CPU_SEARCH_REFERENCE = HERE / "results" / "gpu_search_cpu.json"

@@ -29,7 +29,7 @@ Layer = Callable[[torch.Tensor], torch.Tensor]
 
 def int8_linear_from(q: QuantizedWeight) -> tuple[Layer, str]:
     """x [M, K] -> bf16 [M, N] through torch._int_mm on the int8 QuantizedWeight `q`."""
-    w_t = q.codes.t().contiguous().t()  # [N, K] codes; mat2 = w.T must be column-major
+    w = q.codes.contiguous()  # [N, K] row-major: mat2 = w.T is column-major, cuBLASLt's TN
     w_scale = q.scales["weight_scale"].reshape(1, -1).float()
 
     def call(x: torch.Tensor) -> torch.Tensor:
@@ -37,7 +37,7 @@ def int8_linear_from(q: QuantizedWeight) -> tuple[Layer, str]:
         m = codes.shape[0]
         if m < INT_MM_MIN_M:
             codes = torch.nn.functional.pad(codes, (0, 0, 0, 32 - m))
-        acc = torch._int_mm(codes, w_t.t())[:m]
+        acc = torch._int_mm(codes, w.t())[:m]
         return (acc.float() * params.scale.reshape(-1, 1).float() * w_scale).to(torch.bfloat16)
 
     return call, "torch._int_mm"
