@@ -365,12 +365,12 @@ def section_search(sec: Section) -> None:
         plan_tokens_per_s_predicted=doc["predicted"]["plan"]["tokens_per_s"],
         baseline_tokens_per_s_predicted=doc["predicted"]["baseline"]["tokens_per_s"])
     if sec.args.cpu_reference:
-        from _common import machine_info
+        from _common import machine_info, write_result
 
         ref = {k: v for k, v in sec.result.items() if k != "cpu_reference"}
-        _write_json(CPU_SEARCH_REFERENCE, {**ref, "machine": machine_info(),
-                                           "command_run": "python benchmarks/gpu_check.py "
-                                                          "--cpu-reference"})
+        write_result(CPU_SEARCH_REFERENCE, {**ref, "machine": machine_info(),
+                                            "command_run": "python benchmarks/gpu_check.py "
+                                                           "--cpu-reference"})
 
 
 def section_gemm(sec: Section) -> None:

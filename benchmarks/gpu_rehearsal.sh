@@ -7,7 +7,7 @@
 #   2. the kit (benchmarks/gpu_kit.sh: .whl/ and .gpu_model/);
 #   3. a copy of the working tree as the device gets it (tracked + untracked-not-ignored files
 #      + the carried folders), in which the exact device command runs with --cpu-smoke:
-#      `pip install --no-index --no-deps --target SITE .whl/*.whl`, PYTHONPATH, gpu_check.sh.
+#      `pip install --no-index --no-deps --target .site .whl/*.whl`, PYTHONPATH, gpu_check.sh.
 # Passes when every section ran on CPU and gpu_check.json says so.
 # Usage: bash benchmarks/gpu_rehearsal.sh [--env-only] [--keep]
 set -euo pipefail
@@ -72,14 +72,14 @@ echo "== rehearsal env: $ENV ($("$ENV/bin/python" -c 'import sys, torch; print(s
 PYTHON="$ENV/bin/python" bash "$REPO/benchmarks/gpu_kit.sh" --quiet
 
 # The working tree as the device receives it: tracked and untracked-not-ignored files, plus
-# the carried folders; then the device command, verbatim but for SITE and the interpreter.
+# the carried folders; then the device command, verbatim but for --cpu-smoke.
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-rehearsal.XXXXXX")
 trap '[ "$KEEP" = 1 ] || rm -rf "$WORK"' EXIT
 (cd "$REPO" && { git ls-files -co --exclude-standard -z; printf '%s\0' .whl .gpu_model; } \
   | tar --null -T - -cf - ) | (mkdir -p "$WORK/tree" && cd "$WORK/tree" && tar -xf -)
 mkdir -p "$WORK/out"
-cmd=$(bash "$REPO/benchmarks/gpu_kit.sh" --print-command "$WORK/site" --cpu-smoke)
-echo "== device command (SITE=$WORK/site): $cmd"
+cmd=$(bash "$REPO/benchmarks/gpu_kit.sh" --print-command .site --cpu-smoke)
+echo "== device command: $cmd"
 t_check=$(date +%s)
 # the device's plain python3 is its torch env's: here the rehearsal env's bin/ comes first
 (cd "$WORK/tree" && env -i HOME="$HOME" PATH="$ENV/bin:/usr/bin:/bin" OUT="$WORK/out" \
