@@ -68,10 +68,10 @@ def sweep(models: dict[str, dict[str, int]], tokens: tuple[int, ...], choices: t
     dev = torch.device(device)
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = torch.Generator(device=dev).manual_seed(0)  # on the device: a 70B weight is 470M
     for model, dims in models.items():
         for gemm, (n, k) in gemm_shapes(**dims).items():
-            base = (torch.randn(n, k, generator=gen) * 0.02).to(dev)
+            base = torch.randn(n, k, generator=gen, device=dev) * 0.02
             for text in choices:
                 choice = Choice.parse(text)
                 if time.monotonic() > deadline:
@@ -87,7 +87,7 @@ def sweep(models: dict[str, dict[str, int]], tokens: tuple[int, ...], choices: t
                     skipped += [{**key, "m": m, "reason": one_line(err)} for m in tokens]
                     continue
                 for m in tokens:
-                    x = (torch.randn(m, k, generator=gen) * 0.5).to(dev, torch.bfloat16)
+                    x = (torch.randn(m, k, generator=gen, device=dev) * 0.5).bfloat16()
                     call = functools.partial(_next_layer, itertools.cycle(layers), x)
                     try:
                         t = MB.time_callable(call, device, repeats, warmup)
