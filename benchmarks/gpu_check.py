@@ -97,7 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     return orchestrate(args, names)
 
 
+class _Stopped(Exception):
+    """SIGTERM from gpu_check.sh's hard stop (or the device call's end)."""
+
+
+def _on_term(signum, frame) -> None:  # noqa: ANN001
+    raise _Stopped
+
+
 def orchestrate(args: argparse.Namespace, names: list[str]) -> int:
+    signal.signal(signal.SIGTERM, _on_term)
     start = time.monotonic()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +121,29 @@ def orchestrate(args: argparse.Namespace, names: list[str]) -> int:
         "complete": False,
     }
     _write_json(out / "gpu_check.json", report)
+    try:
+        _run_all(args, names, report, start, state, boxes)
+    except _Stopped:  # the running section was killed with its children; say so, then stop
+        for name in names:
+            report["sections"].setdefault(name, {
+                "status": "skipped", "seconds": 0.0,
+                "reason": "the check was stopped (SIGTERM: the hard stop) before it started"})
+        report["stopped"] = "SIGTERM"
+        report["elapsed_s"] = round(time.monotonic() - start, 1)
+        _write_json(out / "gpu_check.json", report)
+        print("stopped by SIGTERM; partial results in gpu_check.json", flush=True)
+        return 124
+    report["complete"] = True
+    _write_json(out / "gpu_check.json", report)
+    for line in summarize(report):
+        print(line)
+    print(f"results: {out / 'gpu_check.json'} ({report['elapsed_s']} s)")
+    return 0 if all(s["status"] == "ok" for s in report["sections"].values()) else 1
+
+
+def _run_all(args: argparse.Namespace, names: list[str], report: dict[str, Any], start: float,
+             state: Path, boxes: dict[str, tuple[int, int]]) -> None:
+    out: Path = args.out
     for name in names:
         left = args.budget_s - (time.monotonic() - start)
         box, least = boxes[name]
@@ -124,17 +156,13 @@ def orchestrate(args: argparse.Namespace, names: list[str]) -> int:
         else:
             print(f"== {name} (time box {box:.0f} s)", flush=True)
             report["sections"][name] = _run_section(args, name, box, state)
+            if getattr(args, "stopped", False):
+                raise _Stopped
             sec = report["sections"][name]
             print(f"== {name}: {sec['status']} in {sec['seconds']} s"
                   + (f" ({sec['reason']})" if sec.get("reason") else ""), flush=True)
         report["elapsed_s"] = round(time.monotonic() - start, 1)
         _write_json(out / "gpu_check.json", report)
-    report["complete"] = True
-    _write_json(out / "gpu_check.json", report)
-    for line in summarize(report):
-        print(line)
-    print(f"results: {out / 'gpu_check.json'} ({report['elapsed_s']} s)")
-    return 0 if all(s["status"] == "ok" for s in report["sections"].values()) else 1
 
 
 def _run_section(args: argparse.Namespace, name: str, box: float, state: Path) -> dict[str, Any]:
@@ -154,13 +182,12 @@ def _run_section(args: argparse.Namespace, name: str, box: float, state: Path) -
         rc = proc.wait(timeout=box)
         status, reason = ("ok", None) if rc == 0 else ("failed", f"exit code {rc}")
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_group(proc)
         status, reason = "timed_out", f"stopped at its {box:.0f} s time box"
+    except _Stopped:  # keep what the section saved, then stop the check
+        _kill_group(proc)
+        status, reason = "timed_out", "stopped by SIGTERM (gpu_check.sh's hard stop)"
+        args.stopped = True
     result = _read_json(partial) or {}
     if result.get("error"):  # the child's own account of why it failed
         status, reason = "failed", result["error"]
@@ -173,6 +200,18 @@ def _run_section(args: argparse.Namespace, name: str, box: float, state: Path) -
         sec["reason"] = reason
     sec["result"] = result
     return sec
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """End a section's child and everything it started (its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
 
 
 def summarize(report: dict[str, Any]) -> list[str]:

@@ -120,3 +120,27 @@ def test_the_search_model_keeps_the_first_blocks_byte_for_byte(tmp_path):
     assert cut.fields["tokenizer.ggml.tokens"].contents() == vocab
     with pytest.raises(ValueError, match="--blocks must be 1..2"):
         _load("gpu_model").truncate_gguf(src, tmp_path / "bad.gguf", 3)
+
+
+def test_sigterm_ends_the_running_section_and_keeps_the_results(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(BENCH / "gpu_check.py"), "--cpu-smoke",
+                             "--out", str(tmp_path), "--sections", "env,gemm"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until the env section's child is running
+        report = json.loads((tmp_path / "gpu_check.json").read_text()) \
+            if (tmp_path / "gpu_check.json").is_file() else {}
+        if report.get("sections_asked"):
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)  # what gpu_check.sh's hard stop sends
+    assert proc.wait(timeout=30) == 124
+    report = _report(tmp_path)
+    assert report["stopped"] == "SIGTERM" and not report["complete"]
+    assert report["sections"]["env"]["status"] == "timed_out"
+    assert "SIGTERM" in report["sections"]["env"]["reason"]
+    assert report["sections"]["gemm"]["status"] == "skipped"
