@@ -55,6 +55,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--objective", default="tpot",
                     help="autoplan's search objective on CPU sections (tpot: decode speed, "
                          "what the goal ranks)")
+    ap.add_argument("--no-tool-build", action="store_true",
+                    help="llamacpp: use llama-quantize/llama-imatrix only if already built "
+                         "(else the library's quantize for the plain mixes, imatrix rows marked "
+                         "not runnable)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)

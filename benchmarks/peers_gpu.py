@@ -70,7 +70,7 @@ def score_peer(prep, by_unit: dict[str, str], label: str) -> dict:  # noqa: ANN0
     units = {u: Choice.parse(c) for u, c in by_unit.items()}
     m = prep.verifier.measure(prep.tables.picks_of(units), label)
     est = prep.cost.evaluate(prep.space.decisions(units))
-    return {"kl": m.quality.kl, "ppl": getattr(m.quality, "ppl", None),
+    return {"kl": m.quality.kl, "ppl": m.quality.ppl, "ppl_ref": m.quality.ppl_ref,
             "tokens_per_s": est.metrics.throughput, "batch": prep.req.workload.batch,
             "unit_choices": counts(by_unit.values()), "speed_kind": "predicted"}
 

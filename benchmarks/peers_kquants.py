@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from peers_common import autoplan, peers_dir
+from peers_common import PeerError, autoplan, error_row, peers_dir
 from peers_llamacpp import (MIXES, compute_imatrix, eval_quality, linear_bits, llama_tools,
                             prompts, quantize, sha256, tensor_types, time_sides)
 from peers_table import floor_budget, pair
@@ -69,7 +69,7 @@ def run(args, log=print) -> dict:  # noqa: ANN001, C901 - one linear recipe
     original = loaded.source.path
     work = peers_dir() / "llamacpp"
     (work / "plans").mkdir(parents=True, exist_ok=True)
-    tools = llama_tools(log)
+    tools = llama_tools(log, build=not args.no_tool_build)
     # the search's own split (SearchRequest defaults): calibration for the imatrix, eval for KL
     data = load_text_dataset(None, tokenizer=loaded.tokenizer, seq_len=256, n_calib=4,
                              n_eval=6, seed=0)
@@ -78,12 +78,18 @@ def run(args, log=print) -> dict:  # noqa: ANN001, C901 - one linear recipe
     calib = work / "calibration.txt"
     if not calib.is_file():
         calib.write_text("".join(loaded.tokenizer.decode(b.tolist()) for b in data.calib))
-    imatrix = work / "imatrix.gguf"
-    imatrix_cmd, imatrix_info = compute_imatrix(tools, f32, calib, imatrix, ctx=256, chunks=4,
-                                                threads=args.threads)
+    imatrix, imatrix_cmd, imatrix_info, errors = work / "imatrix.gguf", "", {}, []
+    if tools is not None:
+        imatrix_cmd, imatrix_info = compute_imatrix(tools, f32, calib, imatrix, ctx=256,
+                                                    chunks=4, threads=args.threads)
     peers: dict[str, dict] = {}
     for mix in MIXES:
         for im in (None, imatrix):
+            if im is not None and tools is None:
+                errors.append(error_row("llamacpp", f"llama.cpp {mix} + imatrix", PeerError(
+                    "llama-imatrix and llama-quantize are not built here (llama-cpp-python "
+                    "ships neither); run without --no-tool-build to build them")))
+                continue
             for src_name, src in (("q4_1", original), ("f32", f32)):
                 name = mix.lower() + ("-imatrix" if im else "") + \
                     ("-from-f32" if src_name == "f32" else "")
@@ -143,7 +149,7 @@ def run(args, log=print) -> dict:  # noqa: ANN001, C901 - one linear recipe
                       "calibration": {"blocks": 4, "seq_len": 256, "text": "pydoc topics, the "
                                       "search's calibration split (seed 0)"}},
             "load_avg_1m_per_round": timing["load_avg_1m_per_round"], "rows": rows,
-            "pairs": pairs, "goal": GOAL,
+            "pairs": pairs, "errors": errors, "goal": GOAL,
             "goal_met_everywhere": all(p["met"] for p in pairs) if pairs else None,
             "kl_budgets": budgets, "nan_free": all(not math.isnan(r["kl"]) for r in rows)}
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 import hashlib
 import os
 import statistics
-import subprocess
 import tarfile
 from pathlib import Path
 
-from peers_common import PeerError, last_line, peers_dir, run
+from peers_common import PeerError, peers_dir, run
 
 # The llama.cpp mixes compared here (llama-quantize's own names).
 MIXES = ("Q4_K_M", "Q5_K_M", "Q4_K_S", "Q6_K")
@@ -52,27 +51,40 @@ def _sdist(version: str) -> Path:
     return src
 
 
-def llama_tools(log=print) -> dict[str, Path]:  # noqa: ANN001
+def llama_tools(log=print, *, build: bool = True) -> dict[str, Path] | None:  # noqa: ANN001
     """Paths of llama-quantize and llama-imatrix at the engine's llama.cpp commit (built once,
-    statically linked, about 15-25 min on 2 busy cores)."""
+    statically linked, about 15-25 min on 2 quiet cores; None when not built and ``build`` is
+    off)."""
     version = engine_llamacpp_version()
     root = peers_dir() / "llama.cpp-tools"
-    build, stamp = root / "build", root / "version.txt"
-    tools = {"quantize": build / "bin" / "llama-quantize",
-             "imatrix": build / "bin" / "llama-imatrix"}
-    if all(p.is_file() for p in tools.values()) and stamp.is_file() and \
-            stamp.read_text().strip() == version:
+    build_dir, stamp = root / "build", root / "version.txt"
+    tools = {"quantize": build_dir / "bin" / "llama-quantize",
+             "imatrix": build_dir / "bin" / "llama-imatrix"}
+    if all(p.is_file() for p in tools.values()) and (
+            not stamp.is_file() or stamp.read_text().strip() == version):
+        stamp.write_text(version)
         return tools
+    if not build:
+        return None
     src = _sdist(version) / "vendor" / "llama.cpp"
     log(f"building llama-quantize and llama-imatrix from llama-cpp-python {version}'s llama.cpp")
-    run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-         "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-         "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-         "-DBUILD_SHARED_LIBS=OFF"], "cmake configure llama.cpp tools")
-    run(["cmake", "--build", str(build), "--target", "llama-quantize", "llama-imatrix", "-j",
-         str(os.cpu_count() or 2)], "cmake build llama-quantize llama-imatrix")
+    run(["cmake", "-S", str(src), "-B", str(build_dir), "-G", "Ninja",
+         "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_EXAMPLES=OFF",
+         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_CURL=OFF",
+         "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF"], "cmake configure llama.cpp tools")
+    run(["cmake", "--build", str(build_dir), "--target", "llama-quantize", "llama-imatrix",
+         "-j", str(os.cpu_count() or 2)], "cmake build llama-quantize llama-imatrix")
     stamp.write_text(version)
     return tools
+
+
+# llama-quantize's type names -> llama_ftype, for the library path (llama_model_quantize)
+FTYPES = {"F32": 0, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+_QUANTIZE_API = (
+    "import sys, llama_cpp.llama_cpp as c\n"
+    "p = c.llama_model_quantize_default_params()\n"
+    "p.nthread, p.ftype, p.allow_requantize = int(sys.argv[4]), int(sys.argv[3]), True\n"
+    "sys.exit(c.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))\n")
 
 
 def sha256(path: Path) -> str:
@@ -83,23 +95,33 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def quantize(tools: dict[str, Path], src: Path, dst: Path, ftype: str, *, threads: int,
+def quantize(tools: dict[str, Path] | None, src: Path, dst: Path, ftype: str, *, threads: int,
              imatrix: Path | None = None) -> tuple[str, dict]:
     """``llama-quantize [--imatrix F] --allow-requantize SRC DST FTYPE``: the command as run (with
-    portable names) and what the tool reported (tensor types, fallbacks)."""
-    cmd = [str(tools["quantize"]), "--allow-requantize",
-           *(["--imatrix", str(imatrix)] if imatrix else []), str(src), str(dst), ftype,
-           str(threads)]
+    portable names) and what the tool reported (fallback tensors). Without the tool (not built),
+    the same library call it makes, llama_model_quantize, through the engine's Python."""
+    from autoplan.engines import engine_python
+
+    if tools is None and imatrix is not None:
+        raise PeerError("llama-imatrix / llama-quantize are not built here: run "
+                        "`python benchmarks/peers.py llamacpp` without --no-tool-build")
+    if tools is None:
+        cmd = [str(engine_python("llama.cpp")), "-c", _QUANTIZE_API, str(src), str(dst),
+               str(FTYPES[ftype]), str(threads)]
+        shown = (f"llama_model_quantize({src.name}, {dst.name}, ftype={ftype}, "
+                 "allow_requantize=True)  # what llama-quantize calls")
+    else:
+        cmd = [str(tools["quantize"]), "--allow-requantize",
+               *(["--imatrix", str(imatrix)] if imatrix else []), str(src), str(dst), ftype,
+               str(threads)]
+        shown = " ".join(["llama-quantize", *[Path(c).name if "/" in c else c for c in cmd[1:]]])
+    log = dst.with_suffix(".log")
     if not dst.is_file():
         tmp = dst.with_suffix(".part")
-        proc = run([*cmd[:-3], str(tmp), *cmd[-2:]], f"llama-quantize {ftype}",
-                   log=dst.with_suffix(".log"))
+        run([c if c != str(dst) else str(tmp) for c in cmd], f"llama-quantize {ftype}", log=log)
         tmp.rename(dst)
-        del proc
-    text = dst.with_suffix(".log").read_text() if dst.with_suffix(".log").is_file() else ""
-    fallbacks = sum("falling back to" in line for line in text.splitlines())
-    shown = ["llama-quantize", *[Path(c).name if "/" in c else c for c in cmd[1:]]]
-    return " ".join(shown), {"fallback_tensors": fallbacks}
+    text = log.read_text() if log.is_file() else ""
+    return shown, {"fallback_tensors": sum("falling back to" in x for x in text.splitlines())}
 
 
 def compute_imatrix(tools: dict[str, Path], model: Path, text_file: Path, out: Path, *,
@@ -139,12 +161,30 @@ def linear_bits(path: Path) -> float:
     return 8 * nbytes / n
 
 
-def eval_quality(files: dict[str, Path], reference: Path, tokens, threads: int) -> dict:  # noqa: ANN001
-    """KL to the reference file and perplexity, through llama.cpp's logits, per side."""
+def eval_quality(files: dict[str, Path], reference: Path, tokens,  # noqa: ANN001
+                 threads: int) -> dict:
+    """KL to the reference file and perplexity, through llama.cpp's logits, per side; cached
+    in `$AUTOPLAN_CACHE/peers/llamacpp_quality.json` by the files' and tokens' content."""
+    import json
+
+    from autoplan.atomic import write_text_atomic
     from autoplan.engines.llamacpp_quality import llamacpp_quality, llamacpp_reference
 
-    ref = llamacpp_reference(reference, tokens, threads=threads)
-    return {name: llamacpp_quality(path, ref, threads=threads) for name, path in files.items()}
+    cache_path = peers_dir() / "llamacpp_quality.json"
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    base = hashlib.sha256(sha256(reference).encode() + tokens.numpy().tobytes()).hexdigest()
+    keys = {name: hashlib.sha256((base + sha256(path)).encode()).hexdigest()
+            for name, path in files.items()}
+    missing = {n: p for n, p in files.items() if keys[n] not in cache}
+    if missing:
+        ref = llamacpp_reference(reference, tokens, threads=threads)
+        for name, path in missing.items():
+            cache[keys[name]] = llamacpp_quality(path, ref, threads=threads)
+            write_text_atomic(cache_path, json.dumps(cache))
+    return {name: cache[keys[name]] for name in files}
 
 
 def time_sides(files: dict[str, Path], prompts: list, *, threads: int, output_len: int,
@@ -188,10 +228,6 @@ def prompts(tokenizer, n: int, input_len: int, seed: int) -> list:  # noqa: ANN0
     data = load_text_dataset(None, tokenizer=tokenizer, seq_len=input_len, n_calib=n, n_eval=0,
                              seed=seed + 1)
     return [block[None].numpy() for block in data.calib]
-
-
-def check_tool_output(proc: subprocess.CompletedProcess) -> str:
-    return last_line(proc.stderr or proc.stdout)
 
 
 __all__ = ["MIXES", "compute_imatrix", "engine_llamacpp_version", "eval_quality",

@@ -79,8 +79,9 @@ def lp_choice(prep, effective_bits: float) -> dict[str, str]:  # noqa: ANN001
     g128 = Choice.parse("dense+int4_g128")
     allowed = np.concatenate([[not (str(ch) == "dense+int4_g64" and g128 in u.choices)
                                for ch in u.choices] for u in units])
+    budget = effective_bits * total - 16.0 * fixed
     res = milp(c, constraints=[LinearConstraint(rows, 1, 1),
-                               LinearConstraint(bits[None], -np.inf, effective_bits * total - 16.0 * fixed)],
+                               LinearConstraint(bits[None], -np.inf, budget)],
                integrality=np.ones(n), bounds=Bounds(0, allowed.astype(float)))
     if res.x is None:
         raise PeerError(f"effective_bits {effective_bits}: no feasible choice ({res.message})")
@@ -101,7 +102,11 @@ def _real_modelopt(loaded, data, log) -> dict:  # noqa: ANN001
     np.save(work / "calib.npy", data.calib.numpy())
     out = work / "auto_quantize.json"
     cfg = {"hf": str(loaded.path), "calib_npy": str(work / "calib.npy"),
-           "formats": list(FORMATS), "effective_bits": list(EFFECTIVE_BITS), "out": str(out)}
+           "formats": list(FORMATS), "effective_bits": list(EFFECTIVE_BITS), "out": str(out),
+           "checkpoint": str(work / "auto_quantize_state.pth")}
+    prior = json.loads(out.read_text()) if out.is_file() else {}
+    if all(f"{b}" in prior.get("runs", {}) for b in EFFECTIVE_BITS):
+        return prior
     try:
         run([str(python), str(WORKER), json.dumps(cfg)], "mtq.auto_quantize", timeout=3600,
             log=work / "auto_quantize.log")

@@ -3,7 +3,8 @@ own venv (`$AUTOPLAN_CACHE/peers/modelopt`): `mtq.auto_quantize` with the gradie
 model's HF folder and autoplan's calibration blocks, once per effective_bits constraint.
 
 argv: one JSON object {"hf": folder, "calib_npy": int64 [n, seq] tokens, "formats": [ModelOpt
-config names], "effective_bits": [...], "out": path}. Writes {"runs": {bits: {"recipes":
+config names], "effective_bits": [...], "checkpoint": path, "out": path} (the checkpoint holds
+ModelOpt's search state: the calibration and scores of the first run serve every later one). Writes {"runs": {bits: {"recipes":
 {module: recipe name}, "wall_s", "best": ...}}, "versions": ...} to "out"; on failure the
 JSON holds {"error": "Type: first line"} and the exit code is 1.
 """
@@ -44,7 +45,8 @@ def main() -> int:
                 model, constraints={"effective_bits": bits}, quantization_formats=formats,
                 data_loader=batches, forward_step=lambda m, b: m(**b),
                 loss_func=lambda output, b: output.loss, num_calib_steps=len(batches),
-                num_score_steps=len(batches), disabled_layers=["*lm_head*"], verbose=True)
+                num_score_steps=len(batches), disabled_layers=["*lm_head*"], verbose=True,
+                checkpoint=cfg["checkpoint"])  # scores computed once, reused for each bits
             best = state.get("best", {}) if isinstance(state, dict) else {}
             recipes = {name: _recipe_name(r) for name, r in (best.get("recipe") or {}).items()}
             out["runs"][str(bits)] = {
