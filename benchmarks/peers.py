@@ -59,6 +59,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                     help="llamacpp: use llama-quantize/llama-imatrix only if already built "
                          "(else the library's quantize for the plain mixes, imatrix rows marked "
                          "not runnable)")
+    ap.add_argument("--peer-timeout", type=float, default=3600,
+                    help="seconds a peer's own planner may run before it is recorded as not "
+                         "finishing here")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from peers_common import PeerError, PeerVenv, error_row, peers_dir, run
+from peers_common import PeerError, PeerVenv, error_row, last_line, peers_dir, run
 from peers_gpu import WORKLOADS, autoplan_at, prepare_for, score_peer
 from peers_table import pair
 
@@ -92,29 +92,48 @@ def lp_choice(prep, effective_bits: float) -> dict[str, str]:  # noqa: ANN001
     return picks
 
 
-def _real_modelopt(loaded, data, log) -> dict:  # noqa: ANN001
-    """{bits: {module: ModelOpt recipe}} from mtq.auto_quantize in ModelOpt's venv."""
+def _real_modelopt(loaded, data, log, timeout: float) -> dict:  # noqa: ANN001
+    """{bits: {module: ModelOpt recipe}} from mtq.auto_quantize in ModelOpt's venv (a run
+    still going in another process is not started twice: its state is the error)."""
+    import time
+
     import numpy as np
 
     python = VENV.ensure(log)
     work = peers_dir() / "modelopt"
-    work.mkdir(parents=True, exist_ok=True)
-    np.save(work / "calib.npy", data.calib.numpy())
-    out = work / "auto_quantize.json"
+    out, log_file = work / "auto_quantize.json", work / "auto_quantize.log"
     cfg = {"hf": str(loaded.path), "calib_npy": str(work / "calib.npy"),
            "formats": list(FORMATS), "effective_bits": list(EFFECTIVE_BITS), "out": str(out),
            "checkpoint": str(work / "auto_quantize_state.pth")}
     prior = json.loads(out.read_text()) if out.is_file() else {}
     if all(f"{b}" in prior.get("runs", {}) for b in EFFECTIVE_BITS):
         return prior
+    if _running(out) and log_file.is_file():
+        started = log_file.stat().st_ctime
+        raise PeerError(f"mtq.auto_quantize still running here after "
+                        f"{(time.time() - started) / 60:.0f} min (no CUDA needed; last line: "
+                        f"'{last_line(log_file.read_text(), 120)}')")
+    np.save(work / "calib.npy", data.calib.numpy())
     try:
-        run([str(python), str(WORKER), json.dumps(cfg)], "mtq.auto_quantize", timeout=3600,
-            log=work / "auto_quantize.log")
+        run([str(python), str(WORKER), json.dumps(cfg)], "mtq.auto_quantize", timeout=timeout,
+            log=log_file)
     finally:
         doc = json.loads(out.read_text()) if out.is_file() else {}
     if doc.get("error"):
         raise PeerError(f"mtq.auto_quantize: {doc['error']}")
     return doc
+
+
+def _running(out: Path) -> bool:
+    """Whether a ModelOpt worker writing ``out`` is alive (another process started it)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if WORKER.name in cmd and str(out) in cmd:
+            return True
+    return False
 
 
 def _by_unit(prep, per_layer: dict[str, str]) -> dict[str, str]:  # noqa: ANN001
@@ -142,7 +161,7 @@ def run(args, log=print) -> dict:  # noqa: ANN001
     errors, method = [], "mtq.auto_quantize"
     prep = {w: prepare_for(TARGET, RUNTIME, w, choices, "modelopt") for w in WORKLOADS}
     try:
-        real = _real_modelopt(loaded, data, log)
+        real = _real_modelopt(loaded, data, log, args.peer_timeout)
         picks = {bits: _by_unit(prep["1"], {k.removesuffix(".quant_recipe"): v for k, v in
                                             real["runs"][str(bits)]["recipes"].items()})
                  for bits in EFFECTIVE_BITS}
