@@ -18,8 +18,7 @@ from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
 from autoplan.runtimes import summarize_refused
-from autoplan.search.budget import QualityBudget
-from autoplan.search.request import SearchRequest, parse_choices
+from autoplan.search import QualityBudget, SearchRequest, parse_choices
 from autoplan.workload import Workload
 
 
