@@ -47,13 +47,16 @@ def export_args(fmt: str, int4_group_size: int) -> list[str]:
 
 
 def convert(python: Path, hf_folder: Path, content_hash: str, fmt: str,
-            int4_group_size: int = 32) -> Path:
+            int4_group_size: int = 32, extra: tuple[str, ...] = ()) -> Path:
     """The OpenVINO IR folder of ``hf_folder`` compressed to ``fmt`` (converted once, cached).
+
+    Args:
+        extra: further optimum-cli arguments (e.g. NNCF's ``--ratio 0.8``), part of the key.
 
     Raises:
         AutoplanError: optimum-cli failed; the message holds its last lines.
     """
-    args = ["--task", "text-generation-with-past", *export_args(fmt, int4_group_size)]
+    args = ["--task", "text-generation-with-past", *export_args(fmt, int4_group_size), *extra]
     key = hashlib.sha256(json.dumps([CACHE_VERSION, content_hash, args]).encode()).hexdigest()
     dest = cache_root() / "openvino" / f"{hf_folder.name}-{fmt}-{key[:16]}"
     if (dest / "openvino_model.xml").is_file():
