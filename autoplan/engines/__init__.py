@@ -26,9 +26,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from autoplan.errors import AutoplanError, UnknownNameError, UserInputError
+from autoplan.backends.kernel_timers import KernelTimer, register_kernel_timer
 from autoplan.cache_dir import cache_root
+from autoplan.errors import AutoplanError, UnknownNameError, UserInputError
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
+    from autoplan.workload import Workload
 
 _MARKER = "autoplan-engine.json"  # written last: a venv without it is an interrupted install
 
@@ -124,6 +130,17 @@ register_engine(EngineSpec(
              "benchmarks/cpu_bench.py",
     minutes=3,
 ))
+
+
+def _time_ggml_kernels(loaded: LoadedModel, space: Any, workload: Workload,
+                       **kw: Any) -> dict[str, Any]:
+    from autoplan.engines.ggml_microbench import search_kernel_table
+
+    return search_kernel_table(loaded, space, workload, **kw)
+
+
+# llama.cpp's kernels are ggml's, run through this engine on the CPU backend's hardware
+register_kernel_timer("cpu", "llama.cpp", KernelTimer("llama.cpp (ggml)", _time_ggml_kernels))
 
 
 def engine_names() -> list[str]:
