@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from autoplan.backends.kernel_timers import KernelTimer, registered_timer
-from autoplan.errors import AutoplanError, UnknownNameError, UnsupportedFormatError
+from autoplan.errors import UnsupportedFormatError
 from autoplan.formats import Choice, format_spec
+from autoplan.registry import Registry
 from autoplan.targets import Target
 
 # (m tokens, n out features, k in features, choice): one GEMM a microbenchmark times.
@@ -136,24 +137,21 @@ class Backend(ABC):
         return registered_timer(self.name, runtime)
 
 
-_REGISTRY: dict[str, Callable[[], Backend]] = {}
+_BACKENDS: Registry[type[Backend]] = Registry("backend")
 
 
 def register_backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
     """Class decorator: register a backend under a unique name."""
 
     def deco(cls: type[Backend]) -> type[Backend]:
-        if name in _REGISTRY:
-            raise AutoplanError(f"backend '{name}' is registered twice")
-        _REGISTRY[name] = cls
-        return cls
+        return _BACKENDS.register(name, cls)
 
     return deco
 
 
-def registered_backends() -> dict[str, Callable[[], Backend]]:
+def registered_backends() -> dict[str, type[Backend]]:
     """Every backend registered so far (name -> class); ``load_backends`` loads the vendors."""
-    return dict(_REGISTRY)
+    return dict(_BACKENDS.entries)
 
 
 def get_registered(name: str) -> Backend:
@@ -162,9 +160,7 @@ def get_registered(name: str) -> Backend:
     Raises:
         UnknownNameError: no such backend; lists the registered ones.
     """
-    if name not in _REGISTRY:
-        raise UnknownNameError("backend", name, sorted(_REGISTRY))
-    return _REGISTRY[name]()
+    return _BACKENDS.get(name)()
 
 
 __all__ = ["Backend", "KernelEntry", "ProbeResult", "Requirement", "Row", "get_registered",

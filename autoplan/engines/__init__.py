@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from autoplan.backends.kernel_timers import KernelTimer, register_kernel_timer
 from autoplan.cache_dir import cache_root
-from autoplan.errors import AutoplanError, UnknownNameError, UserInputError
+from autoplan.errors import AutoplanError, UserInputError
+from autoplan.registry import Registry
 
 if TYPE_CHECKING:
     from autoplan.models import LoadedModel
@@ -82,15 +83,12 @@ class EngineSpec:
         return f"if the engine itself is broken, rebuild it: `{self.install_command} --force`"
 
 
-_ENGINES: dict[str, EngineSpec] = {}
+_ENGINES: Registry[EngineSpec] = Registry("engine")
 
 
 def register_engine(spec: EngineSpec) -> EngineSpec:
     """Add an engine; a second registration under the same name is a programming error."""
-    if spec.name in _ENGINES:
-        raise AutoplanError(f"engine '{spec.name}' is registered twice")
-    _ENGINES[spec.name] = spec
-    return spec
+    return _ENGINES.register(spec.name, spec)
 
 
 register_engine(EngineSpec(
@@ -145,7 +143,7 @@ register_kernel_timer("cpu", "llama.cpp", KernelTimer("llama.cpp (ggml)", _time_
 
 def engine_names() -> list[str]:
     """Every registered engine name, sorted."""
-    return sorted(_ENGINES)
+    return _ENGINES.names()
 
 
 def get_engine(name: str) -> EngineSpec:
@@ -154,10 +152,7 @@ def get_engine(name: str) -> EngineSpec:
     Raises:
         UnknownNameError: no such engine; lists the known ones.
     """
-    key = name.strip().lower()
-    if key not in _ENGINES:
-        raise UnknownNameError("engine", name, _ENGINES)
-    return _ENGINES[key]
+    return _ENGINES.get(name)
 
 
 @dataclass(frozen=True)

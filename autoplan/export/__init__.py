@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
-from autoplan.errors import AutoplanError, UnknownNameError
 from autoplan.export._prepare import Prepared, needs_calibration, pick_runtime, plan_settings, prepare
 from autoplan.plan.schema import Plan
 from autoplan.quant import HessianAccumulator
+from autoplan.registry import Registry
 
 if TYPE_CHECKING:
     from autoplan.models import LoadedModel
@@ -49,7 +49,7 @@ class Exporter(Protocol):
         ...
 
 
-_REGISTRY: dict[str, Exporter] = {}
+_EXPORTERS: Registry[Exporter] = Registry("export format")
 
 
 def register_exporter(exporter: Exporter) -> Exporter:
@@ -58,16 +58,12 @@ def register_exporter(exporter: Exporter) -> Exporter:
     Raises:
         AutoplanError: an exporter with this name is already registered.
     """
-    if exporter.name in _REGISTRY:
-        raise AutoplanError(f"an exporter for format '{exporter.name}' is already registered "
-                            f"({type(_REGISTRY[exporter.name]).__name__})")
-    _REGISTRY[exporter.name] = exporter
-    return exporter
+    return _EXPORTERS.register(exporter.name, exporter)
 
 
 def exporter_names() -> list[str]:
     """Every registered format name, sorted."""
-    return sorted(_REGISTRY)
+    return _EXPORTERS.names()
 
 
 def get_exporter(fmt: str) -> Exporter:
@@ -76,10 +72,7 @@ def get_exporter(fmt: str) -> Exporter:
     Raises:
         UnknownNameError: no such format; lists the registered ones.
     """
-    key = fmt.strip().lower()
-    if key not in _REGISTRY:
-        raise UnknownNameError("export format", fmt, exporter_names())
-    return _REGISTRY[key]
+    return _EXPORTERS.get(fmt)
 
 
 def export_plan(plan: Plan, loaded_model: LoadedModel, fmt: str, out_dir: str | Path, *,

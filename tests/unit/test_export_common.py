@@ -95,7 +95,7 @@ def loaded(tmp_path):
 
 def test_registry_lists_builtins_and_refuses_duplicates():
     assert {"compressed-tensors", "gguf", "modelopt", "onnx"} <= set(exporter_names())
-    with pytest.raises(AutoplanError, match="already registered"):
+    with pytest.raises(AutoplanError, match="registered twice"):
         register_exporter(get_exporter("modelopt"))
     with pytest.raises(UnknownNameError, match="compressed-tensors, gguf, modelopt, onnx"):
         get_exporter("tflite")
