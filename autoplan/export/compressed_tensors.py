@@ -35,9 +35,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from autoplan.atomic import atomic_dir
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import Prepared
-from autoplan.export._write import atomic_dir, write_sidecars
+from autoplan.export._write import is_export, write_sidecars
 from autoplan.export.kv import kv_scheme
 from autoplan.formats import CompressedTensorsName, Precision, format_spec
 from autoplan.models.graph import get_linear, is_tied
@@ -245,7 +246,7 @@ class CompressedTensorsExporter:
                                          "a compressed-tensors checkpoint would be the original "
                                          "model: serve that (with the plan's deploy command)")
         model, compressor = _build(prep)  # refusals and verification happen before writing
-        with atomic_dir(out_dir) as tmp:
+        with atomic_dir(out_dir, is_ours=is_export) as tmp:
             model.save_pretrained(str(tmp))
             compressor.update_config(str(tmp))
             if prep.loaded.tokenizer is not None:

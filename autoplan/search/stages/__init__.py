@@ -14,12 +14,12 @@ from __future__ import annotations
 from autoplan.search.stages._build import SpeedSource, build_plan
 from autoplan.search.stages._choose import Chosen, Outcome, best_uniform, choose, certify
 from autoplan.search.stages._preflight import (
-    KERNEL_TABLES,
     Platform,
     check_model,
     fixed_fit,
     kv_options,
     in_memory_only,
+    kernel_timer,
     measures_kernels,
     operating_point,
     preflight,
@@ -62,7 +62,6 @@ __all__ = [
     "Chosen",
     "CostTable",
     "ExecutionSettings",
-    "KERNEL_TABLES",
     "MAX_SEED",
     "ModelWork",
     "Outcome",
@@ -83,6 +82,7 @@ __all__ = [
     "kv_options",
     "choose",
     "in_memory_only",
+    "kernel_timer",
     "measurement_result",
     "measures_kernels",
     "model_work",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,14 +21,19 @@ from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.models import LoadedModel
-from autoplan.models._cache import cache_root
+from autoplan.cache_dir import cache_root
 from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform, in_memory_only
+from autoplan.search.stages._preflight import (
+    ONNX_RUNTIME,
+    Platform,
+    in_memory_only,
+    kernel_timer,
+)
 from autoplan.search.stages._request import SearchRequest
 from autoplan.search.verify import (KvSimulation, QualityBudget, SharedMeasurements, Verifier,
                                     build_gates, measurement_store)
@@ -38,6 +42,7 @@ from autoplan.runtimes import kv_supports
 from autoplan.sensitivity import SensitivityProfile, calibration_key
 from autoplan.sensitivity.kv import kv_key, kv_unit
 from autoplan.streaming import open_model
+from autoplan.streaming.candidates import Evaluator
 from autoplan.streaming.runner import ModelRunner, workload_of
 
 CALIB_BATCH = 2  # calibration blocks per forward pass (part of the audit: it changes rounding)
@@ -113,10 +118,10 @@ def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
                   space: SearchSpace, rep: Reporter) -> dict[str, Any] | None:
     if not platform.measure_kernels:
         return req.cost_table.document if req.cost_table else None
-    label, module = KERNEL_TABLES[platform.runtime]
-    rep.stage(f"timing {label} kernels")
-    return importlib.import_module(module).search_kernel_table(
-        loaded, space, req.workload, threads=req.threads, progress=rep.note)
+    timer = kernel_timer(platform.target.name, platform.runtime)
+    assert timer is not None  # preflight refused --measure-kernels without one
+    rep.stage(f"timing {timer.label} kernels")
+    return timer.time(loaded, space, req.workload, threads=req.threads, progress=rep.note)
 
 
 def _gates(req: SearchRequest, loaded: LoadedModel) -> list:
@@ -132,7 +137,7 @@ class ModelWork:
     runner: ModelRunner
     data: TextDataset
     calib: list[torch.Tensor]
-    evaluator: Any
+    evaluator: Evaluator
     shared: SharedMeasurements
 
     @property
