@@ -1,14 +1,7 @@
 """What an operator pastes: a plan's serving command for its engine, with the formats and the
 batch the plan assumed.
 
-``deploy_for`` turns (runtime, target, model artifact, KV-cache format, batch, lengths) into
-the engine's own launch line: vLLM's ``vllm serve``, SGLang's ``sglang.launch_server``,
-TensorRT-LLM's ``trtllm-serve`` (with its LLM-API options file), llama.cpp's
-``llama-server``. Each engine's KV-dtype value is the runtime matrix's (``[[runtime.kv]]``
-``flag``, or the format's GGUF cache name for llama.cpp); the batch is the concurrency the
-cost model planned for and the context the request's input + output lengths. Engines
-without a server (ONNX Runtime, autoplan's own executor, torchao) get the settings and a
-note instead of a command.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

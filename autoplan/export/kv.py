@@ -1,12 +1,7 @@
 """The plan's KV cache in an export: its static K/V scales recalibrated and checked against
 the plan's digests, or refused; and the deploy files written beside the artifact.
 
-A cache with static scales (``kv_cache.scales == "checkpoint"``: FP8 per tensor or per KV
-head, INT8, NVFP4's global scale) is exported only with the scales the plan was measured
-with: they are recomputed from the plan's calibration set exactly as the search computed
-them (``quant.kv_cache.calibrate_kv`` on the original model) and each block's sha256 must
-equal the plan's ``kv_cache.scale_digests``. No calibration set, no digests in the plan, or
-a mismatch is refused, so no checkpoint is ever written with placeholder (1.0) scales.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

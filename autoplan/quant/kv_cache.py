@@ -1,18 +1,6 @@
 """The KV cache simulated where the engine stores it: inside attention, per layer.
 
-Every transformers model autoplan loads (Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3,
-GPT-NeoX, gpt-oss) computes K after RoPE and V, then calls the attention function its
-config names (``config._attn_implementation``, through ``ALL_ATTENTION_FUNCTIONS``) with
-them before any GQA repeat. ``kv_hooks`` registers one wrapper per base implementation
-(``autoplan_kv|sdpa``, ``autoplan_kv|eager``) that hands (query, key, value) to the
-layer's hook and then calls the base function with everything else unchanged, so sliding
-windows, Gemma's soft-capping and attention sinks run as before. A layer without a hook
-computes bit for bit what it did.
-
-Hooks: ``KvQuant`` rounds K and V to a cache format with its static scales (and the
-queries, where the engine's kernel rounds them: vLLM's FlashAttention 3 to FP8, ggml-cpu to
-Q8_0); ``KvAmax`` records the largest |K| and |V| per layer and per KV head (the static
-scales' calibration); ``sensitivity.kv`` records the tensors and their gradients.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """KV-cache formats in the sensitivity profile: a KL estimate per block and cache format.
 
-The same Fisher score as a linear layer's (profile.py), on the tensors the cache changes:
-
-    score(block, format) = 1/2 * sum over the block's K, V (and the queries, where the
-    engine rounds them) of sum (G * dX)^2, divided by the calibration tokens,
-
-where dX is what the format does to the tensor (quant/kv_cache.py's ``KvQuant``, with the
-static scales calibrated on the same batches) and G the gradient of the sampled-label
-Fisher loss with respect to it, taken in one forward + backward pass over the calibration
-batches (``capture_kv``). Summing over blocks gives the surrogate of a cache layout, which
-the search adds to its weights' surrogate.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
