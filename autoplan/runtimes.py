@@ -461,6 +461,30 @@ def check_kv_layers(runtime: str, formats: Mapping[int, KvFormat]) -> None:
             f"-ctk), not a mix per layer ({', '.join(kinds)}): pick one format for every layer")
 
 
+def kv_of_mix(runtime: str, mix: Mapping[int, KvFormat], n_layers: int,
+              own: KvFormat) -> KvFormat:
+    """The one format a per-block mix (``--kv-cache fp8@0-15,...``) amounts to, blocks not
+    named keeping the runtime's own cache ``own``; a real mix is refused.
+
+    Raises:
+        UserInputError: a block the model does not have.
+        UnsupportedFormatError: the blocks differ (the engine's reason, `check_kv_layers`;
+            autoplan plans one format per model even where an engine would take more).
+    """
+    from autoplan.errors import UnsupportedFormatError, UserInputError
+
+    beyond = sorted(i for i in mix if i >= n_layers)
+    if beyond:
+        raise UserInputError(f"--kv-cache names block {beyond[0]}, but the model has "
+                             f"blocks 0-{n_layers - 1}")
+    full = {i: mix.get(i, own) for i in range(n_layers)}
+    check_kv_layers(runtime, full)
+    kinds = set(full.values())
+    if len(kinds) > 1:
+        raise UnsupportedFormatError("autoplan plans one KV-cache format per model: give one")
+    return kinds.pop()
+
+
 __all__ = [
     "KvRule",
     "KvSupport",
@@ -470,6 +494,7 @@ __all__ = [
     "Support",
     "accelerated_choices",
     "check_kv_layers",
+    "kv_of_mix",
     "default_kv",
     "default_runtime",
     "format_family",

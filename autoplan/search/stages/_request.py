@@ -23,7 +23,7 @@ from autoplan.cost.operating import OperatingRequest
 from autoplan.cost.report import Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
-from autoplan.formats.kv import KvFormat
+from autoplan.formats.kv import KvFormat, parse_kv_mix
 from autoplan.recover.settings import RecoverySettings
 from autoplan.search.verify import QualityBudget, parse_budgets
 from autoplan.streaming.runner import ExecutionSettings
@@ -144,6 +144,9 @@ class SearchRequest:
     # --kv-cache: KV-cache formats searched with the weights, each at its own operating
     # point (None: the runtime's own cache only; ("auto",): every one it serves here)
     kv_cache: tuple[KvFormat, ...] | tuple[str] | None = None
+    # --kv-cache FORMAT@BLOCKS,...: the per-block mix asked (block -> format), checked
+    # against the engine in preflight (kv_cache then holds the one format it amounts to)
+    kv_mix: dict[int, KvFormat] | None = None
     # with a compressed cache: the long-prompt split's block length (0: max(2048,
     # input + output) within the model's context) and blocks, and the long-context check
     # every such plan meets unless a --budget longctx... is given
@@ -160,7 +163,11 @@ class SearchRequest:
         put("also", parse_budgets(self.also) if self.also else ())
         put("objective", Objective.parse(self.objective))
         put("choices", parse_choices(self.choices))
-        put("kv_cache", parse_kv_cache(self.kv_cache))
+        if isinstance(self.kv_cache, str) and (mix := parse_kv_mix(self.kv_cache)) is not None:
+            put("kv_mix", mix)
+            put("kv_cache", tuple(dict.fromkeys(mix.values())))
+        else:
+            put("kv_cache", parse_kv_cache(self.kv_cache))
         at_least("long-blocks", self.long_blocks, 1)
         if self.long_len and self.long_len < 2:
             raise UserInputError(f"--long-len must be at least 2 tokens, got {self.long_len}")
