@@ -3,23 +3,7 @@ engine's own venv (``autoplan engines install llama.cpp``), started by
 ``autoplan.engines.llamacpp_serve.llamacpp_batch_server``. It imports only the standard
 library, numpy and llama-cpp-python's C API (autoplan is not installed there).
 
-llama-cpp-python's own server runs one request at a time, so the KV cache never decides
-how many requests are served together. This one does what ``llama-server -np N -c CTX
---kv-unified`` does for load tests: one llama.cpp context whose cache holds ``n_ctx`` cells
-(of ``type_k`` / ``type_v``, flash attention on) shared by up to ``n_seq`` sequences; a
-request is admitted when its prompt + ``max_tokens`` cells are free (reserved whole, as
-TensorRT-LLM's guaranteed-no-evict scheduler does), else it waits; every step decodes one
-token of each running sequence and up to ``chunk`` prompt tokens of the ones still in
-prefill (chunked prefill), greedy, and a finished sequence's cells are freed at once.
-So a cache type storing more tokens in the same bytes admits more sequences at a time.
-
-Endpoints (127.0.0.1 only): ``GET /v1/models``; ``POST /v1/completions`` with ``prompt``
-(text), ``max_tokens``, ``stream`` (server-sent events, a final usage chunk); every request
-runs to ``max_tokens`` when ``ignore_eos`` (load benchmarks).
-
-Usage (engine python): llamacpp_batch_server.py '{"model": GGUF, "port": N, "threads": T,
-    "n_ctx": CELLS, "n_seq": S, "cache_type": "f16" | "q8_0" | ..., "alias": NAME,
-    "chunk": 256, "ignore_eos": true}'
+Reasoning and protocol: docs/modules.md.
 """
 
 import ctypes
