@@ -14,7 +14,7 @@ from autoplan.plan import schema as ps
 from autoplan.runtimes import get_runtime
 from autoplan.search.recovery import keep_weights, plan_quality
 from autoplan.search.stages._choose import Chosen
-from autoplan.search.stages._preflight import kernel_timer
+from autoplan.search.request import kernel_timer
 from autoplan.search.stages._prepare import CALIB_BATCH, Prepared
 from autoplan.search.stages._rounds import Rounds
 

@@ -20,7 +20,7 @@ from autoplan.errors import UserInputError
 from autoplan.quality.text import check_text_source
 from autoplan.runtimes import default_runtime, get_runtime
 from autoplan.search.jobs import check_storage, default_storage_url, redact
-from autoplan.search.stages._request import SearchRequest
+from autoplan.search.request._request import SearchRequest
 from autoplan.search.writable import check_writable_file
 from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
@@ -206,5 +206,5 @@ def preflight(req: SearchRequest) -> Platform:
     return Platform(target, runtime, measure, storage, label, point)
 
 
-__all__ = ["Platform", "check_model", "fixed_fit", "in_memory_only", "kernel_timer",
+__all__ = ["ONNX_RUNTIME", "Platform", "check_model", "fixed_fit", "in_memory_only", "kernel_timer",
            "measures_kernels", "operating_point", "preflight"]
