@@ -11,20 +11,24 @@ from autoplan.search.request._preflight import (
     fixed_fit,
     in_memory_only,
     kernel_timer,
+    kv_options,
     measures_kernels,
     operating_point,
     preflight,
 )
 from autoplan.search.request._request import (
+    KV_AUTO,
     MAX_SEED,
     CostTable,
     ExecutionSettings,
     SearchRequest,
     at_least,
     parse_choices,
+    parse_kv_cache,
 )
 
 __all__ = [
+    "KV_AUTO",
     "MAX_SEED",
     "ONNX_RUNTIME",
     "CostTable",
@@ -36,8 +40,10 @@ __all__ = [
     "fixed_fit",
     "in_memory_only",
     "kernel_timer",
+    "kv_options",
     "measures_kernels",
     "operating_point",
     "parse_choices",
+    "parse_kv_cache",
     "preflight",
 ]
