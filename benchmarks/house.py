@@ -10,7 +10,6 @@ test_module_docstrings.py), imported from there so the figure and the test canno
 from __future__ import annotations
 
 import argparse
-import ast
 import graphlib
 import importlib.util
 import shlex

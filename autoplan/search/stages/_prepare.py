@@ -233,7 +233,7 @@ class KvWork:
     long-context check in memory."""
 
     amax: dict
-    long_evaluator: Any
+    long_evaluator: Evaluator
     long_len: int
     gate: QualityBudget | None  # the check every such plan meets (None: a --budget has it)
 
