@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     inside = layering.import_graph(inside=layering.SEARCH)
     compare = [p.read_text() for p in sorted((ROOT / "autoplan" / "compare").glob("*.py"))]
     search = ROOT / "autoplan" / "search"
-    modules = sorted((ROOT / "autoplan").rglob("*.py"))
+    modules = sorted([*(ROOT / "autoplan").rglob("*.py"), *(ROOT / "backends").rglob("*.py")])
     long_docs = {str(p.relative_to(ROOT)): n for p in modules
                  if (n := docstrings._doc_lines(p)) > docstrings.MAX_LINES}
     untyped = seams._untyped_seams()
