@@ -29,7 +29,7 @@ def _table(c: Comparison) -> Table:
     table = Table(title=f"{c.model}, budget {c.budget}, ranked by {c.objective} (speed, $ and "
                         "energy PREDICTED by the cost model; KL MEASURED)")
     cols = ("target / runtime", "batch", "plan tok/s", "baseline tok/s", "TTFT ms", "TPOT ms",
-            "$/1M tok", "J/tok", "memory GB", "KL", "x baseline", "x best uniform",
+            "$/1M tok", "J/tok", "memory GB", "KL", "x baseline", "x best uniform (or as is)",
             "not accelerated")
     for col in cols:
         table.add_column(col, justify="left" if col in (cols[0], cols[-1]) else "right",

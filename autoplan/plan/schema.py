@@ -117,7 +117,8 @@ class Recovery(_Strict):
 
 
 class Certificate(_Strict):
-    """Exact optimum of the additive surrogate problem and the search's gap to it."""
+    """Exact optimum of the additive surrogate problem (calibrated per format family) and
+    the search's gap to it."""
 
     solver: str
     optimum_objective: float
@@ -139,8 +140,16 @@ class SearchMeta(_Strict):
     gain_over_best_uniform: float | None = None
     best_uniform: str | None = None
     best_uniform_kl: float | None = Field(None, description="measured KL of the best uniform recipe")
-    outcome: str = Field(description="'plan' | 'uniform-fallback' | 'baseline-fallback'")
+    outcome: str = Field(description="'plan' | 'uniform-fallback' | 'baseline-fallback' | 'as-is'")
     note: str = ""
+    stopped: str = Field("", description="why the rounds of the search stopped")
+    why: str = Field("", description="why the plan holds what it holds (fastest acceptable, "
+                     "or the noise rule)")
+    calibration: dict[str, Any] = Field({}, description="the last round's measured badness "
+                                        "per surrogate nat, per format family")
+    speed_uncertainty: dict[str, Any] = Field({}, description="relative uncertainty of "
+                                              "predicted speed ratios here, and its source")
+    quality_reference: str = Field("", description="what measured quality is relative to")
     # The objective vs KL of every uniform recipe and every measured candidate (and the
     # study's Pareto front with --multi-objective): what `autoplan report` plots.
     points: list[dict[str, Any]] = []

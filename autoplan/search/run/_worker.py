@@ -42,6 +42,7 @@ from autoplan.search.stages import (
     prepare,
     run_verify_jobs,
 )
+from autoplan.search.verify import scaled_tables
 from autoplan.streaming.device import resolve_device
 
 
@@ -137,7 +138,10 @@ def run_worker(storage: str | BaseStorage, study: str,
             return
         name = job.attrs["study"]
         if name not in studies:
-            studies[name] = RoundStudy(prep.tables, float(job.attrs["limit"]), prep.cost,
+            # the round's calibrated problem (raw tables for a batch that carries none)
+            tables = scaled_tables(prep.tables, job.attrs.get("scales", {}),
+                                   float(job.attrs.get("base", 1.0)))
+            studies[name] = RoundStudy(tables, float(job.attrs["limit"]), prep.cost,
                                        _config(prep, name), storage)
         before = studies[name].stored_here
         run_batch(queue, job, studies[name])

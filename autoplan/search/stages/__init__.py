@@ -3,16 +3,18 @@
     SearchRequest                                  request: every input, checked when built
     preflight(req) -> Platform                     refusals before any work
     prepare(req, platform, rep) -> Prepared        model, space, profile, cost, tables, verifier
-    run_rounds(prep, rep, queue) -> Rounds         study -> verify -> refit, round by round
-    choose(prep, rounds, rep) -> Chosen            the fallback policy
-    certify(prep, rounds, rep) -> Certificate      the exact optimum and the gap to it
+    run_rounds(prep, rep, queue) -> Rounds         uniform recipes and the model as is measured,
+                                                   then calibrate -> study -> verify, per round
+    choose(prep, rounds, rep) -> Chosen            the fastest acceptable, under the noise rule
+    certify(prep, rounds, rep) -> Certificate      the calibrated problem's exact optimum, gap
     build_plan(prep, rounds, chosen, cert, wall_s) -> Plan
 """
 
 from __future__ import annotations
 
+from autoplan.search.stages._as_is import AsIs, as_is
 from autoplan.search.stages._build import SpeedSource, build_plan
-from autoplan.search.stages._choose import Chosen, Outcome, best_uniform, choose, certify
+from autoplan.search.stages._choose import Chosen, Outcome, certify, choose
 from autoplan.search.stages._preflight import (
     KERNEL_TABLES,
     Platform,
@@ -45,30 +47,41 @@ from autoplan.search.stages._request import (
 from autoplan.search.stages._rounds import (
     RECOVERED_SLOPE,
     SAFETY,
+    USED,
     Rounds,
+    incumbent,
     measurement_result,
     round_study_name,
     run_rounds,
     run_verify_jobs,
+    speed_gain,
 )
 from autoplan.search.stages._scope import profile_scope
+from autoplan.search.stages._uncertainty import SpeedUncertainty, kernel_spread, speed_uncertainty
+from autoplan.search.stages._uniform import UNIFORM_TRIES, acceptable, best_uniform, recipes
 
 __all__ = [
     "CALIB_BATCH",
+    "KERNEL_TABLES",
+    "MAX_SEED",
+    "RECOVERED_SLOPE",
+    "SAFETY",
+    "UNIFORM_TRIES",
+    "USED",
+    "AsIs",
     "Chosen",
     "CostTable",
     "ExecutionSettings",
-    "KERNEL_TABLES",
-    "MAX_SEED",
     "ModelWork",
     "Outcome",
     "Platform",
     "Prepared",
-    "RECOVERED_SLOPE",
     "Rounds",
-    "SAFETY",
     "SearchRequest",
     "SpeedSource",
+    "SpeedUncertainty",
+    "acceptable",
+    "as_is",
     "at_least",
     "best_uniform",
     "build_plan",
@@ -76,6 +89,8 @@ __all__ = [
     "check_model",
     "choose",
     "in_memory_only",
+    "incumbent",
+    "kernel_spread",
     "measurement_result",
     "measures_kernels",
     "model_work",
@@ -88,8 +103,11 @@ __all__ = [
     "prepare_platform",
     "profile_scope",
     "profile_spaces",
+    "recipes",
     "round_study_name",
     "run_rounds",
     "run_verify_jobs",
+    "speed_gain",
+    "speed_uncertainty",
     "study_name",
 ]

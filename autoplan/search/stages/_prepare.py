@@ -28,8 +28,10 @@ from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
+from autoplan.search.stages._as_is import AsIs, as_is
 from autoplan.search.stages._preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform, in_memory_only
 from autoplan.search.stages._request import SearchRequest
+from autoplan.search.stages._uncertainty import SpeedUncertainty, speed_uncertainty
 from autoplan.search.verify import SharedMeasurements, Verifier, build_gates, measurement_store
 from autoplan.sensitivity import SensitivityProfile, calibration_key
 from autoplan.streaming import open_model
@@ -69,6 +71,21 @@ class Prepared:
     def baseline_picks(self) -> tuple[int, ...]:
         """Every unit left at the baseline choice (the uncompressed model)."""
         return tuple(self.tables.picks_of({}))
+
+    @cached_property
+    def as_is(self) -> AsIs:
+        """The model as the user has it, always a candidate (_as_is.py)."""
+        return as_is(self.loaded, self.space, self.baseline_picks)
+
+    @cached_property
+    def uncertainty(self) -> SpeedUncertainty:
+        """How far a predicted speed ratio may be off on this platform (_uncertainty.py),
+        or the request's `min_gain`."""
+        if self.req.min_gain is not None:
+            return SpeedUncertainty(self.req.min_gain, "--min-gain")
+        label = KERNEL_TABLES[self.platform.runtime][0] if self.platform.measure_kernels \
+            else None
+        return speed_uncertainty(self.platform.target, self.kernel_times, label)
 
     def value(self, picks) -> float:  # noqa: ANN001 - any sequence of choice indices
         """The objective metric of a pick, from the cost model."""

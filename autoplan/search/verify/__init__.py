@@ -3,11 +3,21 @@
     QualityBudget.parse(text)                            `kl<=0.05`, `ppl<=+2%`, gates, slices
     Verifier(model, space, tables, evaluator, budget, ...).measure_many(picks) -> [Measurement]
     measurement_store(...) -> MeasurementStore           measurements kept on disk across runs
+    Verifier.calibration(prior) -> Calibration           the surrogate scaled per format family,
+                                                         fitted from every measurement
 """
 
 from __future__ import annotations
 
 from autoplan.search.verify._budget import SLICE_NAMES, QualityBudget, build_gates, parse_budgets
+from autoplan.search.verify._calibration import (
+    Calibration,
+    Observation,
+    family_shares,
+    fit_calibration,
+    format_family,
+    scaled_tables,
+)
 from autoplan.search.verify._measurement_cache import (
     CACHE_VERSION,
     MeasurementStore,
@@ -25,17 +35,23 @@ from autoplan.search.verify._verifier import (
 
 __all__ = [
     "CACHE_VERSION",
+    "SLICE_NAMES",
+    "Calibration",
     "CandidateContext",
     "CandidateTask",
     "Measurement",
     "MeasurementStore",
+    "Observation",
     "QualityBudget",
-    "SLICE_NAMES",
     "SharedMeasurements",
     "Verifier",
     "build_gates",
     "decisions_key",
     "evaluate_candidate",
+    "family_shares",
+    "fit_calibration",
+    "format_family",
     "measurement_store",
     "parse_budgets",
+    "scaled_tables",
 ]
