@@ -11,12 +11,14 @@ from rich.table import Table
 from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
+from autoplan.cli._recover_options import method_option, recover_options, recovery_settings
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.compare import CompareRequest, Comparison, parse_entries, run_compare
 from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
+from autoplan.runtimes import summarize_refused
 from autoplan.search import QualityBudget, SearchRequest, parse_choices
 from autoplan.workload import Workload
 
@@ -27,7 +29,10 @@ def _fmt(value, spec: str, scale: float = 1.0) -> str:  # noqa: ANN001 - number 
 
 def _table(c: Comparison) -> Table:
     table = Table(title=f"{c.model}, budget {c.budget}, ranked by {c.objective} (speed, $ and "
-                        "energy PREDICTED by the cost model; KL MEASURED)")
+                        "energy PREDICTED by the cost model; KL MEASURED)",
+                  caption="not accelerated: formats asked for (--choices, else any entry's) "
+                          "that the row's runtime cannot accelerate; each with its reason in "
+                          "compare.json")
     cols = ("target / runtime", "batch", "plan tok/s", "baseline tok/s", "TTFT ms", "TPOT ms",
             "$/1M tok", "J/tok", "memory GB", "KL", "x baseline", "x best uniform (or as is)",
             "not accelerated")
@@ -41,7 +46,6 @@ def _table(c: Comparison) -> Table:
             continue
         p, b = r.plan or {}, r.baseline or {}
         fits = "" if p.get("fits") else " [red]NO FIT[/red]"
-        dropped = ", ".join(sorted(r.not_accelerated)) or "-"
         table.add_row(
             name, f"{r.batch:,}", _fmt(p.get("tokens_per_s"), ",.0f"),
             _fmt(b.get("tokens_per_s"), ",.0f"), _fmt(p.get("ttft_s"), ",.2f", 1e3),
@@ -49,7 +53,7 @@ def _table(c: Comparison) -> Table:
             _fmt(p.get("energy_j_per_token"), ",.4f"), _fmt(p.get("memory_gb"), ",.2f") + fits,
             _fmt(r.kl, ".4f"), _fmt(r.gain_over_baseline, ".3f") + "x",
             (_fmt(r.gain_over_best_uniform, ".3f") + "x") if r.gain_over_best_uniform else "-",
-            f"{len(r.not_accelerated)}: {dropped}" if r.not_accelerated else "-")
+            summarize_refused(r.not_accelerated))
     return table
 
 
@@ -81,12 +85,16 @@ def _table(c: Comparison) -> Table:
               help="Comma-separated formats to search on every target (each keeps those its "
                    "runtime accelerates).")
 @execution_options
+@method_option(None)
+@recover_options
 @click.option("--trust-remote-code", is_flag=True, help="Run the model folder's own code.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def command(model, targets, runtimes, budget, objective, batch, input_len, output_len,  # noqa: ANN001, PLR0913
             ttft_ms, tpot_ms, trials, seed, out, prune_score, quant_method, text, choices,
-            device, execution, offload_dir, trust_remote_code, as_json, quiet) -> None:
+            device, execution, offload_dir, recover_method, recover_steps, recover_lr,
+            recover_rank, recover_text, recover_batch, recover_seq_len, recover_seed,
+            trust_remote_code, as_json, quiet) -> None:
     """Plan one model under one budget for several targets; rank them in one table."""
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 32)
     entries = parse_entries(targets, tuple(runtimes))  # unknown targets: before any work
@@ -98,6 +106,8 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
         settings=CompressionSettings(prune_score, quant_method), text=text,
         execution=settings_from(device, execution, offload_dir),
         trust_remote_code=trust_remote_code,
+        recovery=recovery_settings(recover_method, recover_steps, recover_lr, recover_rank,
+                                   recover_text, recover_batch, recover_seq_len, recover_seed),
         choices=None if choices is None else parse_choices(
             tuple(c.strip() for c in choices.split(",") if c.strip())))
     req = CompareRequest(base, entries, out)

@@ -1,4 +1,4 @@
-"""`autoplan search`: the main job. Thin over autoplan.search.run.run_search."""
+"""`autoplan search`: the main job. Thin over autoplan.search.run_search."""
 
 from __future__ import annotations
 

@@ -41,3 +41,6 @@ def command(as_json: bool) -> None:
                   f"({doc['out_of_sample']} added later); leave-one-family-out "
                   f"{report.mape_lofo:.1%} (" + ", ".join(
                       f"{f} {m:.1%}" for f, m in report.lofo_by_family().items()) + ")")
+    if doc["moe"]:
+        console.print(f"mixture-of-experts points: {report.mape_moe:.1%} over {doc['moe']} "
+                      "(out of sample)")

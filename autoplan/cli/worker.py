@@ -1,4 +1,4 @@
-"""`autoplan worker`: join a running search. Thin over autoplan.search.worker.run_worker."""
+"""`autoplan worker`: join a running search. Thin over autoplan.search.run_worker."""
 
 from __future__ import annotations
 

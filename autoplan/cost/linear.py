@@ -91,17 +91,23 @@ def math_peak(target: Target, choice: Choice, baseline: Precision) -> float:
     return peak
 
 
-def gemm_time(target: Target, eff: FamilyEfficiency, choice: Choice, m: int, n: int, k: int,
-              baseline: Precision) -> GemmTime:
-    """Roofline time of y[m, n] = x[m, k] @ W[n, k].T under a choice (no kernel overhead)."""
+def gemm_time(target: Target, eff: FamilyEfficiency, choice: Choice, m: float, n: int, k: int,
+              baseline: Precision, *, weight_reads: float = 1.0,
+              compute_eff: float = 1.0) -> GemmTime:
+    """Roofline time of y[m, n] = x[m, k] @ W[n, k].T under a choice (no kernel overhead).
+
+    `weight_reads` is the expected number of times the step reads the weight (a routed
+    expert's: the chance a token of the step picks it; m is then its expected rows), and
+    `compute_eff` scales eta_c (grouped expert GEMMs, cost/moe.py)."""
     info, sp = choice.precision.info, choice.sparsity
     path = kernel_path(target, choice)
     if path:
         eta_bw, eta_c = path.eta_bw, path.eta_c
     else:
         eta_bw, eta_c = eff.eta_bw, eff.eta_c * math_efficiency_factor(target, info.math)
+    eta_c *= compute_eff
     n_eff = n * sp.density if sp.kind == "channel" else n
-    weight_bytes = k * n * stored_bits(target, choice) / 8
+    weight_bytes = weight_reads * k * n * stored_bits(target, choice) / 8
     act_bytes = m * (k * info.act_bytes + n_eff * 2.0)
     mem_s = (weight_bytes + act_bytes) / (eta_bw * bandwidth_factor(target, choice)
                                           * target.bandwidth)

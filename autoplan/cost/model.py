@@ -12,6 +12,9 @@ per-layer choices is a multiple-choice knapsack that can be solved exactly.
 
 ``layer_time`` is memoized on (shape, role class, fused-group size, choice): a Llama-8B
 evaluation is ~225 dictionary look-ups, so thousands of trials per second are possible.
+
+Mixture-of-experts models stay additive: each routed expert is a layer whose time is its
+share of the step's expert reads and rows (cost/moe.py); the router is a fixed term.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from typing import Any
 
 from autoplan.cost.efficiency import baseline_precision, family_efficiency
 from autoplan.cost.fixed import ZERO, FixedCost, PhaseTime, fixed_cost
+from autoplan.cost.kv import KvInput, KvLayout, bytes_per_token, cache_bytes
 from autoplan.cost.linear import call_overhead, gemm_time, math_peak, stored_bits
 from autoplan.cost.measured import MeasuredTable
-from autoplan.cost.report import (Estimate, LayerBreakdown, Memory, Metrics, Objective,
-                                  metrics_from_times)
+from autoplan.cost.moe import (Routing, expert_members, expert_overhead, expert_step,
+                               routing_time, touched)
+from autoplan.cost.report import (Estimate, KvSummary, LayerBreakdown, Memory, Metrics,
+                                  Objective, metrics_from_times)
 from autoplan.errors import UnknownNameError, UserInputError
 from autoplan.formats import DENSE, Choice
 from autoplan.modelspec import LinearLayer, ModelSpec
@@ -50,22 +56,32 @@ class CostModel:
         workload: batch, input and output lengths.
         measured: optional microbenchmark document ({"rows": [{"m","n","k","choice",
             "median_us"}]}); an exact (m, n, k, choice) row replaces the analytic GEMM time.
-        kv_bytes: bytes per KV-cache element (2 = 16-bit cache).
+        kv_bytes: bytes per KV-cache element (2 = 16-bit cache), when ``kv`` is not given.
+        kv: the KV-cache format, one for every block or one per block (cost/kv.py); it sets
+            the bytes each decode step reads and the memory the cache takes.
         price_per_hour: $/hour for the device; default the target's catalog price.
         baseline: the format of layers a decision leaves out (default: the target's usual
             serving dtype, bf16 where the chip has bf16 math, else fp32).
         prefill_chunk: prompt tokens one prefill step runs (default PREFILL_CHUNK); a
             runtime's own setting where it is known (trtllm-bench: cost/trtllm_bench.py).
+        routing: a mixture-of-experts model's routing shares per expert (the profile's
+            calibration routing); default uniform, top_k / E each.
     """
 
     def __init__(self, spec: ModelSpec, target: Target, workload: Workload, *,
                  measured: Mapping[str, Any] | None = None, kv_bytes: float = 2.0,
                  price_per_hour: float | None = None, baseline: Choice | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK) -> None:
+                 prefill_chunk: int = PREFILL_CHUNK, routing: Routing | None = None,
+                 kv: KvInput | KvLayout | None = None) -> None:
         self.spec, self.target, self.workload = spec, target, workload
+        self.routing = routing if routing is not None else Routing.uniform(spec)
+        self._members = expert_members(spec)
         self.eff = family_efficiency(target)
         self.baseline = baseline or Choice(DENSE, baseline_precision(target))
-        self.kv_bytes = kv_bytes
+        if isinstance(kv, KvLayout):
+            self.kv = kv
+        else:
+            self.kv = KvLayout.uniform_bytes(spec, kv_bytes) if kv is None else KvLayout.of(spec, kv)
         self.price_per_hour = target.price_per_hour.value if price_per_hour is None else price_per_hour
         if not 0 <= self.price_per_hour < math.inf:  # NaN would make every trial NaN
             raise UserInputError(f"price per hour must be a finite number >= 0, got "
@@ -108,6 +124,8 @@ class CostModel:
 
     def layer_time(self, layer: LinearLayer, choice: Choice) -> PhaseTime:
         """Prefill (whole batch) and decode-step seconds of one linear layer under a choice."""
+        if layer.expert >= 0:
+            return self._expert_time(layer, choice)
         lm_head = layer.role == "lm_head"
         group = self._groups.get(layer.fuse_group, 1)
         group_n = self._group_n.get(layer.fuse_group, layer.out_features) if group > 1 else 0
@@ -128,6 +146,32 @@ class CostModel:
         self._memo[key] = result
         return result
 
+    def _expert_time(self, layer: LinearLayer, choice: Choice) -> PhaseTime:
+        """A routed expert: its share of each step's expert reads and rows (cost/moe.py)."""
+        share = self.routing.share(layer.block, layer.expert)
+        key = ("expert", layer.in_features, layer.out_features, share, choice)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        base = self.baseline.precision
+        overhead = expert_overhead(self.target, self.eff, choice, self._members)
+
+        def step(tokens: int) -> float:
+            return expert_step(self.target, self.eff, layer, choice, share, tokens, base)
+
+        decode = step(self.workload.batch) + overhead
+        prefill = (self._chunks - 1) * step(self._chunk_m) + step(self._last_m)
+        result = PhaseTime(prefill + self._chunks * overhead, decode)
+        self._memo[key] = result
+        return result
+
+    def decode_read_share(self, layer: LinearLayer) -> float:
+        """Share of a layer's weights one decode step reads (a routed expert: the chance
+        the batch picks it; every other layer: 1)."""
+        if layer.expert < 0:
+            return 1.0
+        return touched(self.routing.share(layer.block, layer.expert), self.workload.batch)
+
     def fixed_time(self) -> PhaseTime:
         """Attention, norms/elementwise, embeddings/sampling and fixed overheads."""
         return self._fixed_cost().total
@@ -136,12 +180,17 @@ class CostModel:
         if self._fixed is None:
             peak = math_peak(self.target, self.baseline, self.baseline.precision)
             fixed = fixed_cost(self.spec, self.target, self.eff, self.workload, peak,
-                               self.kv_bytes, self.prefill_chunk)
+                               self.kv, self.prefill_chunk)
+            if self.spec.moe is not None:
+                w = self.workload
+                fixed.parts["moe_routing"] = routing_time(
+                    self.spec, self.eff, w.batch, w.batch * w.input_len, self._chunks,
+                    self.eff.eta_bw * self.target.bandwidth, self.eff.eta_c * peak)
             measured = self.measured.non_gemm_decode_s
             if measured is not None:  # a measured decode step without its GEMMs
                 parts = {k: PhaseTime(v.prefill_s, 0.0) for k, v in fixed.parts.items()}
                 parts["measured_non_gemm"] = PhaseTime(0.0, measured)
-                fixed = FixedCost(parts, fixed.kv_read_bytes)
+                fixed = FixedCost(parts, fixed.kv_read_bytes, fixed.kv_blocks)
             self._fixed = fixed
         return self._fixed
 
@@ -194,8 +243,10 @@ class CostModel:
         if not (spec.tie_embeddings and lm_choice == self.baseline):
             weights += spec.embedding_params * base_bytes  # separate input embedding
         weights += (2 * spec.n_layers + 1) * spec.hidden * base_bytes  # norms
-        kv = w.batch * (w.input_len + w.output_len) * spec.kv_bytes_per_token(self.kv_bytes)
-        widest = (spec.n_heads + 2 * spec.n_kv_heads) * spec.head_dim + 2 * spec.intermediate
+        weights += spec.unlisted_params * base_bytes  # MoE routers, gpt-oss biases and sinks
+        kv = cache_bytes(spec, self.kv, w.batch, w.input_len + w.output_len)
+        widest = ((spec.n_heads + 2 * spec.n_kv_heads) * spec.head_dim
+                  + 2 * spec.active_intermediate)
         workspace = self._chunk_m * (widest + 2 * spec.hidden) * 2 + w.batch * spec.vocab * 4
         return Memory(weights, kv, workspace, self.target.memory_bytes * USABLE_MEMORY)
 
@@ -212,14 +263,37 @@ class CostModel:
         for row in rows:
             total = total + PhaseTime(row.prefill_s, row.decode_s)
         memory = self.memory(choices)
-        read = sum(r.weight_bytes for r in rows) + fixed.kv_read_bytes
+        read = sum(r.weight_bytes * self.decode_read_share(layer)
+                   for r, layer in zip(rows, self.spec.layers)) + fixed.kv_read_bytes
         return Estimate(
             model=self.spec.name or self.spec.model_type, target=self.target.name,
             workload=self.workload.model_dump(), baseline=str(self.baseline),
             metrics=self._metrics(total.prefill_s, total.decode_s), memory=memory,
             mbu=read / total.decode_s / self.target.bandwidth if total.decode_s else 0.0,
             layers=tuple(rows), fixed={k: v for k, v in fixed.parts.items()},
+            active_weight_bytes=self.active_weight_bytes(choices),
+            kv=self._kv_summary(fixed),
         )
+
+    def _kv_summary(self, fixed: FixedCost) -> KvSummary:
+        w = self.workload
+        return KvSummary(self.kv.label(), bytes_per_token(self.spec, self.kv),
+                         cache_bytes(self.spec, self.kv, 1, w.input_len + w.output_len),
+                         fixed.kv_read_bytes, fixed.kv_blocks)
+
+    def active_weight_bytes(self, choices: tuple[Choice, ...]) -> float:
+        """Weight bytes one token reads as stored (each routed expert top_k / E of its
+        bytes; the input embedding one row; modelspec.ModelSpec.active_params)."""
+        spec = self.spec
+        scale = spec.moe.top_k / spec.moe.n_experts if spec.moe is not None else 1.0
+        linear = sum(layer.params * stored_bits(self.target, c) / 8 * (
+            scale if layer.expert >= 0 else 1.0) for layer, c in zip(spec.layers, choices))
+        base_bytes = self.baseline.precision.info.weight_bits / 8
+        other = (2 * spec.n_layers + 1) * spec.hidden + spec.unlisted_params
+        if spec.moe is not None:
+            bias = spec.moe.expert_bias_params(spec.hidden)
+            other -= bias * (1 - scale)
+        return linear + other * base_bytes
 
 
 __all__ = ["PREFILL_CHUNK", "USABLE_MEMORY", "ZERO", "CostModel", "Decisions"]

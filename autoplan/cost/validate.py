@@ -35,7 +35,8 @@ from autoplan.workload import Workload
 
 _HIGHER_IS_BETTER = {"throughput", "decode_tokens_per_s"}
 _LOWER_IS_BETTER = {"ttft": "ttft_s", "latency": "request_latency_s"}
-_SIDE_KEYS = ("batch", "input_len", "output_len", "kv_bytes", "max_batch", "kv_pool_fraction")
+_SIDE_KEYS = ("model", "batch", "input_len", "output_len", "kv_bytes", "max_batch",
+              "kv_pool_fraction", "kv_free_fraction")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class PointResult:
     tuned: bool = True  # in view when the constants were set (in sample)
     families: tuple[str, ...] = ()  # efficiency rows the point's targets use
     lofo: dict[str, float] = field(default_factory=dict)  # family held out -> predicted
+    moe: bool = False  # a side runs a mixture-of-experts model
 
     @property
     def error(self) -> float | None:
@@ -105,6 +107,11 @@ class ValidationReport:
         return {s: _mape(v) for s, v in sorted(by.items())}
 
     @property
+    def mape_moe(self) -> float:
+        """Over the evaluated points that run a mixture-of-experts model (all out of sample)."""
+        return _mape([p.error for p in self.points if p.error is not None and p.moe])
+
+    @property
     def mape_lofo(self) -> float:
         """Over every (in-sample point, family it involves) pair."""
         return _mape([e for p in self.points if p.tuned for e in p.lofo_errors().values()])
@@ -117,6 +124,8 @@ class ValidationReport:
             "evaluated": sum(p.predicted is not None for p in self.points),
             "in_sample": sum(p.predicted is not None and p.tuned for p in self.points),
             "out_of_sample": sum(p.predicted is not None and not p.tuned for p in self.points),
+            "moe": sum(p.predicted is not None and p.moe for p in self.points),
+            "mape_moe": self.mape_moe,
             "points": [asdict(p) | {"error": p.error} for p in self.points],
         }
 
@@ -174,7 +183,9 @@ def _max_batch(model: str, side: dict[str, Any]) -> int:
     whose KV cache fits the runtime's KV pool."""
     spec, target = resolve_config(model), get_target(side["target"])
     choice = Choice.parse(side["choice"])
-    pool_fraction = side.get("kv_pool_fraction")
+    # LMDeploy's cache_max_entry_count is the same rule as TensorRT-LLM's pool (a share of
+    # the memory free after the weights) without trtllm-bench's own settings
+    pool_fraction = side.get("kv_pool_fraction", side.get("kv_free_fraction"))
     bench = _bench(model, side)
     chunk = _prefill_chunk(side, bench)
 
@@ -204,13 +215,13 @@ def _value(point: dict[str, Any], side_name: str) -> tuple[float, str]:
         m, n, k = point["m"], point["n"], point["k"]
         t = gemm_time(target, eff, choice, m, n, k, baseline_precision(target)).seconds
         return t + call_overhead(target, eff, choice), f"{m}x{n}x{k}"
-    batch = side.get("batch", 1)
+    batch, model = side.get("batch", 1), side["model"]  # a side may name its own model
     if batch == "max":
-        batch = _max_batch(point["model"], side)
+        batch = _max_batch(model, side)
     wl = Workload(batch=batch, input_len=side.get("input_len", 512),
                   output_len=side.get("output_len", 128))
-    cm = CostModel(resolve_config(point["model"]), target, wl, kv_bytes=side.get("kv_bytes", 2.0),
-                   prefill_chunk=_prefill_chunk(side, _bench(point["model"], side)))
+    cm = CostModel(resolve_config(model), target, wl, kv_bytes=side.get("kv_bytes", 2.0),
+                   prefill_chunk=_prefill_chunk(side, _bench(model, side)))
     metrics = cm.evaluate(choice).metrics
     metric = point["metric"]
     if metric in _HIGHER_IS_BETTER:
@@ -226,11 +237,20 @@ def _ratio(point: dict[str, Any]) -> tuple[float, str]:
     return ratio, cand_detail if cand_detail == ref_detail else f"{cand_detail} vs {ref_detail}"
 
 
+def _runs_moe(point: dict[str, Any]) -> bool:
+    models = {_side(point, s).get("model") for s in ("candidate", "baseline")} - {None}
+    try:
+        return any(resolve_config(m).moe is not None for m in models)
+    except AutoplanError:
+        return False
+
+
 def validate_point(point: dict[str, Any]) -> PointResult:
     """Predict one point's speedup ratio (and, for in-sample points, with each of its
     families' constants held out)."""
     base = dict(id=point["id"], source=point["source"], metric=point["metric"],
-                published=float(point["published"]), tuned=bool(point.get("tuned", True)))
+                published=float(point["published"]), tuned=bool(point.get("tuned", True)),
+                moe=_runs_moe(point))
     try:
         families = tuple(dict.fromkeys(family_of(get_target(point[s]["target"]))
                                        for s in ("candidate", "baseline")))

@@ -25,6 +25,7 @@ from autoplan.errors import AutoplanError, UserInputError
 from autoplan.plan.io import load_plan
 from autoplan.plan.schema import Plan
 from autoplan.report import figures
+from autoplan.runtimes import summarize_refused
 
 COMPARE_FILE = "compare.json"
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
@@ -61,15 +62,13 @@ def _estimates(plan: Plan, model: str | None):  # noqa: ANN202 - (plan, baseline
     from autoplan.formats import Choice
     from autoplan.models.loader import load_spec
     from autoplan.search import load_space_file
-    from autoplan.workload import Workload
-
     try:
         spec = load_spec(model or plan.model.id)
         target = resolve_target(plan.target.name)
     except AutoplanError:
         return None
     baseline = Choice.parse(load_space_file(target.platform).baseline)
-    cm = CostModel(spec, target, Workload(**plan.workload), baseline=baseline,
+    cm = CostModel(spec, target, plan.workload, baseline=baseline,
                    price_per_hour=plan.target.price_per_hour)
     try:
         return cm.evaluate(plan.decisions), cm.evaluate(None)
@@ -91,11 +90,11 @@ def _summary(plan: Plan) -> str:
             f"<td>{fmt.format(getattr(plan.predicted[k], attr) * scale)}</td>" for k in cols)
         + "</tr>" for label, attr, fmt, scale in rows)
     q, w = plan.quality, plan.workload
-    point = (plan.operating_point or {}).get("detail", f"batch {w['batch']}")
+    point = plan.operating_point.detail if plan.operating_point else f"batch {w.batch}"
     return (f"<table><tr><th>metric</th>{head}</tr>{body}</table>"
             f"<p class='note'>measured KL {q.kl:.5f} (budget {html.escape(plan.budget.text)}, "
             f"{'met' if q.budget_met else 'NOT met'}); outcome {plan.search.outcome}; "
-            f"{w['input_len']} in / {w['output_len']} out, {html.escape(point)}; "
+            f"{w.input_len} in / {w.output_len} out, {html.escape(point)}; "
             f"{html.escape(plan.search.note)}</p>")
 
 
@@ -124,6 +123,17 @@ def _gain_cell(gain: float, name: str | None) -> str:
     return f"{gain:.3f}x" + (f"<br><small>{html.escape(label)}</small>" if label else "")
 
 
+def _refused_cell(refused: dict[str, str]) -> str:
+    """What the row's runtime cannot accelerate of what was asked for: a one-line summary,
+    the formats and their reasons behind it (a details element)."""
+    if not refused:
+        return "-"
+    items = "".join(f"<li><code>{html.escape(c)}</code>: {html.escape(why)}</li>"
+                    for c, why in sorted(refused.items()))
+    return (f"<details><summary>{html.escape(summarize_refused(refused))}</summary>"
+            f"<ul class='refused'>{items}</ul></details>")
+
+
 def _compare_table(doc: dict[str, Any]) -> str:
     head = ("<tr><th>target / runtime</th><th>batch</th><th>plan tok/s</th><th>baseline "
             "tok/s</th><th>TTFT ms</th><th>TPOT ms</th><th>$/1M tok</th><th>J/tok</th>"
@@ -148,8 +158,7 @@ def _compare_table(doc: dict[str, Any]) -> str:
             f"<td>{r['gain_over_baseline']:.3f}x</td>"
             f"<td>{'-' if gain_u is None else _gain_cell(gain_u, r.get('best_uniform_name'))}"
             "</td>"
-            f"<td style='text-align:left'>{html.escape(', '.join(sorted(r['not_accelerated'])))}"
-            "</td></tr>")
+            f"<td style='text-align:left'>{_refused_cell(r['not_accelerated'])}</td></tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 
 

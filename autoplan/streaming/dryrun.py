@@ -35,7 +35,7 @@ def dry_run(spec: ModelSpec, device: str, w: estimate.Workload, *,
     fits = {ex: p.host <= host and (dev == "cpu" or p.gpu <= (gpu or 0))
             for ex, p in plans.items()}
     return {"model": spec.name, "device": dev, "params": spec.total_params,
-            "weights_on_disk_bytes": spec.total_params * estimate._DTYPE_BYTES.get(spec.dtype, 2),
+            "weights_on_disk_bytes": estimate.checkpoint_bytes(spec),
             "checkpoint_dtype": spec.dtype, "calibration_tokens": w.calib_tokens,
             "evaluation_tokens": w.eval_tokens, "host_budget_bytes": host,
             "gpu_memory_bytes": gpu if dev == "cuda" else None,

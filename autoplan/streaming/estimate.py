@@ -58,18 +58,41 @@ class MemoryPlan:
 
 
 def _block_dims(spec: ModelSpec) -> tuple[int, int, int, int]:
-    """(params, distinct input features, output features, sum of in^2) of one block."""
-    block = [la for la in spec.layers if la.block == 0]
-    groups = {la.fuse_group: la.in_features for la in block}
-    return (sum(la.params for la in block), sum(groups.values()),
-            sum(la.out_features for la in block), sum(la.in_features ** 2 for la in block))
+    """(params, distinct input features, output features, sum of in^2) of one block (the
+    first MoE block of an MoE model). A routed expert sees only its tokens: per token, the
+    experts' captures are top_k experts' inputs and outputs, not all E."""
+    index = spec.moe.moe_blocks[0] if spec.moe is not None and spec.moe.moe_blocks else 0
+    block = [la for la in spec.layers if la.block == index]
+    dense = [la for la in block if la.expert < 0]
+    groups = {la.fuse_group: la.in_features for la in dense}
+    ins, outs = sum(groups.values()), sum(la.out_features for la in dense)
+    one_expert = [la for la in block if la.expert == 0]
+    if one_expert:  # gate/up read the token's hidden state, down its activation
+        k = spec.moe.top_k
+        ins += k * (spec.hidden + spec.moe.expert_intermediate)
+        outs += k * sum(la.out_features for la in one_expert)
+    return (sum(la.params for la in block), ins, outs, sum(la.in_features ** 2 for la in block))
+
+
+def checkpoint_bytes(spec: ModelSpec, params: float | None = None) -> float:
+    """Bytes on disk of the whole checkpoint (or of `params` parameters of one block): the
+    checkpoint dtype, with gpt-oss's routed experts as MXFP4 (4.25 bits per weight)."""
+    per = _DTYPE_BYTES.get(spec.dtype, 2)
+    moe = spec.moe
+    total = spec.total_params if params is None else params
+    if moe is None or moe.source_format != "mxfp4":
+        return total * per
+    experts = sum(la.params for la in spec.layers if la.expert >= 0)
+    if params is not None:  # one block: its share of the experts
+        experts /= max(1, len(moe.moe_blocks))
+    return (total - experts) * per + experts * 4.25 / 8
 
 
 def _activations(spec: ModelSpec, batch_tokens: int, seq_len: int) -> int:
     """Autograd activations of one block over one batch (norms, attention, MLP)."""
     q_out = spec.n_heads * spec.head_dim
     kv_out = spec.n_kv_heads * spec.head_dim
-    per_token = 6 * spec.hidden + 2 * q_out + 4 * kv_out + 4 * spec.intermediate
+    per_token = 6 * spec.hidden + 2 * q_out + 4 * kv_out + 4 * spec.active_intermediate
     attn = spec.n_heads * seq_len * batch_tokens  # attention probabilities
     return (per_token * batch_tokens + attn) * F32
 
@@ -109,7 +132,6 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
         return MemoryPlan(execution, dev, host, parts)
     # the embedding and lm_head are read only while a pass needs them, never both at once
     on_demand = max(spec.embedding_params, v * h) * F32
-    ckpt_bytes = _DTYPE_BYTES.get(spec.dtype, 2)
     device_parts = {
         "embedding or lm_head, while in use (fp32)": on_demand,
         "one block (fp32)": block_params * F32,
@@ -122,7 +144,7 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
     host_parts = {
         "process": PROCESS_BYTES,
         "block-boundary states": (spec.n_layers + 1) * t * h * F32 + 2 * t * h * F32,
-        "one block read from disk": block_params * ckpt_bytes,
+        "one block read from disk": int(checkpoint_bytes(spec, block_params)),
         "reference log-probs": reference,
     }
     return MemoryPlan(execution, dev, host_parts, device_parts)
@@ -152,4 +174,4 @@ def choose(spec: ModelSpec, device: str, host_available: int, device_memory: int
     return ("memory" if fits else "stream"), why
 
 
-__all__ = ["MemoryPlan", "Workload", "choose", "plan"]
+__all__ = ["MemoryPlan", "Workload", "checkpoint_bytes", "choose", "plan"]

@@ -152,8 +152,24 @@ def test_per_layer_decisions_mapping() -> None:
         cm.evaluate({"model.layers.1.mlp.up_prj": "fp8"})
 
 
-def test_moe_refused() -> None:
-    with pytest.raises(ModelConfigError, match="mixture-of-experts"):
+def test_unplannable_moe_refused_naming_what_is_missing() -> None:
+    moe = {**_TOY_CFG, "num_local_experts": 8, "num_experts_per_tok": 2}
+    cases = {
+        "deepseek_v3": "multi-head latent attention",
+        "jamba": "hybrid Mamba",
+        "qwen3_next": "hybrid linear-attention",
+        "dbrx": "mixture-of-experts model autoplan does not plan",
+    }
+    for model_type, needle in cases.items():
+        with pytest.raises(ModelConfigError, match=needle):
+            ModelSpec.from_config({**moe, "model_type": model_type})
+    with pytest.raises(ModelConfigError, match="router scoring_func 'sigmoid'"):
+        ModelSpec.from_config({**moe, "model_type": "mixtral", "scoring_func": "sigmoid"})
+    with pytest.raises(ModelConfigError, match="grouped expert routing"):
+        ModelSpec.from_config({**moe, "model_type": "mixtral", "n_group": 8, "topk_group": 4})
+    with pytest.raises(ModelConfigError, match="only 8"):
+        ModelSpec.from_config({**moe, "model_type": "mixtral", "num_experts_per_tok": 9})
+    with pytest.raises(ModelConfigError, match="'num_experts_per_tok'"):
         ModelSpec.from_config({**_TOY_CFG, "model_type": "mixtral", "num_local_experts": 8})
 
 

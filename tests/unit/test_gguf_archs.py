@@ -110,9 +110,9 @@ def test_a_rope_scaling_the_reader_drops_is_refused(tmp_path):
 def test_a_model_autoplan_cannot_plan_is_refused_before_any_tensor(tmp_path, monkeypatch):
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    src = tmp_path / "qwen2moe.gguf"
+    src = tmp_path / "jamba.gguf"
     src.write_bytes(b"GGUF" + b"\0" * 64)
-    moe = {"model_type": "qwen2_moe", "num_experts": 8, "hidden_size": 64}
+    moe = {"model_type": "jamba", "num_experts": 8, "hidden_size": 64}
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
                         lambda *a, **k: SimpleNamespace(**moe, to_dict=lambda: moe))
 
@@ -121,7 +121,7 @@ def test_a_model_autoplan_cannot_plan_is_refused_before_any_tensor(tmp_path, mon
 
     monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", never)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", never)
-    with pytest.raises(ModelConfigError, match="mixture-of-experts"):
+    with pytest.raises(ModelConfigError, match="hybrid Mamba"):
         gguf_convert.convert_gguf(src, tmp_path / "cache" / "m")
     assert not (tmp_path / "cache" / "m").exists()
 

@@ -35,7 +35,7 @@ def test_streamed_search_gives_the_in_memory_plan(tmp_path: Path,
     assert st.audit.tensors == mem.audit.tensors
     # in memory a round's candidates are measured one at a time until one settles the
     # rounds; streamed, together in one pass over the blocks: the same verdicts, in order
-    verdicts = [[(v["label"], v["passed"]) for r in p.search.rounds for v in r["verified"]]
+    verdicts = [[(v.label, v.passed) for r in p.search.rounds for v in r.verified]
                 for p in (mem, st)]
     assert verdicts[1][:len(verdicts[0])] == verdicts[0]
     assert st.search.real_evaluations >= mem.search.real_evaluations

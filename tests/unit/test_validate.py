@@ -7,7 +7,7 @@ from functools import cache
 from autoplan.cost.report import Memory
 from autoplan.cost.validate import _max_batch, _side, kv_pool_fits, load_measurements, validate
 
-# Every point is predicted once per run of the module (146 points with their hold-outs).
+# Every point is predicted once per run of the module (152 points with their hold-outs).
 report_once = cache(validate)
 
 
@@ -43,7 +43,8 @@ def test_trtllm_v017_table_is_whole() -> None:
     """TRT-PO-017: every TP 1 entry on a catalog GPU against its row's H100 FP8 entry (8B and
     Mistral 7B: H200, L40S, A100 x 9 rows; 70B: H200 x the 7 rows with an H100 entry), each
     published ratio the quotient of the two tok/s its `assumed` field quotes."""
-    rows = [p for p in load_measurements() if p["source"] == "TRT-PO-017"]
+    rows = [p for p in load_measurements() if p["source"] == "TRT-PO-017"
+            and not p["id"].startswith("M0-")]  # the MoE rows: test_moe_points_follow_the_rule
     assert len(rows) == 2 * 3 * 9 + 7
     assert all(p["baseline"] == {"target": "h100-sxm", "choice": "fp8_e4m3", "kv_bytes": 1}
                and not p.get("tuned", True) for p in rows)
@@ -51,6 +52,32 @@ def test_trtllm_v017_table_is_whole() -> None:
         cand, base = (float(x.replace(",", "")) for x in
                       p["assumed"].rsplit("; ", 1)[1].removesuffix(" tok/s").split(" / "))
         assert p["published"] == round(cand / base, 3), p["id"]
+
+
+def _quoted(point: dict) -> float:
+    """The published ratio recomputed from the two tok/s the point's `assumed` quotes."""
+    cand, base = (float(x.replace(",", "")) for x in
+                  point["assumed"].rsplit("; ", 1)[1].removesuffix(" tok/s").split(" / "))
+    return round(cand / base, 3)
+
+
+def test_moe_points_follow_the_rule() -> None:
+    """The 57 MoE points (issue 26's rule, fixed before predicting): Mixtral TP1 H200 / H100
+    and vs Mistral 7B per GPU (v0.17 table), Qwen3-30B-A3B TP1 FP4 GB200 / B200 and vs Llama
+    3.3 70B per GPU; every one out of sample, each ratio the quotient of its quoted tok/s."""
+    rows = [p for p in load_measurements() if p["id"].startswith(("M0-", "M1-"))]
+    assert len(rows) == 9 + 18 + 10 + 20
+    assert all(not p["tuned"] for p in rows)
+    for p in rows:
+        assert p["published"] == _quoted(p), p["id"]
+    cross = [p for p in rows if "-vs-" in p["id"]]
+    assert len(cross) == 38 and all(p["baseline"]["model"] in ("mistral-7b-v0.3", "llama-3.1-70b")
+                                    and p["candidate"]["target"] == p["baseline"]["target"]
+                                    for p in cross)
+    report = report_once()
+    moe = [p for p in report.points if p.moe]
+    assert {p.id for p in moe} == {p["id"] for p in rows}
+    assert all(p.predicted is not None for p in moe)
 
 
 def test_mape_within_bound() -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from optuna.storages import BaseStorage
 
 from autoplan.backends.registry import resolve_target as get_target
-from autoplan.cost.operating import OperatingPoint, resolve_operating_point
+from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UserInputError
 from autoplan.quality.text import check_text_source
 from autoplan.runtimes import default_runtime, get_runtime
@@ -100,6 +100,28 @@ def operating_point(req: SearchRequest, target: Target) -> OperatingPoint | None
                                       measured=measured, baseline=baseline))
 
 
+def fixed_fit(req: SearchRequest, platform: Platform) -> NoOperatingPoint | None:
+    """For a fixed batch: None when the uncompressed model fits, else why not (with bytes).
+    (`--batch max` and SLOs were resolved by `operating_point`, which checks the memory.)"""
+    if platform.point is not None:
+        return None
+    from autoplan.cost.model import CostModel
+    from autoplan.formats import Choice
+    from autoplan.models.loader import load_spec
+    from autoplan.search.optimize import load_space_file
+
+    spec = load_spec(req.model)
+    baseline = Choice.parse(load_space_file(platform.target.platform).baseline)
+    cm = CostModel(spec, platform.target, req.workload, baseline=baseline)
+    mem = cm.memory(cm.resolve(None))
+    if mem.fits:
+        return None
+    return NoOperatingPoint(
+        f"at batch {req.workload.batch} the uncompressed model needs {mem.total_bytes / 1e9:,.2f}"
+        f" GB (weights {mem.weights_bytes / 1e9:,.2f}, KV cache {mem.kv_cache_bytes / 1e9:,.2f})"
+        f" but {mem.capacity_bytes / 1e9:,.2f} GB is usable", mem.total_bytes, mem.capacity_bytes)
+
+
 def _check_onnx_exportable(model: str) -> None:
     """The architecture and the config flags autoplan's ONNX export needs, from the config
     alone (a multimodal wrapper such as Gemma 3's image-text `gemma3` is refused by its own
@@ -173,5 +195,5 @@ def preflight(req: SearchRequest) -> Platform:
     return Platform(target, runtime, measure, storage, label, point)
 
 
-__all__ = ["KERNEL_TABLES", "Platform", "check_model", "in_memory_only", "measures_kernels",
-           "operating_point", "preflight"]
+__all__ = ["KERNEL_TABLES", "Platform", "check_model", "fixed_fit", "in_memory_only",
+           "measures_kernels", "operating_point", "preflight"]

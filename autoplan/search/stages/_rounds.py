@@ -28,6 +28,7 @@ import math
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
+from autoplan.plan import schema as ps
 from autoplan.quality.evaluator import QualityResult
 from autoplan.search.jobs import Job, JobQueue, drain
 from autoplan.search.optimize import (
@@ -61,7 +62,7 @@ class Rounds:
     chosen: Measurement | None  # the best measured candidate that passed, if any
     best_searched: Candidate | None  # the last round's best calibrated-feasible trial
     trials: int  # trials over all rounds
-    log: list[dict] = field(default_factory=list)  # per round: limit, calibration, verified
+    log: list[ps.Round] = field(default_factory=list)  # per round: limit, calibration, ...
     front: list[dict] = field(default_factory=list)  # Pareto front (multi-objective)
     calibration: Calibration | None = None  # the last round's (the certificate's problem)
     stopped: str = ""  # why the rounds ended
@@ -210,13 +211,14 @@ def _next_aim(prep: Prepared, cal: Calibration, checked: list[Measurement],
 
 
 def _round_entry(k: int, study: str, limit: float, aim: float, cal: Calibration,
-                 result: StudyResult, checked: list[Measurement], tables: Tables) -> dict:
-    return {"round": k + 1, "study": study, "surrogate_limit": limit, "aim": aim,
-            "calibration": cal.to_json(), "trials": result.n_trials,
-            "resumed_trials": result.resumed,
-            "verified": [{"label": m.label, "surrogate_kl": m.surrogate,
-                          "predicted": tables.surrogate(m.picks), "badness": m.badness,
-                          "passed": m.passed} for m in checked]}
+                 result: StudyResult, checked: list[Measurement], tables: Tables) -> ps.Round:
+    return ps.Round(round=k + 1, study=study, surrogate_limit=limit, aim=aim,
+                    calibration=cal.to_json(), trials=result.n_trials,
+                    resumed_trials=result.resumed,
+                    verified=[ps.VerifiedCandidate(label=m.label, surrogate_kl=m.surrogate,
+                                                   predicted=tables.surrogate(m.picks),
+                                                   badness=m.badness, passed=m.passed)
+                              for m in checked])
 
 
 def run_rounds(prep: Prepared, rep: Reporter, queue: JobQueue | None = None) -> Rounds:
@@ -226,7 +228,7 @@ def run_rounds(prep: Prepared, rep: Reporter, queue: JobQueue | None = None) -> 
     prior = budget.prior_slope * (RECOVERED_SLOPE if prep.req.recovery is not None else 1.0)
     best_uniform(prep, rep)  # the first measurements: they calibrate round 1
     leave_out = [prep.as_is.picks] if prep.as_is.quantized_source else []
-    log: list[dict] = []
+    log: list[ps.Round] = []
     front: list[dict] = []
     best: Candidate | None = None
     trials, aim, limit = 0, SAFETY, budget.limit * SAFETY

@@ -1,0 +1,145 @@
+"""Mixture-of-experts terms of the cost model: what a step reads of the routed experts, the
+grouped expert GEMMs, and the router.
+
+Each routed expert is a linear layer of its own (modelspec), so the model stays additive
+per layer. In a step of T tokens, expert e of a block is picked by each token with
+probability p_e (its routing share, sum over e = top_k), so
+
+    weight reads  = 1 - (1 - p_e)^T      (the chance any token of the step picks it)
+    rows          = T * p_e              (its expected tokens)
+
+and its GEMM is the roofline of those (cost/linear.gemm_time with `weight_reads`). Summed
+over a block's experts, the reads are the expected distinct experts the step touches: at
+decode T = batch, in prefill T = the chunk's tokens. The shares come from the calibration
+routing recorded by the profile (`Routing.from_counts`), or are uniform (top_k / E) when
+only the config is known.
+
+Grouped GEMMs run at the dense GEMM's efficiency at the same rows per expert: DeepGEMM's
+H800 table ([DEEPGEMM]) has its contiguous grouped FP8 GEMM at 1,288 TFLOPS (8 groups x
+4,096 rows, N 4,096, K 7,168) against 1,304 for the normal GEMM of one group's shape
+(0.99), and 1,093 vs 1,025 at N 7,168, K 2,048 (1.07); GROUPED_GEMM_EFF is 1. What differs
+is the rows: T * p_e per expert instead of T.
+
+Kernels (vLLM's fused_moe, [VLLM-FUSED-MOE]): one grouped GEMM for every expert's gate/up
+and one for down, their call overhead split evenly over the block's expert layers; per MoE
+block three routing kernels (top-k softmax, moe_align_block_size, moe_sum) and the router
+GEMM, at the baseline precision (no engine quantizes the router).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoplan.cost.efficiency import FamilyEfficiency
+from autoplan.cost.fixed import PhaseTime
+from autoplan.cost.linear import call_overhead, gemm_time
+from autoplan.errors import UserInputError
+from autoplan.formats import Choice, Precision
+from autoplan.modelspec import LinearLayer, ModelSpec
+from autoplan.targets import Target
+
+GROUPED_GEMM_EFF = 1.0  # [DEEPGEMM]: grouped / normal FP8 GEMM at equal rows, 0.99 and 1.07
+EXPERT_GEMMS = 2  # per MoE block: the gate/up grouped GEMM and the down one
+ROUTING_KERNELS = 3  # per MoE block: top-k softmax, moe_align_block_size, moe_sum
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Per MoE block, the share of tokens routed to each expert (each block's shares sum to
+    top_k), and where they come from."""
+
+    shares: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    source: str = "uniform"
+
+    @classmethod
+    def uniform(cls, spec: ModelSpec) -> Routing:
+        """Every expert picked by top_k / E of the tokens (no calibration routing known)."""
+        moe = spec.moe
+        if moe is None:
+            return cls()
+        share = (moe.top_k / moe.n_experts,) * moe.n_experts
+        return cls({b: share for b in moe.moe_blocks}, "uniform")
+
+    @classmethod
+    def from_counts(cls, spec: ModelSpec, counts: Mapping[int | str, Sequence[int]],
+                    tokens: int) -> Routing:
+        """Shares from the calibration routing: counts[block][e] = tokens that picked e.
+
+        Raises:
+            UserInputError: counts for another model (blocks or experts that do not match).
+        """
+        moe = spec.moe
+        if moe is None or tokens <= 0:
+            raise UserInputError("routing counts need a mixture-of-experts model and tokens")
+        shares = {}
+        for block in moe.moe_blocks:
+            row = counts.get(block, counts.get(str(block)))  # type: ignore[call-overload]
+            if row is None or len(row) != moe.n_experts:
+                raise UserInputError(f"routing counts of block {block} do not match the model's "
+                                     f"{moe.n_experts} experts; re-run the profile")
+            shares[block] = tuple(c / tokens for c in row)
+        return cls(shares, f"calibration routing ({tokens} tokens)")
+
+    def share(self, block: int, expert: int) -> float:
+        return self.shares[block][expert]
+
+    def expected_distinct(self, block: int, tokens: float) -> float:
+        """Expected number of a block's experts a step of `tokens` tokens touches."""
+        return sum(touched(p, tokens) for p in self.shares[block])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "shares": {str(b): list(s) for b, s in self.shares.items()}}
+
+
+def touched(share: float, tokens: float) -> float:
+    """Chance that at least one of `tokens` independent tokens picks an expert of this share."""
+    if share >= 1.0:
+        return 1.0
+    return 1.0 - math.exp(tokens * math.log1p(-share)) if share > 0 else 0.0
+
+
+def expert_members(spec: ModelSpec) -> int:
+    """Routed-expert linear layers per MoE block (E x projections)."""
+    moe = spec.moe
+    return moe.n_experts * len(moe.projections) if moe is not None else 0
+
+
+def expert_step(target: Target, eff: FamilyEfficiency, layer: LinearLayer, choice: Choice,
+                share: float, tokens: float, baseline: Precision) -> float:
+    """Seconds of one routed expert's GEMM in a step of `tokens` tokens (no overhead)."""
+    return gemm_time(target, eff, choice, tokens * share, layer.out_features,
+                     layer.in_features, baseline, weight_reads=touched(share, tokens),
+                     compute_eff=GROUPED_GEMM_EFF).seconds
+
+
+def expert_overhead(target: Target, eff: FamilyEfficiency, choice: Choice, members: int) -> float:
+    """One expert layer's share of its block's two grouped-GEMM calls."""
+    return call_overhead(target, eff, choice) * EXPERT_GEMMS / members
+
+
+def routing_time(spec: ModelSpec, eff: FamilyEfficiency, batch: int, prefill_tokens: int,
+                 chunks: int, bandwidth: float, peak: float) -> PhaseTime:
+    """Router GEMMs (16-bit: E x hidden weights, read once per step) and routing kernels of
+    every MoE block; bandwidth and peak are the achieved ones (eta included)."""
+    moe = spec.moe
+    if moe is None:
+        return PhaseTime(0.0, 0.0)
+    blocks = len(moe.moe_blocks)
+    weights = moe.router_params(spec.hidden) / blocks * 2.0  # bytes per block, 16 bit
+
+    def gemm(tokens: int) -> float:
+        flops = 2.0 * tokens * moe.n_experts * spec.hidden
+        traffic = weights + tokens * (spec.hidden + moe.n_experts) * 2.0
+        return max(traffic / bandwidth, flops / peak)
+
+    kernels = (ROUTING_KERNELS + 1) * eff.kernel_s
+    decode = blocks * (gemm(batch) + kernels)
+    prefill = blocks * (gemm(prefill_tokens) + chunks * kernels)
+    return PhaseTime(prefill, decode)
+
+
+__all__ = ["EXPERT_GEMMS", "GROUPED_GEMM_EFF", "ROUTING_KERNELS", "Routing", "expert_members",
+           "expert_overhead", "expert_step", "routing_time", "touched"]
