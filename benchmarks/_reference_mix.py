@@ -26,8 +26,9 @@ class Reference:
     objective: float
     badness: float
     evaluations: int  # real passes (the uncompressed model, known without one, not counted)
-    uniform: str  # A
+    uniform: str  # A: the best acceptable uniform recipe (or the model as is)
     faster: str | None  # B
+    uniform_picks: tuple[int, ...] = ()
     steps: list[dict[str, Any]] = field(default_factory=list)  # the bisection, in order
 
 
@@ -53,7 +54,8 @@ def reference_mix(prep: Any, rep: Any) -> Reference:
         best_a = ("baseline", prep.baseline_picks)
         verifier.measure(prep.baseline_picks, "baseline")
     label_a, a = best_a
-    best = Reference(a, label_a, prep.value(a), verifier.measured[a].badness, 0, label_a, None)
+    best = Reference(a, label_a, prep.value(a), verifier.measured[a].badness, 0, label_a, None,
+                     a)
     # toward the next faster recipe and toward the fastest: the best of both bisections
     for label_b, b in dict.fromkeys([*faster[-1:], *faster[:1]]):
         found = _bisect(prep, rep, a, label_a, b, label_b)
@@ -102,7 +104,7 @@ def _bisect(prep: Any, rep: Any, a: tuple[int, ...], label_a: str, b: tuple[int,
     found = mix(lo)
     label = label_a if lo == 0 else f"{lo} of {len(order)} units {label_b}, rest {label_a}"
     return Reference(found, label, prep.value(found), verifier.measured[found].badness, 0,
-                     label_a, label_b, steps)
+                     label_a, label_b, a, steps)
 
 
 __all__ = ["Reference", "real_evaluations", "reference_mix"]

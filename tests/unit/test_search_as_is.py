@@ -31,19 +31,22 @@ def _speed(plan, label: str) -> float:  # noqa: ANN001
 
 
 def test_a_gain_inside_the_speed_uncertainty_keeps_the_better_quality(model_dir, tmp_path):
-    """On H100 the tiny model's best mix and int8_wo are predicted within 9.7 % (validate's
-    error on Hopper) of bf16: the plan keeps the model as is, at KL 0, and says why. Today
+    """On H100 the tiny model's best mix and int8_wo are predicted within validate's mean
+    error on Hopper of bf16: the plan keeps the model as is, at KL 0, and says why. Today
     the search returns the mix (outcome "plan")."""
+    from autoplan.cost.validate import family_error
+
     fast = _search(model_dir, tmp_path / "fast.json", min_gain=0.0)
     assert fast.search.outcome in ("plan", "uniform-fallback") and fast.quality.kl > 0
     plan = _search(model_dir, tmp_path / "plan.json")
     u = plan.search.speed_uncertainty
-    assert u["relative"] == pytest.approx(0.0966, abs=5e-4)
+    assert u["relative"] == family_error("hopper")[0] > 0.05
     assert "autoplan validate" in u["source"] and "hopper" in u["source"]
     assert _speed(fast, "plan") / _speed(fast, "baseline") < 1 + u["relative"]
     assert plan.search.outcome == "baseline-fallback" and plan.quality.kl == 0
     assert set(plan.decisions.values()) == {"dense+bf16"}
-    assert "within the speed prediction's uncertainty of +-9.7%" in plan.search.why
+    assert f"within the speed prediction's uncertainty of +-{u['relative']:.1%}" in \
+        plan.search.why
     assert plan.search.stopped.startswith(("no faster candidate", "converged"))
 
 
@@ -57,8 +60,8 @@ def test_the_best_uniform_recipe_includes_the_model_as_is(model_dir, tmp_path):
     assert plan.search.best_uniform == "as is (baseline)"
     assert plan.search.gain_over_best_uniform == pytest.approx(1.0)
     assert plan.predicted["best_uniform"].label == "as is (baseline)"
-    assert not any(p["measured_kl"] is not None for p in plan.search.points
-                   if p["label"] == "uniform dense+fp8_e4m3")
+    assert not any(p.measured_kl is not None for p in plan.search.points
+                   if p.label == "uniform dense+fp8_e4m3")
 
 
 def _vocab(size: int) -> list[str]:
@@ -96,7 +99,7 @@ def test_no_plan_is_slower_than_the_source_and_no_better(tiny_gguf, tmp_path):
     cannot reach, the plan is the file."""
     loose = _search(tiny_gguf, tmp_path / "loose.json", target="xeon-8480",
                     runtime="llama.cpp", min_gain=0.0)
-    source = {p["label"]: p for p in loose.search.points}["as is (the source GGUF)"]
-    assert loose.search.outcome == "as-is" or _speed(loose, "plan") > source["objective"]
+    source = {p.label: p for p in loose.search.points}["as is (the source GGUF)"]
+    assert loose.search.outcome == "as-is" or _speed(loose, "plan") > source.objective
     plan = _search(tiny_gguf, tmp_path / "p.json", target="xeon-8480", runtime="llama.cpp")
     assert plan.search.outcome == "as-is", plan.search.why
