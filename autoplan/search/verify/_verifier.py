@@ -356,11 +356,14 @@ class Verifier:
     def calibration(self, prior: float, leave_out: Sequence[tuple[int, ...]] = ()
                     ) -> Calibration:
         """The surrogate calibrated per format family from every measurement so far (a pass
-        stopped early as a lower bound), but those in `leave_out` (_calibration.py)."""
+        stopped early as a lower bound), but those in `leave_out` (_calibration.py). With a
+        recovery stage, only the measurements taken after a recovery pass: the uniform
+        recipes, measured unrecovered, would mix two relations into one."""
         skip = {tuple(p) for p in leave_out}
         return fit_calibration(
             [Observation(family_shares(self.tables, key), m.badness, m.quality.stopped_early)
-             for key, m in self.measured.items() if key not in skip], prior)
+             for key, m in self.measured.items() if key not in skip
+             and (self.recovery is None or m.recovery is not None)], prior)
 
 __all__ = ["CandidateContext", "CandidateTask", "Measurement", "SharedMeasurements", "Verifier",
            "decisions_key", "evaluate_candidate"]
