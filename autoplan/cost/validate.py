@@ -272,13 +272,14 @@ def validate() -> ValidationReport:
 
 
 @cache
-def family_error(family: str) -> tuple[float, int, str]:
+def family_error(family: str, moe: bool = False) -> tuple[float, int, str]:
     """(mean |error| of the predicted speedup ratios, points, which points) for one efficiency
-    family: the points whose every target is of that family; when none is, every point that
-    involves it; when none does, every point. What a ratio the cost model predicts on such a
-    target may be off by (the search's noise rule, search/stages/_uncertainty.py). No
-    leave-one-family-out predictions: a few seconds less than `validate`."""
-    points = load_measurements()
+    family and model kind (dense, or mixture-of-experts with `moe`): the points whose every
+    target is of that family; when none is, every point that involves it; when none does,
+    every point of the kind. What a ratio the cost model predicts on such a target may be
+    off by (the search's noise rule, search/stages/_uncertainty.py). No leave-one-family-out
+    predictions: a few seconds less than `validate`."""
+    points = [p for p in load_measurements() if _runs_moe(p) == moe]
     fams = []
     for p in points:
         try:
@@ -286,11 +287,12 @@ def family_error(family: str) -> tuple[float, int, str]:
                               for s in ("candidate", "baseline")))
         except AutoplanError:
             fams.append(())
+    kind = "mixture-of-experts" if moe else "dense"
     alone = [p for p, f in zip(points, fams, strict=True) if f and set(f) == {family}]
     involving = [p for p, f in zip(points, fams, strict=True) if family in f]
-    chosen, which = ((alone, f"on {family} targets alone") if alone else
-                     (involving, f"involving a {family} target") if involving else
-                     (list(points), "every family"))
+    chosen, which = ((alone, f"of {kind} models on {family} targets alone") if alone else
+                     (involving, f"of {kind} models involving a {family} target")
+                     if involving else (points, f"of {kind} models, every family"))
     errors = [e for p in chosen if (e := validate_point_fast(p)) is not None]
     return _mape(errors), len(errors), which
 

@@ -86,7 +86,8 @@ class Prepared:
             return SpeedUncertainty(self.req.min_gain, "--min-gain")
         label = KERNEL_TABLES[self.platform.runtime][0] if self.platform.measure_kernels \
             else None
-        return speed_uncertainty(self.platform.target, self.kernel_times, label)
+        return speed_uncertainty(self.platform.target, self.kernel_times, label,
+                                 moe=self.loaded.spec.moe is not None)
 
     def value(self, picks) -> float:  # noqa: ANN001 - any sequence of choice indices
         """The objective metric of a pick, from the cost model."""

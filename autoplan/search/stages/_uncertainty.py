@@ -4,7 +4,8 @@ bar a plan's predicted gain must clear before it may spend quality (the noise ru
 - This machine's kernels, timed (`local`): their repeatability, the time-weighted half
   spread (p10 to p90) of the timed rows the search predicts with.
 - A catalog target: the cost model's mean absolute error on the published speedups of its
-  hardware family (`autoplan validate`, autoplan/cost/validate.family_error).
+  hardware family, for models of the searched kind (dense or mixture-of-experts; `autoplan
+  validate`, autoplan/cost/validate.family_error).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def kernel_spread(table: dict[str, Any]) -> tuple[float, int] | None:
 
 
 def speed_uncertainty(target: Any, kernel_times: dict[str, Any] | None,
-                      kernels_label: str | None = None) -> SpeedUncertainty:
+                      kernels_label: str | None = None, moe: bool = False) -> SpeedUncertainty:
     """The uncertainty of the speed figures a search predicts with (see module doc)."""
     measured = kernel_spread(kernel_times) if kernel_times else None
     if measured is not None:
@@ -48,7 +49,7 @@ def speed_uncertainty(target: Any, kernel_times: dict[str, Any] | None,
         return SpeedUncertainty(spread, f"repeatability of the {n} {what} timed for this "
                                         "search: time-weighted half spread, p10 to p90")
     family = family_of(target)
-    mape, n, which = family_error(family)
+    mape, n, which = family_error(family, moe)
     return SpeedUncertainty(mape, f"autoplan validate: mean |error| of {n} published speedups "
                                   f"{which}")
 
