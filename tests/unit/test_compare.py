@@ -98,7 +98,7 @@ def test_a_target_that_cannot_hold_the_model_is_listed_with_its_bytes(
     # A 1 kB device: the nominal figure shrunk and the nvidia-smi reading dropped (it wins).
     tiny = tiny.model_copy(update={"memory_gb": tiny.memory_gb.model_copy(
         update={"value": 1e-6}), "visible_memory_mib": None})
-    monkeypatch.setitem(_MEASURED, "tiny-gpu", lambda: tiny)
+    monkeypatch.setitem(_MEASURED.entries, "tiny-gpu", lambda: tiny)
     for operating in (None, OperatingRequest("max", 128, 32)):
         base = _base(model_dir, operating=operating)
         comparison = run_compare(CompareRequest(base, parse_entries("tiny-gpu"), tmp_path / "o"))

@@ -212,3 +212,19 @@ def test_following_a_compare_request_climbs_back_at_most_3_times() -> None:
     sources = [p.read_text() for p in sorted((ROOT / "autoplan" / "compare").glob("*.py"))]
     calls = climb_backs(sources)
     assert len(calls) <= 3, calls
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    """A private module (``_name``) or name is its package's own; others use its public API."""
+    bad = []
+    for path in [*(ROOT / "autoplan").rglob("*.py"), *(ROOT / "backends").rglob("*.py")]:
+        module = _module(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                    "autoplan.") or _package(node.module) == _package(module):
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_")
+                       and not a.name.startswith("__")]
+            if any(p.startswith("_") for p in node.module.split(".")[1:]) or private:
+                bad.append(f"{module} -> {node.module} {[a.name for a in node.names]}")
+    assert not bad, "import through the package's public API:\n" + "\n".join(bad)

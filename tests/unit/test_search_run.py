@@ -34,7 +34,7 @@ from autoplan.search import (
 from autoplan.search.jobs import redact
 from autoplan.search.optimize import Candidate
 from autoplan.search.reporter import Reporter
-from autoplan.search.verify import CandidateContext, evaluate_candidate
+from autoplan.streaming.candidates import CandidateContext, evaluate_candidate
 from autoplan.targets import get_target
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
 

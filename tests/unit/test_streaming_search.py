@@ -62,7 +62,7 @@ def test_out_of_memory_while_verifying_is_one_line(tmp_path: Path, execution: st
         raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     target = ("autoplan.streaming.evaluate.StreamedEvaluator.evaluate_many"
-              if execution == "stream" else "autoplan.search.verify._verifier.compressed_copy")
+              if execution == "stream" else "autoplan.streaming.candidates.compressed_copy")
     monkeypatch.setattr(target, oom)
     folder = save_tiny_folder(tmp_path / "model")
     with pytest.raises(AutoplanError) as err:

@@ -16,11 +16,11 @@ from autoplan.search.stages._as_is import AsIs, as_is
 from autoplan.search.stages._build import SpeedSource, build_plan
 from autoplan.search.stages._choose import Chosen, Outcome, certify, choose
 from autoplan.search.stages._preflight import (
-    KERNEL_TABLES,
     Platform,
     check_model,
     fixed_fit,
     in_memory_only,
+    kernel_timer,
     measures_kernels,
     operating_point,
     preflight,
@@ -65,7 +65,6 @@ from autoplan.search.stages._uniform import UNIFORM_TRIES, acceptable, best_unif
 
 __all__ = [
     "CALIB_BATCH",
-    "KERNEL_TABLES",
     "MAX_SEED",
     "RECOVERED_SLOPE",
     "SAFETY",
@@ -96,6 +95,7 @@ __all__ = [
     "in_memory_only",
     "incumbent",
     "kernel_spread",
+    "kernel_timer",
     "measurement_result",
     "measures_kernels",
     "model_work",

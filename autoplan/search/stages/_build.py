@@ -14,7 +14,7 @@ from autoplan.plan import schema as ps
 from autoplan.runtimes import get_runtime
 from autoplan.search.recovery import keep_weights, plan_quality
 from autoplan.search.stages._choose import Chosen
-from autoplan.search.stages._preflight import KERNEL_TABLES
+from autoplan.search.stages._preflight import kernel_timer
 from autoplan.search.stages._prepare import CALIB_BATCH, Prepared
 from autoplan.search.stages._rounds import Rounds
 
@@ -30,7 +30,8 @@ class SpeedSource:
     @classmethod
     def of(cls, prep: Prepared) -> SpeedSource:
         if prep.platform.measure_kernels:
-            return cls(kernels=KERNEL_TABLES[prep.platform.runtime][0],
+            timer = kernel_timer(prep.platform.target.name, prep.platform.runtime)
+            return cls(kernels=timer.label if timer else None,
                        non_gemm_decode=bool((prep.kernel_times or {}).get("non_gemm_decode_s")))
         return cls(cost_table=prep.req.cost_table.source if prep.req.cost_table else None)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,7 +21,7 @@ from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.models import LoadedModel
-from autoplan.models._cache import cache_root
+from autoplan.cache_dir import cache_root
 from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
@@ -30,12 +29,18 @@ from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tab
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
 from autoplan.search.stages._as_is import AsIs, as_is
-from autoplan.search.stages._preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform, in_memory_only
+from autoplan.search.stages._preflight import (
+    ONNX_RUNTIME,
+    Platform,
+    in_memory_only,
+    kernel_timer,
+)
 from autoplan.search.stages._request import SearchRequest
 from autoplan.search.stages._uncertainty import SpeedUncertainty, speed_uncertainty
 from autoplan.search.verify import SharedMeasurements, Verifier, build_gates, measurement_store
 from autoplan.sensitivity import SensitivityProfile, calibration_key
 from autoplan.streaming import open_model
+from autoplan.streaming.candidates import Evaluator
 from autoplan.streaming.runner import ModelRunner, workload_of
 
 CALIB_BATCH = 2  # calibration blocks per forward pass (part of the audit: it changes rounding)
@@ -84,8 +89,9 @@ class Prepared:
         or the request's `min_gain`."""
         if self.req.min_gain is not None:
             return SpeedUncertainty(self.req.min_gain, "--min-gain")
-        label = KERNEL_TABLES[self.platform.runtime][0] if self.platform.measure_kernels \
-            else None
+        timer = kernel_timer(self.platform.target.name, self.platform.runtime) \
+            if self.platform.measure_kernels else None
+        label = timer.label if timer is not None else None
         return speed_uncertainty(self.platform.target, self.kernel_times, label,
                                  moe=self.loaded.spec.moe is not None)
 
@@ -125,10 +131,10 @@ def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
                   space: SearchSpace, rep: Reporter) -> dict[str, Any] | None:
     if not platform.measure_kernels:
         return req.cost_table.document if req.cost_table else None
-    label, module = KERNEL_TABLES[platform.runtime]
-    rep.stage(f"timing {label} kernels")
-    return importlib.import_module(module).search_kernel_table(
-        loaded, space, req.workload, threads=req.threads, progress=rep.note)
+    timer = kernel_timer(platform.target.name, platform.runtime)
+    assert timer is not None  # preflight refused --measure-kernels without one
+    rep.stage(f"timing {timer.label} kernels")
+    return timer.time(loaded, space, req.workload, threads=req.threads, progress=rep.note)
 
 
 def _gates(req: SearchRequest, loaded: LoadedModel) -> list:
@@ -144,7 +150,7 @@ class ModelWork:
     runner: ModelRunner
     data: TextDataset
     calib: list[torch.Tensor]
-    evaluator: Any
+    evaluator: Evaluator
     shared: SharedMeasurements
 
     @property

@@ -1,7 +1,9 @@
 """Measuring candidates on the real model under the quality budgets.
 
     QualityBudget.parse(text)                            `kl<=0.05`, `ppl<=+2%`, gates, slices
-    Verifier(model, space, tables, evaluator, budget, ...).measure_many(picks) -> [Measurement]
+    Verifier(model, space, tables, evaluator: Evaluator, budget, ...).measure_many(picks)
+        -> [Measurement]                                 through the evaluator (in memory or
+                                                         streamed: autoplan.streaming)
     measurement_store(...) -> MeasurementStore           measurements kept on disk across runs
     Verifier.calibration(prior) -> Calibration           the surrogate scaled per format family,
                                                          fitted from every measurement
@@ -24,30 +26,28 @@ from autoplan.search.verify._measurement_cache import (
     measurement_store,
 )
 from autoplan.search.verify._verifier import (
-    CandidateContext,
-    CandidateTask,
     Measurement,
+    RecoveredCandidate,
+    RecoveryHook,
     SharedMeasurements,
     Verifier,
     decisions_key,
-    evaluate_candidate,
 )
 
 __all__ = [
     "CACHE_VERSION",
-    "SLICE_NAMES",
     "Calibration",
-    "CandidateContext",
-    "CandidateTask",
     "Measurement",
     "MeasurementStore",
     "Observation",
     "QualityBudget",
+    "SLICE_NAMES",
+    "RecoveredCandidate",
+    "RecoveryHook",
     "SharedMeasurements",
     "Verifier",
     "build_gates",
     "decisions_key",
-    "evaluate_candidate",
     "family_shares",
     "fit_calibration",
     "format_family",
