@@ -22,7 +22,7 @@ Usage:
   python benchmarks/search_quality.py [--model smollm2-135m] [--platform local:onnxruntime]
       [--platform local:llama.cpp] [--platform h100] [--budgets 0.02,0.05,0.1] [--batch 1]
       [--input-len 512] [--output-len 128] [--trials 2000] [--execution memory]
-      [--out benchmarks/results/search_quality.json]
+      [--out benchmarks/results/search_quality.json] [--append]
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--execution", default="memory", choices=("auto", "memory", "stream"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "search_quality.json"))
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows of --out measured for other platforms or budgets "
+                         "(same model and workload), replacing those this run measures")
     return ap.parse_args(argv)
 
 
@@ -183,6 +186,27 @@ def _platforms(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     return [(p.split(":", 1)[0], p.split(":", 1)[1] if ":" in p else None) for p in items]
 
 
+def _kept(doc: dict, out: Path, platforms: list, budgets: list) -> dict:
+    """`doc` with the rows of the earlier run in `out` that this run does not measure again,
+    each earlier command kept beside this one (`--append`)."""
+    import json
+
+    old = json.loads(out.read_text())
+    if (old.get("model"), old.get("workload")) != (doc["model"], doc["workload"]):
+        raise SystemExit(f"{out} holds another model or workload: use another --out")
+    texts = {b.text for b in budgets}
+
+    def again(row: dict) -> bool:
+        return row["budget"] in texts and any(
+            row["target"].startswith(t) or (t == "local" and row["target"] == "local")
+            for t, rt in platforms if rt in (None, row["runtime"]))
+
+    commands = old.get("commands", [old["command"]])
+    return doc | {"rows": [r for r in old["rows"] if not again(r)],
+                  "load_avg_1m": old.get("load_avg_1m", []),
+                  "commands": [*commands, doc["command"]]}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
     info, command = start_run(args.seed, argv)
@@ -209,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
                                              "output_len": args.output_len},
            "objective": args.objective, "trials": args.trials, "rows": rows,
            "load_avg_1m": []}
+    if args.append and out.exists():
+        doc = _kept(doc, out, _platforms(args), budgets)
+        rows = doc["rows"]
     with tempfile.TemporaryDirectory() as tmp:
         for target, runtime in _platforms(args):
             req = SearchRequest(
