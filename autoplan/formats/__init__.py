@@ -1,19 +1,6 @@
 """Number formats: the search vocabulary, their numerics, and the format registry.
 
-Public names: ``Precision``, ``PrecisionInfo``, ``Sparsity``, ``Choice``, ``DENSE`` (the
-vocabulary of plans, search spaces and the CLI), ``FormatSpec`` and ``format_spec`` (the
-registry), the exporter naming types, and the element casts and schemes in
-``autoplan.formats.elements`` / ``autoplan.formats.schemes``.
-
-Layout (imports point down only):
-    registry.py   Precision, PrecisionInfo, FormatSpec, register_format / format_spec
-    choice.py     Sparsity, Choice, DENSE
-    elements.py   bit-exact element casts (FP8, E2M1, E8M0, 16-bit)
-    schemes.py    how a format turns a slab into codes, scales and zero points
-    gguf_blocks.py  llama.cpp's GGUF block types (their schemes, byte layout, Q8_1 term)
-    builtin.py    one FormatSpec per Precision (imported here, so the registry is complete)
-
-How to add a precision: see the docstring of autoplan/formats/registry.py.
+Reasoning and sources: docs/modules.md.
 """
 
 from autoplan.formats.choice import DENSE, Choice, Sparsity
@@ -31,6 +18,9 @@ from autoplan.formats.registry import (
     registered_formats,
 )
 from autoplan.formats import builtin  # noqa: E402,F401,I001 - registers the built-in specs
+from autoplan.formats.plugins import load_plugins  # noqa: E402,I001
+
+load_plugins()  # formats other packages register (entry-point group "autoplan.formats")
 
 __all__ = [
     "DENSE",

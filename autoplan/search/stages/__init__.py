@@ -1,13 +1,6 @@
 """The stages of a search, each a function over typed values (see `autoplan.search`).
 
-    SearchRequest                                  request: every input, checked when built
-    preflight(req) -> Platform                     refusals before any work
-    prepare(req, platform, rep) -> Prepared        model, space, profile, cost, tables, verifier
-    run_rounds(prep, rep, queue) -> Rounds         uniform recipes and the model as is measured,
-                                                   then calibrate -> study -> verify, per round
-    choose(prep, rounds, rep) -> Chosen            the fastest acceptable, under the noise rule
-    certify(prep, rounds, rep) -> Certificate      the calibrated problem's exact optimum, gap
-    build_plan(prep, rounds, chosen, cert, wall_s) -> Plan
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -19,6 +12,7 @@ from autoplan.search.stages._preflight import (
     Platform,
     check_model,
     fixed_fit,
+    kv_options,
     in_memory_only,
     kernel_timer,
     measures_kernels,
@@ -91,6 +85,7 @@ __all__ = [
     "certify",
     "check_model",
     "fixed_fit",
+    "kv_options",
     "choose",
     "in_memory_only",
     "incumbent",

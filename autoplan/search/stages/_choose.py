@@ -1,13 +1,8 @@
 """Stages 3 and 4: choose what the plan holds, and certify it.
 
-The measured budget metric alone decides whether a candidate passes; the model as is (the
-source the user runs today, the uncompressed baseline for a checkpoint) is always
-acceptable, so the search never ends with nothing. The plan is the fastest acceptable
-measurement -- a searched mix, a uniform recipe or the model as is -- unless the noise
-rule applies:
-when its predicted gain over a measured candidate of better quality (lower measured
-badness, or the model as is) is within the speed prediction's uncertainty for this target
-and runtime (Prepared.uncertainty), the plan is that candidate, and `Chosen.why` says so.
+The plan is the fastest acceptable measurement (a mix, a uniform recipe or the model as is,
+always acceptable), unless the noise rule makes it a measured candidate of better quality;
+`Chosen.why` says which. Reasoning: docs/modules.md, docs/search-quality.md.
 """
 
 from __future__ import annotations

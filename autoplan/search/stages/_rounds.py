@@ -1,23 +1,6 @@
 """Stage 2: rounds of (calibrate -> study on the calibrated surrogate -> verify).
 
-The uniform recipes and the model as is are measured first (_uniform.py). Each round then
-re-fits the surrogate per format family from every measurement so far (verify.Calibration),
-searches the calibrated problem under a limit aimed SAFETY inside the budget, and measures
-its best candidate not measured yet that is faster than the best acceptable measurement by
-more than the speed prediction's uncertainty (Prepared.uncertainty). The aim then moves
-both ways: down when the calibrated surrogate still under-predicts a measured candidate,
-up when it over-predicts one. The rounds stop when
-
-- the best acceptable measurement uses the budget (at least USED of it), or
-- the calibrated problem has no candidate faster than it by more than the uncertainty, or
-- every candidate faster than it is measured already, or max_rounds have run,
-
-and `Rounds.stopped` says which (the plan's `search.stopped`).
-
-With a job queue (any stored search), each round's batches and its candidates' measurements
-are jobs that `autoplan worker` processes claim too (search.jobs): this process runs what no
-worker has claimed and waits for the rest, so the rounds' decisions are taken here, once.
-A round's batches carry its calibration, so a worker samples the same problem.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -49,7 +32,7 @@ SAFETY = 0.9  # aim the calibrated limit 10 % inside the budget
 USED = 0.85  # the budget is used: the best acceptable measurement is within 15 % of it
 AIM_RANGE = (0.3, 1.5)  # how far one round's correction may move the aim
 # With --recover, finalists are measured after a recovery pass, which removed about two
-# thirds of uniform 2:4's KL on SmolLM2-135M (docs/benchmarks.md, "Recovery"): the first
+# thirds of uniform 2:4's KL on SmolLM2-135M (docs/lab/benchmarks.md, "Recovery"): the first
 # round aims at a 3x looser surrogate limit, and the measurements refit it from there.
 RECOVERED_SLOPE = 1 / 3
 

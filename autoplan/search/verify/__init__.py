@@ -26,6 +26,7 @@ from autoplan.search.verify._measurement_cache import (
     measurement_store,
 )
 from autoplan.search.verify._verifier import (
+    KvSimulation,
     Measurement,
     RecoveredCandidate,
     RecoveryHook,
@@ -37,6 +38,7 @@ from autoplan.search.verify._verifier import (
 __all__ = [
     "CACHE_VERSION",
     "Calibration",
+    "KvSimulation",
     "Measurement",
     "MeasurementStore",
     "Observation",

@@ -1,13 +1,7 @@
 """The surrogate calibrated per format family: measured badness ~= sum over families of
-scale[family] x that family's share of the surrogate, fitted from every full measurement.
-
-The profile's per-layer scores err by family (a format's rounding moves the output in ways
-its diagonal-Fisher score sees more or less of), so one global slope is pessimistic for one
-family and optimistic for another. Each family's log scale is drawn toward a global log
-scale (a hierarchical prior), which is itself drawn toward the budget's prior slope: one
-measurement of a family moves it most of the way, no measurement leaves it at the global
-scale. A pass stopped once the budget was certain to be exceeded is a lower bound: it
-counts only when the fit predicts less. docs/search-quality.md gives the reasoning.
+scale[family] x that family's share of the surrogate, fitted from every full measurement
+(a hierarchical prior keeps it stable on few). Reasoning: docs/modules.md,
+docs/search-quality.md.
 """
 
 from __future__ import annotations
