@@ -5,8 +5,7 @@
         -> [Measurement]                                 through the evaluator (in memory or
                                                          streamed: autoplan.streaming)
     measurement_store(...) -> MeasurementStore           measurements kept on disk across runs
-    Verifier.calibration(prior) -> Calibration           the surrogate scaled per format family,
-                                                         fitted from every measurement
+    Verifier.calibration(prior) -> Calibration           the surrogate scaled per format family
 """
 
 from __future__ import annotations
