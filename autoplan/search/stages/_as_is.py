@@ -10,10 +10,10 @@ every candidate's quality is measured against is said in the plan (`AsIs.referen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
+from autoplan.models import LoadedModel
 from autoplan.search.optimize import SearchSpace
 
 
@@ -30,7 +30,7 @@ _CHECKPOINT = ("measured quality is relative to the checkpoint as loaded (the un
                "model, which is also the 'as is' candidate)")
 
 
-def _gguf_choices(loaded: Any) -> dict[str, str] | None:
+def _gguf_choices(loaded: LoadedModel) -> dict[str, str] | None:
     source = getattr(loaded, "source", None)
     if source is None or source.path.suffix.lower() != ".gguf":
         return None
@@ -39,7 +39,7 @@ def _gguf_choices(loaded: Any) -> dict[str, str] | None:
     return source_decisions(loaded)
 
 
-def as_is(loaded: Any, space: SearchSpace, base: tuple[int, ...]) -> AsIs:
+def as_is(loaded: LoadedModel, space: SearchSpace, base: tuple[int, ...]) -> AsIs:
     """The source of `loaded` as a candidate of `space`, whose baseline picks are `base`
     (see module doc)."""
     types = _gguf_choices(loaded)
