@@ -138,6 +138,10 @@ def render(plan: Plan) -> Group:
         text.append(f"predicted gain over best uniform recipe ({s.best_uniform}): "
                     f"{s.gain_over_best_uniform:.3f}x "
                     f"{'decode tokens/s' if plan.objective == 'tpot' else 'tokens/s'}")
+    if s.why:
+        text.append(f"why this plan: {s.why}")
+    if s.stopped:
+        text.append(f"search stopped: {s.stopped}")
     return Group(*lines, *text)
 
 

@@ -108,6 +108,13 @@ def plan_section(plan: Plan, title: str, model: str | None = None) -> tuple[str,
             len(figs))
 
 
+def _gain_cell(gain: float, name: str | None) -> str:
+    """The gain over the best uniform recipe, with the recipe it is over (the model as is
+    when no uniform recipe that passes is faster)."""
+    label = (name or "").removeprefix("uniform ").removeprefix("dense+")
+    return f"{gain:.3f}x" + (f"<br><small>{html.escape(label)}</small>" if label else "")
+
+
 def _refused_cell(refused: dict[str, str]) -> str:
     """What the row's runtime cannot accelerate of what was asked for: a one-line summary,
     the formats and their reasons behind it (a details element)."""
@@ -122,7 +129,8 @@ def _refused_cell(refused: dict[str, str]) -> str:
 def _compare_table(doc: dict[str, Any]) -> str:
     head = ("<tr><th>target / runtime</th><th>batch</th><th>plan tok/s</th><th>baseline "
             "tok/s</th><th>TTFT ms</th><th>TPOT ms</th><th>$/1M tok</th><th>J/tok</th>"
-            "<th>memory GB</th><th>KL (measured)</th><th>x baseline</th><th>x best uniform</th>"
+            "<th>memory GB</th><th>KL (measured)</th><th>x baseline</th>"
+            "<th>x best uniform (or as is)</th>"
             "<th>not accelerated</th></tr>")
     rows = []
     for r in doc["rows"]:
@@ -140,7 +148,8 @@ def _compare_table(doc: dict[str, Any]) -> str:
             f"<td>{p['energy_j_per_token']:,.4f}</td><td>{p['memory_gb']:,.2f}"
             f"{'' if p['fits'] else ' (no fit)'}</td><td>{r['kl']:.5f}</td>"
             f"<td>{r['gain_over_baseline']:.3f}x</td>"
-            f"<td>{'-' if gain_u is None else f'{gain_u:.3f}x'}</td>"
+            f"<td>{'-' if gain_u is None else _gain_cell(gain_u, r.get('best_uniform_name'))}"
+            "</td>"
             f"<td style='text-align:left'>{_refused_cell(r['not_accelerated'])}</td></tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 

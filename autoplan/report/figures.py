@@ -50,7 +50,8 @@ def pareto_front(plan: Plan) -> bytes:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     points = plan.search.points
     styles = {"uniform": ("s", "tab:blue"), "candidate": ("o", "tab:orange"),
-              "front": ("^", "tab:gray"), "baseline": ("D", "black"), "plan": ("*", "tab:red")}
+              "front": ("^", "tab:gray"), "baseline": ("D", "black"),
+              "as-is": ("P", "tab:green"), "plan": ("*", "tab:red")}
     for kind, (marker, color) in styles.items():
         sel = [p for p in points if p.kind == kind]
         if not sel:

@@ -116,7 +116,11 @@ class SearchRequest:
     protect_first_block: bool | None = None
     protect_last_block: bool | None = None
     verify_top: int = 2
-    max_rounds: int = 3
+    max_rounds: int = 6
+    # The predicted gain a plan needs over a measured candidate of better quality to be
+    # returned instead of it (0.05: 5 %). None: the speed prediction's stated uncertainty on
+    # the target and runtime (search/stages/_uncertainty.py).
+    min_gain: float | None = None
     price_per_hour: float | None = None
     trust_remote_code: bool = False
     cost_table: CostTable | None = None
@@ -189,6 +193,8 @@ class SearchRequest:
         if self.price_per_hour is not None and not 0 <= self.price_per_hour < math.inf:
             raise UserInputError("--price-per-hour must be a finite number >= 0, got "
                                  f"{self.price_per_hour}")
+        if self.min_gain is not None and not 0 <= self.min_gain < math.inf:
+            raise UserInputError(f"--min-gain must be a finite number >= 0, got {self.min_gain}")
         if self.lmeval_limit is not None:
             at_least("lm-eval-limit", self.lmeval_limit, 1)
         if self.measure_kernels and self.cost_table is not None:

@@ -28,6 +28,7 @@ from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
+from autoplan.search.stages._as_is import AsIs, as_is
 from autoplan.search.request import (
     ONNX_RUNTIME,
     Platform,
@@ -35,6 +36,7 @@ from autoplan.search.request import (
     in_memory_only,
     kernel_timer,
 )
+from autoplan.search.stages._uncertainty import SpeedUncertainty, speed_uncertainty
 from autoplan.search.verify import (KvSimulation, QualityBudget, SharedMeasurements, Verifier,
                                     build_gates, measurement_store)
 from autoplan.quant.kv_cache import kv_quants
@@ -79,6 +81,23 @@ class Prepared:
     def baseline_picks(self) -> tuple[int, ...]:
         """Every unit left at the baseline choice (the uncompressed model)."""
         return tuple(self.tables.picks_of({}))
+
+    @cached_property
+    def as_is(self) -> AsIs:
+        """The model as the user has it, always a candidate (_as_is.py)."""
+        return as_is(self.loaded, self.space, self.baseline_picks)
+
+    @cached_property
+    def uncertainty(self) -> SpeedUncertainty:
+        """How far a predicted speed ratio may be off on this platform (_uncertainty.py),
+        or the request's `min_gain`."""
+        if self.req.min_gain is not None:
+            return SpeedUncertainty(self.req.min_gain, "--min-gain")
+        timer = kernel_timer(self.platform.target.name, self.platform.runtime) \
+            if self.platform.measure_kernels else None
+        label = timer.label if timer is not None else None
+        return speed_uncertainty(self.platform.target, self.kernel_times, label,
+                                 moe=self.loaded.spec.moe is not None)
 
     def value(self, picks) -> float:  # noqa: ANN001 - any sequence of choice indices
         """The objective metric of a pick, from the cost model."""
