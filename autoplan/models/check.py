@@ -93,4 +93,17 @@ def check_safetensors(path: str | Path) -> None:
         _check_file(file)
 
 
-__all__ = ["check_safetensors"]
+def tensor_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape over every `*.safetensors` header of a folder (no tensor read);
+    call after `check_safetensors`."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with file.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        shapes.update({name: tuple(entry["shape"]) for name, entry in header.items()
+                       if name != "__metadata__"})
+    return shapes
+
+
+__all__ = ["check_safetensors", "tensor_shapes"]

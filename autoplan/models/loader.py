@@ -23,6 +23,7 @@ from autoplan.models._cache import models_dir
 from autoplan.models.gguf_convert import convert_gguf, quiet_transformers
 from autoplan.models.graph import verify_layer_graph
 from autoplan.models.hashing import file_hash, weights_hash
+from autoplan.models.moe import check_moe_checkpoint, unfuse_experts
 from autoplan.models.registry import ModelSource, resolve_model_arg
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -110,6 +111,7 @@ def check_loadable(spec: str) -> ModelSource:
     _refuse_unweighted(source)
     if source.kind == "hf":
         check_safetensors(source.path)
+        check_moe_checkpoint(source.path)
     elif not (converted_dir(source) / "config.json").is_file():  # a GGUF not converted yet
         config = _gguf_config(source.path)
         check_name_map(str(config.get("model_type", "")), gguf_architecture(source.path))
@@ -210,6 +212,7 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
     tokenizer = _tokenizer(folder, trust_remote_code)
     model.eval()
     model_spec = ModelSpec.from_config(model.config.to_dict(), name=source.model_id)
+    unfuse_experts(model, model_spec)  # MoE: each routed expert's projections as nn.Linear
     verify_layer_graph(model, model_spec)
     return LoadedModel(model, tokenizer, model_spec, source.model_id, weights_hash(folder), folder,
                        source)

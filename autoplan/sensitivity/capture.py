@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from autoplan.models.graph import get_linear
+from autoplan.models.moe import counting_routing
 
 
 @dataclass
@@ -27,6 +28,8 @@ class Captured:
     inputs: dict[str, Tensor] = field(default_factory=dict)  # layer -> [T, in]
     grads: dict[str, Tensor] = field(default_factory=dict)  # layer -> [T, out]
     tokens: int = 0
+    # MoE: block -> tokens routed to each expert during the pass (the calibration routing)
+    routing: dict[str, list[int]] = field(default_factory=dict)
 
 
 def _input_embeddings(model: nn.Module) -> nn.Module:
@@ -60,10 +63,20 @@ class Recorder:
             h.remove()
         self._handles.clear()
 
+    def _empty(self, out: Captured, name: str) -> None:
+        weight = get_linear(self._model, name).weight
+        out.inputs[name] = torch.zeros(0, weight.shape[1], device=weight.device)
+        out.grads[name] = torch.zeros(0, weight.shape[0], device=weight.device)
+        self.xs.pop(name)
+        self.gs.pop(name)
+
     def result(self, tokens: int) -> Captured:
         out = Captured(tokens=tokens)
         shared: dict[tuple[int, ...], Tensor] = {}
         for name in self.names:
+            if not self.xs[name]:  # a routed expert no calibration token picked
+                self._empty(out, name)
+                continue
             # q/k/v (and gate/up) read the same input tensor: keep one copy.
             xs = self.xs.pop(name)
             key = tuple(t.data_ptr() for t in xs)
@@ -115,7 +128,7 @@ def capture(
     device = next(model.parameters()).device
     tokens = 0
     try:
-        with Recorder(model, layer_names) as rec:
+        with Recorder(model, layer_names) as rec, counting_routing(model) as routing:
             for batch in batches:
                 fisher_loss(model(input_ids=batch.to(device)).logits, gen).backward()
                 tokens += batch.numel()
@@ -123,7 +136,9 @@ def capture(
         emb.remove()
         for p, r in zip(model.parameters(), requires):
             p.requires_grad_(r)
-    return rec.result(tokens)
+    out = rec.result(tokens)
+    out.routing = routing.as_lists()
+    return out
 
 
 __all__ = ["Captured", "Recorder", "capture", "fisher_loss", "sample_labels"]

@@ -5,6 +5,11 @@ change of the layer's output when that layer alone is compressed to `choice` (pr
 quantized, with its activation quantization) and G is the Fisher gradient from the capture
 pass. Summing scores over layers is the additive surrogate the search constrains.
 
+A routed expert sees only the tokens routed to it: its sum runs over those, divided by all
+calibration tokens, so its score is its routing frequency times its mean per-token score
+(an expert no token picked scores 0). The pass also records how many tokens each expert got
+(`routing`): the cost model's routing shares.
+
 The profile is cached on disk as JSON, keyed by model hash + calibration hash + settings,
 with one entry per (layer, choice): it is written after every layer, so an interrupted run
 resumes where it stopped, and adding choices later only computes the new ones.
@@ -46,6 +51,8 @@ class SensitivityProfile:
     tokens: int = 0
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
     outliers: dict[str, float] = field(default_factory=dict)
+    # MoE: block -> calibration tokens routed to each expert (the cost model's routing shares)
+    routing: dict[str, list[int]] = field(default_factory=dict)
 
     def cost(self, layer: str, choice: Choice) -> float:
         return self.scores[layer][str(choice)]
@@ -59,13 +66,14 @@ class SensitivityProfile:
             "calib_hash": self.calib_hash, "tokens": self.tokens,
             "settings": {"prune_score": self.settings.prune_score,
                          "quant_method": self.settings.quant_method},
-            "scores": self.scores, "outliers": self.outliers,
+            "scores": self.scores, "outliers": self.outliers, "routing": self.routing,
         }
 
     @classmethod
     def from_json(cls, raw: dict) -> SensitivityProfile:
         return cls(raw["model_hash"], raw["calib_hash"], CompressionSettings(**raw["settings"]),
-                   raw.get("tokens", 0), raw.get("scores", {}), raw.get("outliers", {}))
+                   raw.get("tokens", 0), raw.get("scores", {}), raw.get("outliers", {}),
+                   raw.get("routing", {}))
 
 
 def calibration_key(batches: Sequence[Tensor]) -> str:
@@ -231,9 +239,13 @@ class ProfileRun:
         if self.on_progress:
             self.on_progress(self.done, self.total)
 
-    def score(self, tasks: Iterable[ScoreTask], tokens: int) -> None:
-        """Run `tasks` on the executor, writing the cache after each finished layer."""
+    def score(self, tasks: Iterable[ScoreTask], tokens: int,
+              routing: dict[str, list[int]] | None = None) -> None:
+        """Run `tasks` on the executor, writing the cache after each finished layer (and the
+        pass's MoE routing counts, the first time a pass records them)."""
         self.profile.tokens = tokens
+        if routing and not self.profile.routing:
+            self.profile.routing = dict(routing)
         for _i, res in self.executor.imap_unordered(score_task, tasks):
             self.profile.scores.setdefault(res.layer, {}).update(res.scores)
             self.profile.outliers[res.layer] = res.outlier
@@ -265,7 +277,7 @@ def build_profile(
         chunk, pending = pending[:step], pending[step:]
         cap = capture(model, chunk, calib_batches, seed=seed)
         run.score((make_task(model, name, run.todo[name], cap, settings) for name in chunk),
-                  cap.tokens)
+                  cap.tokens, cap.routing)
         del cap
     return run.profile
 

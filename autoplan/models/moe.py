@@ -1,0 +1,210 @@
+"""Mixture-of-experts models as autoplan measures them: every routed expert an nn.Linear.
+
+transformers 5 stores a block's experts as 3-D tensors (`experts.gate_up_proj` [E, 2I, H],
+`experts.down_proj` [E, H, I]; gpt-oss transposed, interleaved and with biases). autoplan
+compresses, captures and exports linear layers by name, so `unfuse_experts` replaces each
+such module by `UnfusedExperts`: one `ExpertMLP` per expert with `gate_proj` / `up_proj` /
+`down_proj` (gpt-oss: `gate_up_proj`, `down_proj`) nn.Linear layers holding the same
+weights, and the same forward (tokens routed to an expert run its MLP, scaled by their
+routing weights, summed). The names are the checkpoints' own for qwen2_moe / qwen3_moe
+(`mlp.experts.{e}.gate_proj`) and map one to one onto Mixtral's (`block_sparse_moe.experts.
+{e}.w1/w3/w2`, `checkpoint_name`).
+
+`RoutingCounter` records how many tokens each expert of each block receives (the profile's
+calibration routing); `check_expert_count` refuses a checkpoint whose experts disagree with
+its config, from the safetensors headers alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from autoplan.errors import UserInputError
+from autoplan.modelspec import ModelSpec
+
+
+class ExpertMLP(nn.Module):
+    """One routed expert: gate/up/down linears (or gpt-oss's interleaved gate_up)."""
+
+    def __init__(self, hidden: int, inter: int, *, fused: bool, bias: bool, act: Any,
+                 alpha: float = 1.702, limit: float = 7.0) -> None:
+        super().__init__()
+        self.fused = fused
+        if fused:
+            self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias, device="meta")
+        else:
+            self.gate_proj = nn.Linear(hidden, inter, bias=bias, device="meta")
+            self.up_proj = nn.Linear(hidden, inter, bias=bias, device="meta")
+        self.down_proj = nn.Linear(inter, hidden, bias=bias, device="meta")
+        self.act_fn, self.alpha, self.limit = act, alpha, limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.gate_up_proj(x)  # gpt-oss: gate and up interleaved, clamped SwiGLU
+        gate = gate_up[..., ::2].clamp(max=self.limit)
+        up = gate_up[..., 1::2].clamp(min=-self.limit, max=self.limit)
+        return self.down_proj((up + 1) * (gate * torch.sigmoid(gate * self.alpha)))
+
+
+class UnfusedExperts(nn.Module):
+    """A block's routed experts as named submodules "0" ... "E-1" (same forward contract as
+    transformers' experts module: hidden [T, H], top-k indices and weights [T, k])."""
+
+    def __init__(self, experts: list[ExpertMLP]) -> None:
+        super().__init__()
+        self.num_experts = len(experts)
+        for e, mlp in enumerate(experts):
+            self.add_module(str(e), mlp)
+
+    def expert(self, e: int) -> ExpertMLP:
+        return getattr(self, str(e))
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(hidden_states)
+        for e in torch.unique(top_k_index).tolist():
+            token_idx, pos = torch.where(top_k_index == e)
+            y = self.expert(e)(hidden_states[token_idx])
+            y = y * top_k_weights[token_idx, pos, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out
+
+
+def _is_fused_experts(module: nn.Module) -> bool:
+    gate_up = getattr(module, "gate_up_proj", None)
+    return isinstance(gate_up, torch.Tensor) and gate_up.dim() == 3
+
+
+def _unfused(module: nn.Module, fused_gate_up: bool) -> UnfusedExperts:
+    gate_up, down = module.gate_up_proj.detach(), module.down_proj.detach()
+    n = gate_up.shape[0]
+    act = getattr(module, "act_fn", None)
+    experts = []
+    for e in range(n):
+        if fused_gate_up:  # gpt-oss: [E, H, 2I] and [E, I, H], x @ W + b
+            hidden, inter = gate_up.shape[1], gate_up.shape[2] // 2
+            mlp = ExpertMLP(hidden, inter, fused=True, bias=True, act=None,
+                            alpha=float(module.alpha), limit=float(module.limit))
+            mlp.gate_up_proj.weight = nn.Parameter(gate_up[e].T.contiguous(), requires_grad=False)
+            mlp.gate_up_proj.bias = nn.Parameter(module.gate_up_proj_bias.detach()[e].clone(),
+                                                 requires_grad=False)
+            mlp.down_proj.weight = nn.Parameter(down[e].T.contiguous(), requires_grad=False)
+            mlp.down_proj.bias = nn.Parameter(module.down_proj_bias.detach()[e].clone(),
+                                              requires_grad=False)
+        else:  # [E, 2I, H] (gate rows, then up rows) and [E, H, I]
+            inter, hidden = gate_up.shape[1] // 2, gate_up.shape[2]
+            mlp = ExpertMLP(hidden, inter, fused=False, bias=False, act=act)
+            mlp.gate_proj.weight = nn.Parameter(gate_up[e, :inter].clone(), requires_grad=False)
+            mlp.up_proj.weight = nn.Parameter(gate_up[e, inter:].clone(), requires_grad=False)
+            mlp.down_proj.weight = nn.Parameter(down[e].clone(), requires_grad=False)
+        experts.append(mlp)
+    return UnfusedExperts(experts)
+
+
+def unfuse_experts(model: nn.Module, spec: ModelSpec) -> int:
+    """Replace every transformers experts module of an MoE model by `UnfusedExperts`, in
+    place; returns how many blocks were unfused (0 for a dense model)."""
+    if spec.moe is None:
+        return 0
+    count = 0
+    for name, module in list(model.named_modules()):
+        if name.endswith(".experts") and _is_fused_experts(module):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, _unfused(module, spec.moe.fused_gate_up))
+            count += 1
+    return count
+
+
+class RoutingCounter:
+    """Counts, per MoE block, the tokens routed to each expert while it is entered."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.counts: dict[int, torch.Tensor] = {}
+        self._handles: list = []
+
+    def __enter__(self) -> RoutingCounter:
+        for name, module in self.model.named_modules():
+            if isinstance(module, UnfusedExperts):
+                block = int(re.search(r"layers\.(\d+)\.", name + ".").group(1))  # type: ignore[union-attr]
+
+                def hook(mod, args, _out, block=block):  # noqa: ANN001 - torch hook
+                    idx = args[1].reshape(-1).to("cpu", torch.int64)
+                    add = torch.bincount(idx, minlength=mod.num_experts)
+                    self.counts[block] = self.counts.get(block, torch.zeros_like(add)) + add
+
+                self._handles.append(module.register_forward_hook(hook))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def as_lists(self) -> dict[str, list[int]]:
+        return {str(b): [int(c) for c in counts] for b, counts in sorted(self.counts.items())}
+
+
+@contextmanager
+def counting_routing(model: nn.Module) -> Iterator[RoutingCounter]:
+    with RoutingCounter(model) as counter:
+        yield counter
+
+
+_EXPERT_INDEX = re.compile(r"\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.")
+
+
+def check_expert_count(tensor_shapes: dict[str, tuple[int, ...]], spec: ModelSpec) -> None:
+    """Refuse a checkpoint whose routed experts disagree with its config (names and shapes
+    from the safetensors headers: per-expert tensors, or stacked [E, ...] ones).
+
+    Raises:
+        UserInputError: one line naming both counts.
+    """
+    moe = spec.moe
+    if moe is None:
+        return
+    block = moe.moe_blocks[0]
+    seen = {int(m.group(2)) for n in tensor_shapes
+            if (m := _EXPERT_INDEX.search("." + n)) and int(m.group(1)) == block}
+    if not seen:  # stacked experts (gpt-oss's blocks, transformers' own saves)
+        stacked = [shape[0] for n, shape in tensor_shapes.items()
+                   if f"layers.{block}.mlp.experts." in n and len(shape) >= 3]
+        seen = set(range(stacked[0])) if stacked else set()
+    if len(seen) != moe.n_experts:
+        raise UserInputError(
+            f"the checkpoint has {len(seen)} experts in block {block} but its config.json says "
+            f"{moe.n_experts}; re-save the model with the config it was trained with")
+
+
+def check_moe_checkpoint(folder: Path) -> None:
+    """For an HF folder whose config routes to experts: an MoE autoplan plans (else one line
+    naming what is missing) whose checkpoint holds the experts its config says; headers only.
+
+    Raises:
+        ModelConfigError / UserInputError: one line.
+    """
+    import json
+
+    from autoplan.modelspec.moe import is_moe_config
+    from autoplan.models.check import tensor_shapes
+
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the loader reports a missing or malformed config itself
+    if not isinstance(cfg, dict) or not is_moe_config(cfg, str(cfg.get("model_type", ""))):
+        return
+    check_expert_count(tensor_shapes(folder), ModelSpec.from_config(cfg))
+
+
+__all__ = ["ExpertMLP", "RoutingCounter", "UnfusedExperts", "check_expert_count",
+           "check_moe_checkpoint", "counting_routing", "unfuse_experts"]

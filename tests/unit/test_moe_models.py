@@ -1,0 +1,83 @@
+"""Loading MoE checkpoints: experts unfused into named linears with the same outputs, the
+calibration routing counted, and checkpoints that disagree with their config refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from autoplan.errors import UserInputError
+from autoplan.models import check_loadable, load_model
+from autoplan.models.moe import UnfusedExperts, counting_routing, unfuse_experts
+from autoplan.modelspec import ModelSpec
+from autoplan.sensitivity.capture import capture
+from tests.unit._tiny_moe import EXPERTS, FAMILIES, TOP_K, save_tiny_moe, tiny_moe_model
+
+_IDS = torch.randint(2, 200, (2, 24), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unfused_experts_compute_what_transformers_computes(family: str) -> None:
+    model = tiny_moe_model(family)
+    spec = ModelSpec.from_config(model.config.to_dict())
+    with torch.no_grad():
+        ref = model(input_ids=_IDS).logits
+    assert unfuse_experts(model, spec) == len(spec.moe.moe_blocks)
+    with torch.no_grad(), counting_routing(model) as counter:
+        got = model(input_ids=_IDS).logits
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    for block, counts in counter.as_lists().items():
+        assert len(counts) == EXPERTS and sum(counts) == _IDS.numel() * TOP_K, block
+    experts = [la for la in spec.layers if la.expert >= 0]
+    for layer in experts:  # every expert layer of the spec is a real nn.Linear of its shape
+        linear = model.get_submodule(layer.name)
+        assert tuple(linear.weight.shape) == (layer.out_features, layer.in_features)
+
+
+def test_load_model_unfuses_and_verifies_the_layer_graph(tmp_path) -> None:
+    folder = save_tiny_moe(tmp_path / "mixtral", "mixtral")
+    loaded = load_model(str(folder))
+    assert isinstance(loaded.model.model.layers[0].mlp.experts, UnfusedExperts)
+    assert loaded.spec.moe.n_experts == EXPERTS
+    check_loadable(str(folder))  # headers only: whole, and the experts match the config
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss"])
+def test_expert_count_that_disagrees_with_the_config_is_refused(tmp_path, family) -> None:
+    folder = save_tiny_moe(tmp_path / family, family)
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    key = "num_local_experts" if family != "qwen3_moe" else "num_experts"
+    cfg[key] = EXPERTS + 2
+    cfg.pop("num_local_experts" if key == "num_experts" else "num_experts", None)
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(UserInputError, match=f"has {EXPERTS} experts in block 0 but its "
+                                             f"config.json says {EXPERTS + 2}") as err:
+        check_loadable(str(folder))
+    assert "\n" not in str(err.value)
+
+
+def test_unsupported_moe_checkpoint_is_refused_before_loading(tmp_path) -> None:
+    folder = save_tiny_moe(tmp_path / "m", "mixtral")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["scoring_func"] = "sigmoid"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Exception, match="router scoring_func 'sigmoid'"):
+        check_loadable(str(folder))
+
+
+def test_capture_records_routing_and_unpicked_experts_capture_nothing() -> None:
+    model = tiny_moe_model("gpt_oss")
+    spec = ModelSpec.from_config(model.config.to_dict())
+    unfuse_experts(model, spec)
+    with torch.no_grad():  # expert 3 of block 0 is never picked: its router bias is -1e4
+        model.model.layers[0].mlp.router.bias[3] = -1e4
+    names = [la.name for la in spec.layers if la.block == 0 and la.expert >= 0]
+    cap = capture(model, names, [_IDS], seed=0)
+    assert cap.routing["0"][3] == 0 and sum(cap.routing["0"]) == _IDS.numel() * TOP_K
+    idle = "model.layers.0.mlp.experts.3.gate_up_proj"
+    assert cap.inputs[idle].shape == (0, 64) and cap.grads[idle].shape == (0, 64)
+    busy = "model.layers.0.mlp.experts.0.gate_up_proj"
+    assert cap.inputs[busy].shape[0] == cap.routing["0"][0] > 0
