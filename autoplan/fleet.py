@@ -68,6 +68,21 @@ class FleetSizing:
         return out
 
 
+class ReplicaDoesNotFit(UserInputError):
+    """One replica (weights + its batch's KV cache) needs more memory than a domain has."""
+
+    def __init__(self, message: str, needed_bytes: float, usable_bytes: float) -> None:
+        super().__init__(message)
+        self.needed_bytes, self.usable_bytes = needed_bytes, usable_bytes
+
+
+def does_not_fit(reason: str) -> FleetSizing:
+    """The sizing of a side that cannot run on the node at all (no replica fits): no nodes,
+    no figures, the reason."""
+    return FleetSizing(0, 0, 0.0, 0.0, None, None, None, None, None, (),
+                       reason=f"does not fit: {reason}")
+
+
 def erlang_c(servers: int, offered: float) -> float:
     """Probability an arrival waits in M/M/k with `servers` and offered load a = lambda/mu.
 
@@ -138,8 +153,9 @@ def size_fleet(*, weight_bytes: float, kv_bytes_per_token: float, node_memory_by
                   usable_fraction * node_memory_bytes, "B")
     by_memory = math.floor(usable / per_replica)
     if by_memory < 1:
-        raise UserInputError(f"one replica needs {per_replica / 1e9:.1f} GB but a {where} has "
-                             f"{usable / 1e9:.1f} GB usable: choose a smaller plan or batch")
+        raise ReplicaDoesNotFit(f"one replica needs {per_replica / 1e9:.1f} GB but a {where} has "
+                                f"{usable / 1e9:.1f} GB usable: choose a smaller plan or batch",
+                                per_replica, usable)
     local = min(by_memory, max_replicas or by_memory)
     if domains > 1:
         step("replicas per memory domain", f"min(floor({usable:.4g} / {per_replica:.4g}) = "
@@ -187,4 +203,5 @@ def size_fleet(*, weight_bytes: float, kv_bytes_per_token: float, node_memory_by
                        tuple(steps))
 
 
-__all__ = ["FleetSizing", "Step", "erlang_c", "size_fleet", "wait_quantile"]
+__all__ = ["FleetSizing", "ReplicaDoesNotFit", "Step", "does_not_fit", "erlang_c", "size_fleet",
+           "wait_quantile"]

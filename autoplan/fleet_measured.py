@@ -21,9 +21,13 @@ sizes a fleet of such nodes:
    what the benchmark measured at r* (latency rising with rate, qps / n does no worse).
 4. $/month and $/1M output tokens as in the analytic sizing.
 
+A curve is one engine on one machine: it sizes a plan only when the plan runs on that
+engine and the node is that machine (`check_curve_applies`), never another one's nodes.
+
 Public API:
     MeasuredPoint, MeasuredCurves, MeasuredSizing
     read_capacity_curves(path) -> MeasuredCurves
+    check_curve_applies(curves, node, runtime)
     size_fleet_measured(points, *, qps, p99_s, output_len, price_per_hour, ...) -> MeasuredSizing
 """
 
@@ -31,12 +35,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autoplan.errors import UserInputError
 from autoplan.fleet import HOURS_PER_MONTH, FleetSizing, Step
+from autoplan.targets import Target
 
 # achieved / offered request rate below which the node fell behind: a short benchmark's
 # achieved rate runs ~10 % under the offered one even when it keeps up (its last requests'
@@ -65,6 +72,8 @@ class MeasuredCurves:
     input_len: int
     output_len: int
     sides: dict[str, tuple[MeasuredPoint, ...]]
+    engine: str = ""  # the runtime that served it: "vllm" or "llama.cpp"
+    machine: dict[str, Any] | None = None  # the benchmark's record: cpu, cores, ...
 
     def side(self, name: str) -> tuple[MeasuredPoint, ...]:
         if name not in self.sides:
@@ -121,11 +130,11 @@ def read_capacity_curves(path: str | Path) -> MeasuredCurves:
         raise UserInputError(f"'{path}' is not JSON ({exc}): pass the JSON "
                              "benchmarks/serve_bench.py or llamacpp_serve.py wrote") from None
     sides = doc.get("sides") if isinstance(doc, dict) else None
-    source = "benchmarks/serve_bench.py (vLLM)"
+    source, engine = "benchmarks/serve_bench.py (vLLM)", "vllm"
     if not (isinstance(sides, dict) and any(isinstance(s, dict) and "points" in s
                                             for s in sides.values())):
-        sides, source = (doc.get("serving") if isinstance(doc, dict) else None,
-                         "benchmarks/llamacpp_serve.py (llama.cpp)")
+        sides, source, engine = (doc.get("serving") if isinstance(doc, dict) else None,
+                                 "benchmarks/llamacpp_serve.py (llama.cpp)", "llama.cpp")
     if not isinstance(sides, dict) or not sides:
         raise UserInputError(f"'{path}' holds no capacity curve (no sides[*].points or "
                              "serving[*].points): pass a serving benchmark's result")
@@ -139,7 +148,62 @@ def read_capacity_curves(path: str | Path) -> MeasuredCurves:
                              "benchmark's result?") from None
     if not curves:
         raise UserInputError(f"'{path}' has sides but no measured points")
-    return MeasuredCurves(source, input_len, output_len, curves)
+    machine = doc.get("machine")
+    return MeasuredCurves(source, input_len, output_len, curves, engine,
+                          machine if isinstance(machine, dict) else None)
+
+
+def this_machine() -> dict[str, Any]:
+    """This machine as the benchmarks record it: the CPU model (/proc/cpuinfo) and the
+    number of logical CPUs."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count()}
+
+
+def _describe(machine: dict[str, Any]) -> str:
+    return f"{machine.get('cpu', 'an unnamed CPU')}, {machine.get('cores', '?')} cores"
+
+
+def check_curve_applies(curves: MeasuredCurves, node: Target, runtime: str) -> None:
+    """Refuse a curve that does not measure what the fleet would run: another engine than
+    the plan's runtime, or another machine than the node (a curve measured here sizes
+    `--node local`; a catalog node only a curve whose recorded CPU names that part).
+
+    Raises:
+        UserInputError: one line naming both and the fix.
+    """
+    if curves.engine and curves.engine != runtime:
+        raise UserInputError(
+            f"the measured curve is {curves.engine}'s ({curves.source}) but the plan runs on "
+            f"{runtime}: measure the plan served by {runtime}, or drop --measured for the "
+            "analytic sizing")
+    if curves.machine is None:
+        raise UserInputError(
+            "the measured result does not record the machine it was measured on: rerun its "
+            "benchmark (it records `machine`), or drop --measured")
+    fix = ("size --node local on the machine that measured it, or drop --measured for the "
+           "analytic sizing")
+    if node.measured:
+        here = this_machine()
+        if (str(curves.machine.get("cpu")), curves.machine.get("cores")) != (
+                here["cpu"], here["cores"]):
+            raise UserInputError(
+                f"the curve was measured on another machine ({_describe(curves.machine)}) "
+                f"than this one ({_describe(here)}): {fix}")
+        return
+    recorded = " ".join(str(curves.machine.get(k, "")) for k in ("cpu", "gpu")).lower()
+    parts = [t for t in node.name.lower().replace("_", "-").split("-") if t]
+    if not parts or not all(t in recorded for t in parts):
+        raise UserInputError(
+            f"a measured curve sizes the machine it was measured on "
+            f"({_describe(curves.machine)}), not --node {node.name}: {fix}")
 
 
 def size_fleet_measured(points: tuple[MeasuredPoint, ...] | list[MeasuredPoint], *, qps: float,
@@ -190,4 +254,4 @@ def size_fleet_measured(points: tuple[MeasuredPoint, ...] | list[MeasuredPoint],
 
 
 __all__ = ["SUSTAINED", "MeasuredCurves", "MeasuredPoint", "MeasuredSizing",
-           "read_capacity_curves", "size_fleet_measured"]
+           "check_curve_applies", "read_capacity_curves", "size_fleet_measured", "this_machine"]

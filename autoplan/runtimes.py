@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autoplan.errors import AutoplanError, UnknownNameError
 from autoplan.formats import DENSE, Choice, Precision
+from autoplan.formats.kv import KvFormat
 from autoplan.targets import Target, check_source, load_catalog
 
 Platform = Literal["nvidia-gpu", "amd-gpu", "cpu", "*"]
@@ -46,6 +47,15 @@ class Support:
         return self.ok
 
 
+def _known(values: tuple[str, ...], known: set[str] | frozenset[str], what: str
+           ) -> tuple[str, ...]:
+    """``values`` when all are ``known``, else the ValueError pydantic reports."""
+    bad = sorted(set(values) - known)
+    if bad:
+        raise ValueError(f"unknown {what} {bad}; use {sorted(known)}")
+    return values
+
+
 class Rule(BaseModel):
     """One row of the matrix: which choices on which hardware, and why."""
 
@@ -65,19 +75,12 @@ class Rule(BaseModel):
     @field_validator("sparsity")
     @classmethod
     def _sparsity_tokens(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        bad = sorted(set(v) - _SPARSITY_TOKENS)
-        if bad:
-            raise ValueError(f"unknown sparsity tokens {bad}; use {sorted(_SPARSITY_TOKENS)}")
-        return v
+        return _known(v, _SPARSITY_TOKENS, "sparsity tokens")
 
     @field_validator("precision")
     @classmethod
     def _precisions(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        known = {p.value for p in Precision} | {"*"}
-        bad = sorted(set(v) - known)
-        if bad:
-            raise ValueError(f"unknown precisions {bad}; use {sorted(known)}")
-        return v
+        return _known(v, {p.value for p in Precision} | {"*"}, "precisions")
 
     def matches(self, target: Target, choice: Choice) -> bool:
         """True when the rule covers this target and choice."""
@@ -87,6 +90,35 @@ class Rule(BaseModel):
             and _hit(self.families, {target.family})
             and _hit(self.platforms, {target.platform})
         )
+
+
+class KvRule(BaseModel):
+    """Which KV-cache formats an engine serves on which hardware, and how (runtimes.toml)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    formats: tuple[str, ...]
+    families: tuple[str, ...] = ("*",)
+    platforms: tuple[Platform, ...] = ("*",)
+    flag: str = ""  # the engine's KV-dtype value; "" = the format's own (llama.cpp's GGUF name)
+    scales: Literal["checkpoint", "dynamic", "none"] = "none"
+    query: str = ""  # the KV format the kernel rounds queries to ("" = none)
+    reason: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+    @field_validator("formats")
+    @classmethod
+    def _formats(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _known(v, {k.value for k in KvFormat}, "KV formats")
+
+    @field_validator("query")
+    @classmethod
+    def _query(cls, v: str) -> str:
+        return _known((v,), {k.value for k in KvFormat} | {""}, "query roundings")[0]
+
+    def matches(self, target: Target, fmt: KvFormat) -> bool:
+        return (fmt.value in self.formats and _hit(self.families, {target.family})
+                and _hit(self.platforms, {target.platform}))
 
 
 class Runtime(BaseModel):
@@ -107,6 +139,12 @@ class Runtime(BaseModel):
     fused_projections: bool = True
     deny: tuple[Rule, ...] = ()
     accel: tuple[Rule, ...] = ()
+    # KV cache: the cache it uses when not told (None: the model's 16-bit dtype), whether
+    # layers may take different cache types, and which formats it serves where.
+    kv_default: str | None = None
+    kv_per_layer: bool = False
+    kv_deny: tuple[KvRule, ...] = ()
+    kv: tuple[KvRule, ...] = ()
 
 
 class Matrix(BaseModel):
@@ -152,6 +190,10 @@ def load_matrix() -> Matrix:
         rules += [(rt.name, r) for r in (*rt.deny, *rt.accel)]
         for key in rt.sources:
             check_source(key, f"runtimes.toml, runtime {rt.name}")
+    for rt in matrix.runtime:
+        rules += [(f"{rt.name} kv", r) for r in (*rt.kv_deny, *rt.kv)]
+        if rt.kv_default is not None:
+            KvFormat.parse(rt.kv_default)
     for owner, rule in rules:
         check_source(rule.source, f"runtimes.toml, {owner} rule '{rule.reason[:40]}'")
         unknown = sorted(set(rule.families) - families)
@@ -188,6 +230,32 @@ def default_runtime(target: Target) -> str:
         if target.platform in rt.default_for:
             return rt.name
     raise AutoplanError(f"no default runtime for {target.platform} targets; pass --runtime")
+
+
+# Runtimes that run inside autoplan's own interpreter, by the package that holds them: on a
+# measured target (`local`, this machine) the version that runs is the installed one, which
+# is what a plan for it records, not the catalog's (the version its rules were checked at).
+_IN_PROCESS_PACKAGES = {"onnxruntime": "onnxruntime"}
+
+
+def installed_version(runtime: str) -> str | None:
+    """The version of an in-process runtime installed here, or None (not one, or absent)."""
+    from importlib import metadata
+
+    package = _IN_PROCESS_PACKAGES.get(runtime.strip().lower())
+    if package is None:
+        return None
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_on(target: Target, runtime: str) -> str:
+    """The version of `runtime` a plan for `target` runs with: the installed one on a
+    measured target (this machine) when autoplan runs it in-process, else the catalog's."""
+    installed = installed_version(runtime) if target.measured else None
+    return installed or get_runtime(runtime).version
 
 
 def _hardware_gap(target: Target, choice: Choice) -> str:
@@ -266,6 +334,53 @@ def refusals(target: Target, runtime: str, choices: Mapping[str, Choice]) -> dic
     return out
 
 
+def refused_layers(target: Target, runtime: str, choices: Mapping[str, Choice],
+                   shown: int = 4) -> str | None:
+    """One clause for a message when `runtime` does not accelerate some planned layers on
+    `target` ("N planned layer(s) on T; K are CHOICE (WHY): NAMES"), else None."""
+    refused = refusals(target, runtime, choices)
+    if not refused:
+        return None
+    why, names = next(iter(refused.items()))
+    total = sum(len(v) for v in refused.values())
+    return (f"{total} planned layer(s) on {target.name}; {len(names)} are {why}: "
+            f"{listing(names, shown)}")
+
+
+def format_family(choice: Choice) -> str:
+    """The family a choice belongs to, as users name them: its sparsity pattern when pruned
+    ("2:4 sparsity", "block sparsity"), else by its math: "FP8", "FP4", "INT8",
+    "INT4 weight-only", "INT4/INT5 x INT8 activations" (the CPU block formats), "floats"."""
+    if choice.sparsity.kind != "dense":
+        kind = choice.sparsity.kind
+        return f"{str(choice.sparsity) if kind == 'nm' else kind} sparsity"
+    info = choice.precision.info
+    if info.weight_only:
+        return f"INT{info.value_bits} weight-only"
+    if info.math in ("fp8", "fp4"):
+        return info.math.upper()
+    if info.math == "int8":
+        return "INT8" if info.value_bits == 8 else "INT4/INT5 x INT8 activations"
+    return "floats"
+
+
+def summarize_refused(refused: Mapping[str, str]) -> str:
+    """A short line for "what was asked for that this runtime cannot accelerate": the count,
+    then each family with how many of its formats ("9 formats: 2:4 sparsity (4), W4A4 fp4
+    (2), ..."), largest first; "-" when nothing was refused."""
+    if not refused:
+        return "-"
+    families: dict[str, int] = {}
+    for text in refused:
+        try:
+            family = format_family(Choice.parse(text))
+        except (AutoplanError, ValueError):
+            family = "other"
+        families[family] = families.get(family, 0) + 1
+    parts = [f"{name} ({n})" for name, n in sorted(families.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return f"{len(refused)} format{'s' if len(refused) > 1 else ''}: {', '.join(parts)}"
+
+
 def listing(names: list[str], shown: int = 4) -> str:
     """Names for a one-line message: the first `shown`, then "and N more"."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
@@ -277,17 +392,97 @@ def accelerated_choices(target: Target, runtime: str, candidates: Iterable[Choic
     return [c for c in candidates if supports(target, runtime, c).ok]
 
 
+# ---- KV cache --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KvSupport(Support):
+    """``Support`` for a KV-cache format, with the engine's rule when it is served."""
+
+    rule: KvRule | None = None
+
+    @property
+    def query(self) -> KvFormat | None:
+        """The format the engine's attention rounds queries to against this cache, if any."""
+        return KvFormat(self.rule.query) if self.rule and self.rule.query else None
+
+
+def default_kv(target: Target, runtime: str) -> KvFormat:
+    """The cache an engine uses when not told: its ``kv_default``, else the model's 16-bit
+    dtype (fp32 on a CPU target without BF16 math, as its baseline layers)."""
+    rt = get_runtime(runtime)
+    if rt.kv_default is not None:
+        return KvFormat.parse(rt.kv_default)
+    if target.platform == "cpu" and not target.peak("bf16"):
+        return KvFormat.FP32
+    return KvFormat.BF16
+
+
+def kv_supports(target: Target, runtime: str, fmt: KvFormat | str) -> KvSupport:
+    """Whether ``runtime`` serves a ``fmt`` KV cache on ``target``, why, and its rule.
+
+    Raises:
+        UnknownNameError: the runtime or the format is unknown.
+    """
+    rt = get_runtime(runtime)
+    fmt = fmt if isinstance(fmt, KvFormat) else KvFormat.parse(fmt)
+    if target.platform not in rt.platforms:
+        return KvSupport(False, f"{rt.name} does not run on {target.platform} targets",
+                         rt.sources[0])
+    for rule in rt.kv_deny:
+        if rule.matches(target, fmt):
+            return KvSupport(False, rule.reason, rule.source)
+    for rule in rt.kv:
+        if rule.matches(target, fmt):
+            return KvSupport(True, f"{rt.name} {rt.version}: {rule.reason}", rule.source, rule)
+    served = [k.value for k in KvFormat if any(r.matches(target, k) for r in rt.kv)]
+    return KvSupport(False, f"{rt.name} {rt.version} serves no {fmt.value} KV cache on "
+                            f"{target.name} ({target.family}); it serves: "
+                            f"{', '.join(served) or 'none'}",
+                     rt.sources[0])
+
+
+def served_kv_formats(target: Target, runtime: str) -> list[KvFormat]:
+    """Every KV format ``runtime`` serves on ``target``, in KvFormat order."""
+    return [k for k in KvFormat if kv_supports(target, runtime, k).ok]
+
+
+def check_kv_layers(runtime: str, formats: Mapping[int, KvFormat]) -> None:
+    """Refuse a per-layer mix of cache types on an engine that takes one for the model.
+
+    Raises:
+        UnsupportedFormatError: the layers differ and the runtime has one KV dtype.
+    """
+    from autoplan.errors import UnsupportedFormatError
+
+    rt = get_runtime(runtime)
+    kinds = sorted({f.value for f in formats.values()})
+    if len(kinds) > 1 and not rt.kv_per_layer:
+        raise UnsupportedFormatError(
+            f"{rt.name} takes one KV-cache type for the whole model (one --kv-cache-dtype / "
+            f"-ctk), not a mix per layer ({', '.join(kinds)}): pick one format for every layer")
+
+
 __all__ = [
+    "KvRule",
+    "KvSupport",
     "Matrix",
     "Rule",
     "Runtime",
     "Support",
     "accelerated_choices",
+    "check_kv_layers",
+    "default_kv",
     "default_runtime",
+    "format_family",
     "get_runtime",
+    "installed_version",
+    "kv_supports",
     "listing",
     "load_matrix",
     "refusals",
+    "refused_layers",
     "runtime_names",
+    "served_kv_formats",
+    "summarize_refused",
     "supports",
+    "version_on",
 ]

@@ -8,18 +8,13 @@ from pathlib import Path
 
 
 def machine_info() -> dict:
-    """CPU model, cores, torch version and threads, Python, platform."""
+    """CPU model, cores, torch version and threads, Python, platform (the CPU and cores as
+    `autoplan fleet --measured` compares them with its node)."""
     import torch
 
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    from autoplan.fleet_measured import this_machine
+
+    return {**this_machine(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
             "platform": platform.platform()}
 

@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.table import Table
 
 from autoplan.plan.schema import Plan
-from autoplan.search.budget import SLICE_NAMES
+from autoplan.search.verify import SLICE_NAMES
 
 _ROWS = (
     ("output tokens/s (predicted)", "tokens_per_s", "{:,.1f}"),

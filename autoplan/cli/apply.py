@@ -27,6 +27,7 @@ def command(plan_path: str, out_dir: str, model: str | None, calibration: str | 
         load_checked,
         plan_model_arg,
         recovered_weights,
+        runtime_note,
     )
     from autoplan.export.calibration import plan_calibration
     from autoplan.export.preflight import check_export
@@ -38,6 +39,9 @@ def command(plan_path: str, out_dir: str, model: str | None, calibration: str | 
     check_writable_dir(out_dir)
     name = plan_model_arg(plan.model_id, model)
     check_export(plan.full, fmt, name, out_dir, args)  # all that can be refused before loading
+    note = runtime_note(plan, fmt)
+    if note:
+        err_console.print(f"note: {note}")
     err_console.print(f"loading {name} ...")
     loaded = load_checked(name)
     batches, recovered = None, None

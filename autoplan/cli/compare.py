@@ -17,8 +17,8 @@ from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
-from autoplan.search.budget import QualityBudget
-from autoplan.search.request import SearchRequest, parse_choices
+from autoplan.runtimes import summarize_refused
+from autoplan.search import QualityBudget, SearchRequest, parse_choices
 from autoplan.workload import Workload
 
 
@@ -28,7 +28,10 @@ def _fmt(value, spec: str, scale: float = 1.0) -> str:  # noqa: ANN001 - number 
 
 def _table(c: Comparison) -> Table:
     table = Table(title=f"{c.model}, budget {c.budget}, ranked by {c.objective} (speed, $ and "
-                        "energy PREDICTED by the cost model; KL MEASURED)")
+                        "energy PREDICTED by the cost model; KL MEASURED)",
+                  caption="not accelerated: formats asked for (--choices, else any entry's) "
+                          "that the row's runtime cannot accelerate; each with its reason in "
+                          "compare.json")
     cols = ("target / runtime", "batch", "plan tok/s", "baseline tok/s", "TTFT ms", "TPOT ms",
             "$/1M tok", "J/tok", "memory GB", "KL", "x baseline", "x best uniform",
             "not accelerated")
@@ -42,7 +45,6 @@ def _table(c: Comparison) -> Table:
             continue
         p, b = r.plan or {}, r.baseline or {}
         fits = "" if p.get("fits") else " [red]NO FIT[/red]"
-        dropped = ", ".join(sorted(r.not_accelerated)) or "-"
         table.add_row(
             name, f"{r.batch:,}", _fmt(p.get("tokens_per_s"), ",.0f"),
             _fmt(b.get("tokens_per_s"), ",.0f"), _fmt(p.get("ttft_s"), ",.2f", 1e3),
@@ -50,7 +52,7 @@ def _table(c: Comparison) -> Table:
             _fmt(p.get("energy_j_per_token"), ",.4f"), _fmt(p.get("memory_gb"), ",.2f") + fits,
             _fmt(r.kl, ".4f"), _fmt(r.gain_over_baseline, ".3f") + "x",
             (_fmt(r.gain_over_best_uniform, ".3f") + "x") if r.gain_over_best_uniform else "-",
-            f"{len(r.not_accelerated)}: {dropped}" if r.not_accelerated else "-")
+            summarize_refused(r.not_accelerated))
     return table
 
 

@@ -11,23 +11,26 @@ from rich.table import Table
 
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.cli._args import positive_int
-from autoplan.cli._output import console, emit_json, json_option
+from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, resolve_config
 from autoplan.cost.model import USABLE_MEMORY
-from autoplan.cost.operating import resolve_operating_point
-from autoplan.errors import UserInputError
-from autoplan.fleet import FleetSizing, size_fleet
+from autoplan.cost.operating import NoOperatingPoint, resolve_operating_point
+from autoplan.errors import UnsupportedFormatError, UserInputError
+from autoplan.fleet import FleetSizing, ReplicaDoesNotFit, does_not_fit, size_fleet
 from autoplan.fleet_measured import (
     MeasuredCurves,
     MeasuredSizing,
+    check_curve_applies,
     read_capacity_curves,
     size_fleet_measured,
 )
 from autoplan.formats import Choice
 from autoplan.nodes import NodeLayout, node_layout
-from autoplan.plan.io import read_plan
-from autoplan.search.space import load_space_file
+from autoplan.plan.io import PlanInput, read_plan
+from autoplan.runtimes import default_runtime, get_runtime, refused_layers, version_on
+from autoplan.search import load_space_file
+from autoplan.targets import Target
 from autoplan.workload import Workload
 
 
@@ -100,13 +103,15 @@ def _print_measured(before: FleetSizing, after: FleetSizing, sized: dict[str, Me
         summary.add_column(col, justify="right")
     mb, mp = sized["baseline"], sized["plan"]
 
-    def cap(s: FleetSizing) -> float:
-        return s.node_throughput_tok_s / max(measured.output_len, 1)
+    def cap(s: FleetSizing) -> float | None:
+        tok = _value(s, "node_throughput_tok_s")
+        return None if tok is None else tok / max(measured.output_len, 1)
 
     rows = (("node req/s (analytic: saturated; measured: at the SLA)", cap(before),
              mb.node_capacity_rps, cap(after), mp.node_capacity_rps, ",.3f"),
-            ("node throughput tok/s", before.node_throughput_tok_s, mb.node_throughput_tok_s,
-             after.node_throughput_tok_s, mp.node_throughput_tok_s, ",.1f"),
+            ("node throughput tok/s", _value(before, "node_throughput_tok_s"),
+             mb.node_throughput_tok_s, after.node_throughput_tok_s, mp.node_throughput_tok_s,
+             ",.1f"),
             ("nodes", before.nodes, mb.nodes, after.nodes, mp.nodes, "d"),
             ("p99 latency s", before.p99_s, mb.p99_s, after.p99_s, mp.p99_s, ".3f"),
             ("utilization", before.utilization, mb.utilization, after.utilization,
@@ -120,8 +125,58 @@ def _print_measured(before: FleetSizing, after: FleetSizing, sized: dict[str, Me
     console.print(summary)
 
 
+def _node_runtime(plan: PlanInput, node: Target, measured: MeasuredCurves | None
+                  ) -> tuple[str, list[str]]:
+    """The runtime the node serves the plan with (the plan's when it runs on the node's
+    platform; a measured curve's engine for a plan that names none; else the node's
+    default) and notes saying where the plan was searched, when that is elsewhere.
+
+    Raises:
+        UnsupportedFormatError: a planned format that runtime cannot run on the node.
+    """
+    planned = plan.full.runtime.name if plan.full is not None else None
+    if planned and node.platform in get_runtime(planned).platforms:
+        runtime = planned
+    elif planned is None and measured is not None and measured.engine:
+        runtime = measured.engine
+    else:
+        runtime = default_runtime(node)
+    notes = []
+    searched = plan.target
+    try:
+        searched = get_target(searched).name if searched else None
+    except UserInputError:
+        pass  # an unknown name is shown as written
+    if searched and searched != node.name:
+        notes.append(f"the plan was searched for {searched}, not {node.name}: its choices "
+                     f"were ranked on {searched}'s costs; re-plan with --target {node.name}")
+    if planned and planned != runtime:
+        notes.append(f"the plan was searched for {planned}, which does not run on "
+                     f"{node.name} ({node.platform}); sized for {runtime} instead")
+    refused = refused_layers(node, runtime, plan.decisions)
+    if refused:
+        raise UnsupportedFormatError(
+            f"{runtime} {version_on(node, runtime)} cannot run {refused}: re-plan with "
+            f"`autoplan search --target {node.name}`")
+    return runtime, notes
+
+
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _value(sizing: FleetSizing, attr: str):  # noqa: ANN202 - a figure or None
+    """A figure of an analytic sizing; None (shown "-") for a side that does not fit."""
+    return None if sizing.reason.startswith("does not fit") else getattr(sizing, attr)
+
+
+def _unfit_reason(exc: NoOperatingPoint | ReplicaDoesNotFit, node: str) -> str:
+    """Why a side cannot run on the node, with its bytes."""
+    if exc.needed_bytes is None or exc.usable_bytes is None:
+        return str(exc).split(": relax")[0]
+    where = "at batch 1 " if isinstance(exc, NoOperatingPoint) else "one replica "
+    return (f"{where}needs {exc.needed_bytes / 1e9:,.2f} GB but {exc.usable_bytes / 1e9:,.2f} "
+            f"GB is usable on {node}")
 
 
 def _check_args(*, qps: float, p99_ms: float, input_len: int, output_len: int,
@@ -182,6 +237,9 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
         raise UserInputError("this plan does not name its model: pass --model")
     target = get_target(node)
     lay = node_layout(target, layout)
+    runtime, notes = _node_runtime(plan, target, measured)
+    if measured:
+        check_curve_applies(measured, target, runtime)
     # The "before" is what the search compares plans against on this platform (its search
     # space's baseline: fp32 on CPUs, bf16 on GPUs), not the fastest dtype the node has.
     base = Choice.parse(load_space_file(target.platform).baseline)
@@ -194,22 +252,38 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     sides = {"baseline": {layer.name: base for layer in spec.layers}, "plan": plan.decisions}
     sized: dict[str, FleetSizing] = {}
     points = {}
+    unfit: dict[str, str] = {}
     for side, decisions in sides.items():
-        points[side] = resolve_operating_point(spec, lay.target, decisions, operating,
-                                               model_for=model_for)
-        w = points[side].workload
-        sized[side] = _size(model_for(w), decisions, w, qps, p99_ms / 1e3, cap, lay)
+        try:
+            points[side] = resolve_operating_point(spec, lay.target, decisions, operating,
+                                                   model_for=model_for)
+            w = points[side].workload
+            sized[side] = _size(model_for(w), decisions, w, qps, p99_ms / 1e3, cap, lay)
+        except (NoOperatingPoint, ReplicaDoesNotFit) as exc:
+            if side == "plan":
+                raise
+            # the baseline never blocks the plan: it is a column saying why it cannot run
+            unfit[side] = _unfit_reason(exc, lay.target.name)
+            sized[side] = does_not_fit(unfit[side])
     before, after = sized["baseline"], sized["plan"]
     # a measured curve is one machine's: its node price, one replica per benchmark server
     measured_sized = {side: size_fleet_measured(measured.side(name), qps=qps,
                                                 p99_s=p99_ms / 1e3, output_len=output_len,
                                                 price_per_hour=lay.node_price_per_hour)
                       for side, name in curves.items()} if curves else {}
+    version = version_on(target, runtime)
+    for note in notes:
+        err_console.print(f"note: {note}")
     if as_json:
         doc = {"predicted": True, "node": target.name, "qps": qps, "p99_sla_s": p99_ms / 1e3,
-               "layout": lay.to_json(),
+               "runtime": {"name": runtime, "version": version},
+               "searched_for": {"target": plan.target, "runtime": plan.full.runtime.name
+                                if plan.full is not None else None},
+               "notes": notes, "layout": lay.to_json(),
                "workload": points["plan"].workload.model_dump(),
-               "operating_point": {k: p.to_json() for k, p in points.items()},
+               "operating_point": {k: p.to_json() for k, p in points.items()}
+               | {k: {"mode": operating.mode, "status": "does not fit", "detail": why}
+                  for k, why in unfit.items()},
                "baseline": before.to_json(), "plan": after.to_json()}
         if measured_sized:
             doc["measured"] = {"source": measured.source, "file": Path(measured_path).name,
@@ -217,12 +291,15 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
                                **{side: m.to_json() for side, m in measured_sized.items()}}
         emit_json(doc)
         return
-    console.print(f"node: {target.name}, layout {lay.name} ({lay.domains} memory domain"
-                  f"{'s' if lay.domains > 1 else ''}, ${lay.node_price_per_hour:,.2f}/h per "
-                  f"node); the runtime must: {lay.runtime_must}")
+    console.print(f"node: {target.name}, {runtime} {version}, layout {lay.name} ({lay.domains} "
+                  f"memory domain{'s' if lay.domains > 1 else ''}, "
+                  f"${lay.node_price_per_hour:,.2f}/h per node); the runtime must: "
+                  f"{lay.runtime_must}")
     if operating.mode != "fixed":
         for side, point in points.items():
             console.print(f"{side}: {point.detail}")
+    for side, why in unfit.items():
+        console.print(f"{side} {base} on {target.name}: {why}")
     console.print(_steps_table(f"baseline {base} on {target.name}", before))
     console.print(_steps_table(f"plan on {target.name}", after))
     if measured_sized:
@@ -230,7 +307,7 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
         return
     summary = Table(title=f"fleet for {qps:g} req/s, p99 <= {p99_ms:g} ms (cost-model service "
                           "times, M/M/k queueing)")
-    for col in ("", "baseline", "plan"):
+    for col in ("", "baseline (does not fit)" if unfit else "baseline", "plan"):
         summary.add_column(col, justify="right")
     rows = (("replicas per node", "replicas_per_node", "d"),
             ("node throughput tok/s", "node_throughput_tok_s", ",.1f"),
@@ -238,7 +315,7 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
             ("utilization", "utilization", ".1%"), ("$/month", "usd_per_month", ",.0f"),
             ("$/1M output tokens", "usd_per_million_tokens", ",.4f"))
     for label, attr, spec in rows:
-        summary.add_row(label, _fmt(getattr(before, attr), spec), _fmt(getattr(after, attr), spec))
+        summary.add_row(label, _fmt(_value(before, attr), spec), _fmt(_value(after, attr), spec))
     console.print(summary)
 
 

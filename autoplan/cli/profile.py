@@ -49,7 +49,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     from autoplan.quality.text import check_text_source, load_text_dataset
     from autoplan.runtimes import get_runtime
     from autoplan.backends.registry import resolve_target as get_target
-    from autoplan.search.scope import profile_scope
+    from autoplan.search import profile_scope
     from autoplan.sensitivity import calibration_key
     from autoplan.streaming import open_model
     from autoplan.streaming.runner import workload_of

@@ -36,8 +36,9 @@ def command(plan_path: str, method: str, recover_steps: int, recover_lr: float,
     """Train PLAN's compressed layers towards the original model; write the recovered plan."""
     from autoplan.export.apply import load_checked, plan_model_arg
     from autoplan.plan.io import load_plan
-    from autoplan.search.recover_plan import RecoverOptions, default_out, recover_plan
-    from autoplan.search.request import at_least
+    from autoplan.search import RecoverOptions, recover_plan
+    from autoplan.search.recovery import default_out
+    from autoplan.search.stages import at_least
     from autoplan.search.writable import check_writable_file
 
     settings = recovery_settings(method, recover_steps, recover_lr, recover_rank, recover_text,

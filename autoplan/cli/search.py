@@ -1,4 +1,4 @@
-"""`autoplan search`: the main job. Thin over autoplan.search.run.run_search."""
+"""`autoplan search`: the main job. Thin over autoplan.search.run_search."""
 
 from __future__ import annotations
 
@@ -18,9 +18,7 @@ from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
-from autoplan.search.budget import QualityBudget
-from autoplan.search.request import CostTable, parse_choices
-from autoplan.search.run import SearchRequest, run_search
+from autoplan.search import CostTable, QualityBudget, SearchRequest, parse_choices, run_search
 from autoplan.workload import Workload
 
 

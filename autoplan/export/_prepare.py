@@ -29,7 +29,7 @@ from autoplan.plan.schema import Plan
 from autoplan.prune import PruneScore
 from autoplan.quant import HessianAccumulator, SimulatedLinear
 from autoplan.recover.weights import RecoveredWeights
-from autoplan.runtimes import get_runtime, listing, refusals
+from autoplan.runtimes import get_runtime, listing, refused_layers
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.targets import Target
 
@@ -95,13 +95,10 @@ def check_runtime(fmt: str, target: Target, runtime: str, choices: Mapping[str, 
     The answer is ``autoplan.runtimes.supports`` (the runtime matrix) alone, the one search
     uses, so export and apply accept exactly the plans search can make.
     """
-    refused = refusals(target, runtime, choices)
+    refused = refused_layers(target, runtime, choices, _SHOWN)
     if refused:
-        why, names = next(iter(refused.items()))
-        total = sum(len(v) for v in refused.values())
         raise UnsupportedFormatError(
-            f"--format {fmt} is served by {runtime}, which cannot serve {total} planned "
-            f"layer(s) on {target.name}; {len(names)} are {why}: {_listing(names)}; re-plan "
+            f"--format {fmt} is served by {runtime}, which cannot serve {refused}; re-plan "
             f"with --runtime {runtime} or pick another --format")
 
 

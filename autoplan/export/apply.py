@@ -14,7 +14,7 @@ from typing import Any
 
 from autoplan.backends.registry import backend_for, resolve_target
 from autoplan.errors import PlanError, UnknownNameError, UnsupportedFormatError, UserInputError
-from autoplan.export import export_plan, get_exporter
+from autoplan.export import export_plan, exporter_names, get_exporter
 from autoplan.export._prepare import check_runtime, pick_runtime
 from autoplan.formats import DENSE, Choice, Precision
 from autoplan.models.registry import aliases
@@ -62,6 +62,22 @@ def apply_format(plan: PlanInput) -> str:
                else exporter.runtimes[0])
     check_runtime(fmt, target, runtime, plan.decisions)
     return fmt
+
+
+def runtime_note(plan: PlanInput, fmt: str) -> str | None:
+    """What to tell the user when `apply` writes for another runtime than the one the plan
+    was searched for (its predictions are that runtime's), else None."""
+    if plan.full is None:
+        return None
+    planned = plan.full.runtime.name
+    exporter = get_exporter(fmt)
+    if planned in exporter.runtimes:
+        return None
+    theirs = [name for name in exporter_names() if planned in get_exporter(name).runtimes]
+    how = (f"`autoplan export --format {theirs[0]}` writes what {planned} loads" if theirs
+           else f"no export format of autoplan's loads into {planned}")
+    return (f"the plan was searched for {planned}, but apply writes {fmt}, which "
+            f"{exporter.runtimes[0]} runs: its predicted speed is {planned}'s; {how}")
 
 
 def apply_plan(loaded: Any, plan: PlanInput, out_dir: str | Path, *,
@@ -154,4 +170,4 @@ def export_baseline(loaded: Any, out_dir: str | Path) -> Path:
 
 
 __all__ = ["BASELINE", "apply_format", "apply_plan", "apply_target", "export_baseline",
-           "load_checked", "plan_model_arg", "recovered_weights"]
+           "load_checked", "plan_model_arg", "recovered_weights", "runtime_note"]

@@ -79,18 +79,42 @@ def _refuse_unweighted(source: ModelSource) -> None:
 
 
 def ensure_hf_folder(source: ModelSource) -> Path:
-    """An HF safetensors folder for a weighted source, converting a GGUF once if needed.
+    """An HF safetensors folder for a weighted source, converting a GGUF once if needed;
+    its config.json checked field by field and against the checkpoint's tensor shapes.
 
     Raises:
-        UserInputError: the source is config-only, or an HF folder with pickle weights only.
+        UserInputError: the source is config-only, an HF folder with pickle weights only, or
+            its config breaks a field's rule or disagrees with the checkpoint.
     """
     _refuse_unweighted(source)
     if source.kind == "hf":
+        _check_config(source.path)
         return source.path
     dest = converted_dir(source)
     if not (dest / "config.json").is_file():
         convert_gguf(source.path, dest)
     return dest
+
+
+def _check_config(folder: Path) -> None:
+    """Before transformers reads it: a config.json whose fields are sound and whose sizes
+    match the checkpoint's tensors (headers only)."""
+    from autoplan.models.check import check_config_matches
+
+    config = folder / "config.json"
+    if not config.is_file():  # the loader's own message names the missing file
+        return
+    check_config_matches(folder, ModelSpec.from_path(config), str(config))
+    check_moe_checkpoint(folder)  # routed experts: as many as the config says
+    from transformers import AutoConfig
+
+    try:  # the fields autoplan does not use, as transformers' own config class checks them
+        with quiet_transformers():
+            AutoConfig.from_pretrained(folder)
+    except Exception as exc:  # noqa: BLE001 - its validators raise ValueError, TypeError, ...
+        first = str(exc).strip().splitlines()
+        detail = " ".join(line.strip() for line in first[:3]) if first else type(exc).__name__
+        raise UserInputError(f"{config}: transformers cannot read it ({detail})") from None
 
 
 def check_loadable(spec: str) -> ModelSource:
@@ -111,7 +135,7 @@ def check_loadable(spec: str) -> ModelSource:
     _refuse_unweighted(source)
     if source.kind == "hf":
         check_safetensors(source.path)
-        check_moe_checkpoint(source.path)
+        _check_config(source.path)
     elif not (converted_dir(source) / "config.json").is_file():  # a GGUF not converted yet
         config = _gguf_config(source.path)
         check_name_map(str(config.get("model_type", "")), gguf_architecture(source.path))
@@ -124,7 +148,7 @@ def _gguf_config(path: Path) -> dict[str, Any]:
 
     try:
         return AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
-    except (ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError, TypeError, ArithmeticError) as exc:
         raise UserInputError(f"cannot read GGUF '{path}': {exc}".splitlines()[0]) from None
 
 
@@ -209,6 +233,11 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
             raise UserInputError(f"'{folder}' needs its own Python code to load; pass "
                                  "trust_remote_code=True (--trust-remote-code) if you trust it") from None
         raise UserInputError(f"cannot load '{folder}': {exc}".splitlines()[0]) from None
+    except (TypeError, AssertionError, ArithmeticError) as exc:
+        # what transformers' model classes raise on a config they cannot build (not
+        # RuntimeError: an allocation failure is the caller's out-of-memory message)
+        raise UserInputError(f"cannot load '{folder}' ({type(exc).__name__}: "
+                             f"{str(exc).strip()[:200]})".splitlines()[0]) from None
     tokenizer = _tokenizer(folder, trust_remote_code)
     model.eval()
     model_spec = ModelSpec.from_config(model.config.to_dict(), name=source.model_id)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoplan.config_fields import check_config
+from autoplan.config_fields import head_dim as config_head_dim
 from autoplan.errors import ModelConfigError
 from autoplan.modelspec.moe import (MoESpec, is_moe_config, layer_windows, moe_block_rows,
                                     moe_from_config)
@@ -104,36 +106,32 @@ class ModelSpec:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_config(cls, cfg: dict[str, Any], name: str = "") -> ModelSpec:
-        """Build from a parsed HF config.json. Raises ModelConfigError for MoE/unknown types."""
+    def from_config(cls, cfg: dict[str, Any], name: str = "",
+                    source: str = "config.json") -> ModelSpec:
+        """Build from a parsed HF config.json (`source` names it in messages).
+
+        Raises:
+            ModelConfigError: MoE or unknown types, or a field `config_fields` refuses.
+        """
         if not isinstance(cfg, dict):
-            raise ModelConfigError("config.json must hold a JSON object")
+            raise ModelConfigError(f"{source} must hold a JSON object")
         model_type = str(cfg.get("model_type", "")).lower()
         if "text_config" in cfg and model_type not in _FAMILIES:
-            return cls.from_config(cfg["text_config"], name)
+            return cls.from_config(cfg["text_config"], name, source)
         moe = moe_from_config(cfg, model_type) if is_moe_config(cfg, model_type) else None
         if model_type not in _FAMILIES:
             raise ModelConfigError(
                 f"unsupported model_type '{model_type or '(missing)'}' in config; supported: "
                 f"{', '.join(sorted(_FAMILIES))}"
             )
-        try:
-            hidden = int(cfg["hidden_size"])
-            n_layers = int(cfg["num_hidden_layers"])
-            n_heads = int(cfg["num_attention_heads"])
-            intermediate = int(cfg["intermediate_size"])
-            vocab = int(cfg["vocab_size"])
-        except KeyError as exc:
-            raise ModelConfigError(f"config.json lacks required key {exc.args[0]!r}") from None
-        except (TypeError, ValueError) as exc:
-            raise ModelConfigError(f"config.json has a non-integer size: {exc}") from None
+        check_config(cfg, source)  # every size divided by or allocated from, one line each
+        hidden = int(cfg["hidden_size"])
+        n_layers = int(cfg["num_hidden_layers"])
+        n_heads = int(cfg["num_attention_heads"])
+        intermediate = int(cfg["intermediate_size"])
+        vocab = int(cfg["vocab_size"])
         n_kv = int(cfg.get("num_key_value_heads") or n_heads)
-        head_dim = int(cfg.get("head_dim") or hidden // n_heads)
-        if min(hidden, n_layers, n_heads, intermediate, vocab, n_kv, head_dim) <= 0:
-            raise ModelConfigError("config.json sizes must be positive integers")
-        if n_heads % n_kv:
-            raise ModelConfigError(f"num_attention_heads {n_heads} is not a multiple of "
-                                   f"num_key_value_heads {n_kv}")
+        head_dim = config_head_dim(cfg)
         family = _FAMILIES[model_type]
         # absent from config.json, transformers' own default for the type applies
         tie = bool(cfg.get("tie_word_embeddings", model_type in ("gemma", "gemma2", "gemma3_text")))
@@ -147,7 +145,8 @@ class ModelSpec:
         builder = {"llama": _llama_layers, "phi3": _phi3_layers, "gpt_neox": _neox_layers}[family]
         layers = builder(n_layers, hidden, intermediate, n_heads * head_dim, n_kv * head_dim, vocab)
         return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv, head_dim,
-                   vocab, tie, family != "gpt_neox", dtype, tuple(layers), name)
+                   vocab, tie, family != "gpt_neox", dtype, tuple(layers), name,
+                   None, layer_windows(cfg, model_type, n_layers))
 
     @classmethod
     def from_path(cls, path: str | Path) -> ModelSpec:
@@ -162,7 +161,8 @@ class ModelSpec:
             cfg = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ModelConfigError(f"{p} is not valid JSON: {exc}") from None
-        return cls.from_config(cfg, name=p.parent.name if p.name == "config.json" else p.stem)
+        return cls.from_config(cfg, name=p.parent.name if p.name == "config.json" else p.stem,
+                               source=str(p))
 
     # ---- derived facts ---------------------------------------------------------------------
     def layer(self, name: str) -> LinearLayer:
@@ -229,6 +229,10 @@ class ModelSpec:
     def kv_bytes_per_token(self, kv_bytes: float = 2.0) -> float:
         """KV-cache bytes per token of context: 2 (K and V) x layers x kv heads x head_dim."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * kv_bytes
+
+    def window(self, block: int) -> int:
+        """Block ``block``'s sliding attention window in tokens, 0 for full attention."""
+        return self.windows[block] if self.windows else 0
 
     def kv_bytes_at(self, context: float, kv_bytes: float = 2.0) -> float:
         """KV-cache bytes of one sequence at `context` tokens: a sliding-window layer holds

@@ -25,6 +25,7 @@ from autoplan.errors import AutoplanError, UserInputError
 from autoplan.plan.io import load_plan
 from autoplan.plan.schema import Plan
 from autoplan.report import figures
+from autoplan.runtimes import summarize_refused
 
 COMPARE_FILE = "compare.json"
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
@@ -60,7 +61,7 @@ def _estimates(plan: Plan, model: str | None):  # noqa: ANN202 - (plan, baseline
     from autoplan.cost.model import CostModel
     from autoplan.formats import Choice
     from autoplan.models.loader import load_spec
-    from autoplan.search.space import load_space_file
+    from autoplan.search import load_space_file
     from autoplan.workload import Workload
 
     try:
@@ -117,6 +118,17 @@ def plan_section(plan: Plan, title: str, model: str | None = None) -> tuple[str,
             len(figs))
 
 
+def _refused_cell(refused: dict[str, str]) -> str:
+    """What the row's runtime cannot accelerate of what was asked for: a one-line summary,
+    the formats and their reasons behind it (a details element)."""
+    if not refused:
+        return "-"
+    items = "".join(f"<li><code>{html.escape(c)}</code>: {html.escape(why)}</li>"
+                    for c, why in sorted(refused.items()))
+    return (f"<details><summary>{html.escape(summarize_refused(refused))}</summary>"
+            f"<ul class='refused'>{items}</ul></details>")
+
+
 def _compare_table(doc: dict[str, Any]) -> str:
     head = ("<tr><th>target / runtime</th><th>batch</th><th>plan tok/s</th><th>baseline "
             "tok/s</th><th>TTFT ms</th><th>TPOT ms</th><th>$/1M tok</th><th>J/tok</th>"
@@ -139,8 +151,7 @@ def _compare_table(doc: dict[str, Any]) -> str:
             f"{'' if p['fits'] else ' (no fit)'}</td><td>{r['kl']:.5f}</td>"
             f"<td>{r['gain_over_baseline']:.3f}x</td>"
             f"<td>{'-' if gain_u is None else f'{gain_u:.3f}x'}</td>"
-            f"<td style='text-align:left'>{html.escape(', '.join(sorted(r['not_accelerated'])))}"
-            "</td></tr>")
+            f"<td style='text-align:left'>{_refused_cell(r['not_accelerated'])}</td></tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 
 

@@ -1,0 +1,87 @@
+"""`autoplan search`: each layer's format chosen under a quality budget, as a library.
+
+A search is a pipeline of stages, each a function over typed values (``stages/``):
+
+    SearchRequest(model, target, budget, ...)        every input, checked when it is built
+    preflight(req) -> Platform                       bad input refused before any work
+    prepare(req, platform, rep) -> Prepared          model, SearchSpace, profile, cost model,
+                                                     Tables, Verifier, study name
+    run_rounds(prep, rep, queue) -> Rounds           study on the surrogate -> verify the best
+                                                     candidates -> refit, round by round
+    choose(prep, rounds, rep) -> Chosen              the fallback policy (plan, uniform, baseline)
+    certify(prep, rounds, rep) -> Certificate        the additive problem's exact optimum, the gap
+    build_plan(prep, rounds, chosen, cert, wall_s) -> Plan
+
+``run_search(req) -> SearchOutcome`` runs them and writes the plan; ``run_worker`` joins a
+running search (``run/``). The subpackages, each importing only those above it here:
+
+    jobs/      the Optuna storage and the job queue processes share
+    optimize/  SearchSpace, Tables, the Optuna study and sampler, the exact (MILP) solver
+    verify/    QualityBudget, the Verifier measuring candidates on the real model, its cache
+    recovery/  recovery passes (`--recover`, `autoplan recover PLAN`)
+    stages/    the stages above
+    run/       run_search (the driver), run_worker, the record workers rebuild inputs from
+
+`reporter` (progress sink) and `writable` (can a file be written?) sit below all of them.
+docs/architecture.md, "Search pipeline", says what each stage does.
+"""
+
+from __future__ import annotations
+
+from autoplan.search.optimize import DecisionUnit, SearchSpace, build_space, load_space_file
+from autoplan.search.recovery import RecoverOptions, recover_plan
+from autoplan.search.reporter import Reporter
+from autoplan.search.run import SearchOutcome, run_search, run_worker
+from autoplan.search.stages import (
+    Chosen,
+    CostTable,
+    ExecutionSettings,
+    Outcome,
+    Platform,
+    Prepared,
+    Rounds,
+    SearchRequest,
+    build_plan,
+    certify,
+    choose,
+    parse_choices,
+    preflight,
+    prepare,
+    profile_scope,
+    run_rounds,
+)
+from autoplan.search.verify import Measurement, QualityBudget, Verifier
+from autoplan.search.writable import check_writable_file
+
+__all__ = [
+    "Chosen",
+    "CostTable",
+    "DecisionUnit",
+    "ExecutionSettings",
+    "Measurement",
+    "Outcome",
+    "Platform",
+    "Prepared",
+    "QualityBudget",
+    "RecoverOptions",
+    "Reporter",
+    "Rounds",
+    "SearchOutcome",
+    "SearchRequest",
+    "SearchSpace",
+    "Verifier",
+    "build_plan",
+    "build_space",
+    "certify",
+    "check_writable_file",
+    "choose",
+    "load_space_file",
+    "parse_choices",
+    "preflight",
+    "prepare",
+    "profile_scope",
+    "recover_plan",
+    "run_rounds",
+    "run_search",
+    "run_worker",
+]

@@ -96,3 +96,25 @@ def test_targets_lists_local_as_measured() -> None:
     assert len(local) == 1 and local[0]["measured"] and local[0]["vendor"] == "cpu-local"
     table = CliRunner().invoke(cli, ["targets", "--vendor", "cpu-local"]).output
     assert "local" in table and "measured" in table
+
+
+def test_apply_says_when_the_plan_was_searched_for_another_runtime(setup, tmp_path) -> None:
+    """A vLLM plan for a CPU target: apply writes ONNX for ONNX Runtime and says so (the
+    plan's predicted speed is vLLM's); a plan for ONNX Runtime gets no note."""
+    from autoplan.export.apply import apply_format, runtime_note
+    from autoplan.plan.io import read_plan
+
+    loaded, plan, path = setup
+    assert runtime_note(read_plan(path), "onnx") is None
+    other = tmp_path / "vllm.json"
+    save_plan(plan.model_copy(update={"runtime": plan.runtime.model_copy(
+        update={"name": "vllm"})}), other)
+    vllm = read_plan(other)
+    fmt = apply_format(vllm)
+    note = runtime_note(vllm, fmt)
+    assert fmt == "onnx" and "searched for vllm" in note and "onnxruntime" in note
+    assert "--format compressed-tensors" in note
+    res = CliRunner().invoke(cli, ["apply", str(other), "--model", str(loaded.path), "--out",
+                                   str(tmp_path / "art")])  # this folder has no tokenizer
+    assert res.stderr.index("note: the plan was searched for vllm") < res.stderr.index(
+        "loading"), res.output

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from autoplan.cli import cli
 from autoplan.errors import UserInputError
-from autoplan.fleet_measured import read_capacity_curves, size_fleet_measured
+from autoplan.fleet_measured import read_capacity_curves, size_fleet_measured, this_machine
 
 
 def _pt(rate, thr, ttft_ms, tpot_ms, e2el_ms=None) -> dict:
@@ -38,21 +38,24 @@ def _write(tmp_path: Path, points: list[dict], name: str = "curve.json") -> Path
     return path
 
 
-def _serve_vllm(tmp_path: Path) -> Path:
+def _serve_vllm(tmp_path: Path, machine: dict | None = None) -> Path:
     path = tmp_path / "serve_vllm.json"
     path.write_text(json.dumps({"workload": {"input_len": 100, "output_len": 11},
+                                "machine": machine or this_machine(),
                                 "sides": {"baseline": {"points": BASE},
                                           "plan": {"points": PLAN}}}))
     return path
 
 
-def _serve_llamacpp(tmp_path: Path) -> Path:
+def _serve_llamacpp(tmp_path: Path, machine: dict | None = None) -> Path:
     # llamacpp_serve.py: sides hold the decode sweep (no points); the curves are in serving
     path = tmp_path / "serve_llamacpp.json"
-    path.write_text(json.dumps({"workload": {"input_len": 100, "output_len": 11},
-                                "sides": {"original": {"kl": 0.0}, "plan_tpot": {"kl": 0.01}},
-                                "serving": {"original": {"points": BASE},
-                                            "plan_tpot": {"points": PLAN}}}))
+    doc = {"workload": {"input_len": 100, "output_len": 11},
+           "sides": {"original": {"kl": 0.0}, "plan_tpot": {"kl": 0.01}},
+           "serving": {"original": {"points": BASE}, "plan_tpot": {"points": PLAN}}}
+    if machine != {}:
+        doc["machine"] = machine or this_machine()
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -123,9 +126,9 @@ def test_bad_files_are_one_line(tmp_path):
         read_capacity_curves(_serve_vllm(tmp_path)).side("nope")
 
 
-def _plan(tmp_path: Path) -> Path:
+def _plan(tmp_path: Path, choice: str = "q8_0") -> Path:
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps({"model_id": "smollm2-135m", "decisions": {"lm_head": "int8"}}))
+    path.write_text(json.dumps({"model_id": "smollm2-135m", "decisions": {"lm_head": choice}}))
     return path
 
 
@@ -145,13 +148,74 @@ def test_cli_prints_analytic_and_measured_side_by_side(tmp_path):
 
 
 def test_cli_refuses_a_workload_the_curve_was_not_measured_at(tmp_path):
-    res = CliRunner().invoke(cli, ["fleet", "--plan", str(_plan(tmp_path)), "--node", "local",
-                                   "--qps", "7", "--p99-ms", "1000", "--output-len", "64",
+    res = CliRunner().invoke(cli, ["fleet", "--plan", str(_plan(tmp_path, "int8")), "--node",
+                                   "local", "--qps", "7", "--p99-ms", "1000", "--output-len", "64",
                                    "--measured", str(_serve_vllm(tmp_path))])
     assert res.exit_code == 2
     assert "--output-len 64 differs from the measured workload's 11" in res.output
     assert "Traceback" not in res.output
-    res = CliRunner().invoke(cli, ["fleet", "--plan", str(_plan(tmp_path)), "--node", "local",
-                                   "--qps", "7", "--p99-ms", "1000", "--measured-sides", "a,b",
+    res = CliRunner().invoke(cli, ["fleet", "--plan", str(_plan(tmp_path, "int8")), "--node",
+                                   "local", "--qps", "7", "--p99-ms", "1000", "--measured-sides", "a,b",
                                    "--measured", str(_serve_vllm(tmp_path))])
     assert res.exit_code == 2 and "no side 'a'" in res.output
+
+
+def _fleet(plan: Path, node: str, measured: Path | None = None, *extra: str):  # noqa: ANN202
+    args = ["fleet", "--plan", str(plan), "--model", "smollm2-135m", "--node", node, "--qps",
+            "2", "--p99-ms", "60000", *extra]
+    return CliRunner().invoke(cli, args + (["--measured", str(measured)] if measured else []))
+
+
+def test_a_curve_from_another_machine_or_engine_is_refused(tmp_path):
+    """The committed llama.cpp curve (a 2-core VM) once sized Xeon 8480 nodes, and a vLLM
+    curve an ONNX Runtime plan, without a word."""
+    committed = Path(__file__).resolve().parents[2] / "benchmarks/results/serve_llamacpp.json"
+    res = _fleet(_plan(tmp_path), "xeon-8480", committed)
+    assert res.exit_code == 2, res.output
+    assert "not --node xeon-8480" in res.stderr and "AMD EPYC" in res.stderr
+    res = _fleet(_plan(tmp_path), "local",
+                 _serve_llamacpp(tmp_path, {"cpu": "Intel Xeon Platinum 8480+", "cores": 224}))
+    assert res.exit_code == 2 and "measured on another machine" in res.stderr, res.output
+    res = _fleet(_plan(tmp_path), "local", _serve_llamacpp(tmp_path, {}))
+    assert res.exit_code == 2 and "does not record the machine" in res.stderr
+    # a CPU plan for ONNX Runtime against vLLM's curve
+    plans = Path(__file__).resolve().parents[2] / "benchmarks/results/cpu_plans"
+    res = _fleet(plans / "int8_kl0.05.json", "local", _serve_vllm(tmp_path))
+    assert res.exit_code == 2 and "curve is vllm's" in res.stderr and "onnxruntime" in res.stderr
+    # a curve measured on a real Xeon 8480 sizes xeon-8480 nodes
+    res = _fleet(_plan(tmp_path), "xeon-8480",
+                 _serve_llamacpp(tmp_path, {"cpu": "Intel(R) Xeon(R) Platinum 8480+",
+                                            "cores": 224}), "--json")
+    assert res.exit_code == 0, res.output
+
+
+def test_fleet_says_where_the_plan_was_searched_and_refuses_what_the_node_cannot_run(tmp_path):
+    plans = Path(__file__).resolve().parents[2] / "benchmarks/results/cpu_plans"
+    res = _fleet(plans / "int8_kl0.05.json", "xeon-8480", None, "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["searched_for"] == {"target": "local", "runtime": "onnxruntime"}
+    assert "searched for local, not xeon-8480" in doc["notes"][0]
+    assert "note: the plan was searched for local" in res.stderr
+    # an H100 / vLLM plan on a Xeon node: FP8 is refused, naming the runtime and the fix
+    gpu = json.loads((plans / "int8_kl0.05.json").read_text())
+    gpu = {**gpu, "target": {**gpu["target"], "name": "h100-sxm"},
+           "runtime": {"name": "vllm", "version": "0.32"},
+           "decisions": dict.fromkeys(gpu["decisions"], "dense+fp8_e4m3")}
+    (tmp_path / "gpu.json").write_text(json.dumps(gpu))
+    res = _fleet(tmp_path / "gpu.json", "xeon-8480")
+    assert res.exit_code == 2, res.output
+    assert "cannot run 211 planned layer(s)" in res.stderr
+    assert "re-plan with `autoplan search --target xeon-8480`" in res.stderr
+
+
+def test_the_local_runtime_version_is_the_installed_one(tmp_path):
+    from importlib.metadata import version
+
+    plans = Path(__file__).resolve().parents[2] / "benchmarks/results/cpu_plans"
+    res = _fleet(plans / "int8_kl0.05.json", "local", None, "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["runtime"] == {"name": "onnxruntime", "version": version("onnxruntime")}
+    res = _fleet(plans / "int8_kl0.05.json", "xeon-8480", None, "--json")
+    assert json.loads(res.stdout)["runtime"]["version"] == "1.22"  # the catalog's, elsewhere

@@ -119,3 +119,52 @@ def test_fleet_cli_layout_and_batch_max(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, args + ["--layout", "spanning", "--batch", "max"])
     doc = json.loads(res.output)
     assert doc["layout"]["domains"] == 1 and doc["operating_point"]["plan"]["mode"] == "max"
+
+
+_70B_MODES = [["--batch", "max"], ["--ttft-ms", "2000", "--tpot-ms", "50"], ["--batch", "4"]]
+
+
+@pytest.mark.parametrize("target", ["h100", "h200"])
+@pytest.mark.parametrize("mode", _70B_MODES, ids=["max", "slo", "fixed"])
+def test_70b_fp8_on_one_gpu_is_not_blocked_by_its_baseline(target: str, mode: list[str]) -> None:
+    """bf16 Llama-3.1-70B (141 GB) fits neither GPU; FP8 (72 GB) fits both: the candidate is
+    evaluated and the baseline is a "does not fit" column with its bytes."""
+    res = CliRunner().invoke(cli, ["estimate", "--model", "llama-3.1-70b", "--target", target,
+                                   "--precision", "fp8", *mode, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["candidate"]["memory"]["fits"] and doc["candidate"]["metrics"]["throughput"] > 0
+    assert doc["baseline"]["status"] == "does not fit" and not doc["baseline"]["memory"]["fits"]
+    assert doc["baseline"]["memory"]["weights_bytes"] > 140e9 and doc["speedup"] == {}
+    assert "needs 14" in doc["baseline"]["reason"]  # 141-142 GB, with the usable bytes
+    assert f"baseline dense+bf16 does not fit: at batch" in res.stderr
+    table = CliRunner().invoke(cli, ["estimate", "--model", "llama-3.1-70b", "--target",
+                                     target, "--precision", "fp8", *mode])
+    assert table.exit_code == 0 and "(does not fit)" in table.stdout
+
+
+def test_a_baseline_that_misses_the_slo_does_not_block() -> None:
+    res = CliRunner().invoke(cli, ["estimate", "--model", "llama-3.1-8b", "--target", "h100",
+                                   "--precision", "fp8", "--tpot-ms", "5", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["baseline"]["status"] == "misses the SLO"
+    assert doc["operating_point"]["candidate"]["batch"] >= 1
+
+
+@pytest.mark.parametrize("node", ["h100", "h200"])
+@pytest.mark.parametrize("mode", _70B_MODES, ids=["max", "slo", "fixed"])
+def test_fleet_sizes_the_70b_fp8_plan_when_bf16_does_not_fit(tmp_path: Path, node: str,
+                                                            mode: list[str]) -> None:
+    spec = resolve_config("llama-3.1-70b")
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({"decisions": {la.name: "dense+fp8_e4m3" for la in spec.layers}}))
+    res = CliRunner().invoke(cli, ["fleet", "--plan", str(plan), "--model", "llama-3.1-70b",
+                                   "--node", node, "--qps", "2", "--p99-ms", "60000", *mode,
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["plan"]["nodes"] >= 1 and doc["baseline"]["nodes"] is None
+    assert doc["baseline"]["reason"].startswith("does not fit:")
+    assert "GB is usable on" in doc["baseline"]["reason"]
+    assert doc["operating_point"]["baseline"]["status"] == "does not fit"

@@ -20,7 +20,7 @@ from autoplan.cli import cli
 from autoplan.compare import CompareRequest, parse_entries, run_compare
 from autoplan.errors import UserInputError
 from autoplan.report import render_report, write_report
-from autoplan.search.request import SearchRequest
+from autoplan.search import SearchRequest
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, shared_dirs  # noqa: F401
 
 matplotlib = pytest.importorskip("matplotlib", reason="autoplan[report] (matplotlib) not installed")
@@ -58,6 +58,24 @@ def test_compare_report_is_self_contained_with_every_plot(compare_dir: Path) -> 
     for png in _pngs(page):
         img = imread(io.BytesIO(png))
         assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0.01
+
+
+def test_not_accelerated_is_a_summary_with_the_list_behind_it(compare_dir: Path) -> None:
+    """Each row's refused formats: one line by family, every format and its reason in a
+    details element (it listed up to 30 names in the cell)."""
+    import json
+
+    from autoplan.runtimes import summarize_refused
+
+    page = render_report(compare_dir)
+    rows = json.loads((compare_dir / "compare.json").read_text())["rows"]
+    xeon = next(r for r in rows if r["target"] == "xeon-8480")
+    summary = summarize_refused(xeon["not_accelerated"])
+    assert summary.startswith(f"{len(xeon['not_accelerated'])} formats: ")
+    assert "FP8 (" in summary  # what ONNX Runtime cannot accelerate, by family
+    assert f"<details><summary>{summary}</summary>" in page
+    for choice in xeon["not_accelerated"]:
+        assert f"<li><code>{choice}</code>: " in page
 
 
 def test_plan_report_and_cli(compare_dir: Path, tmp_path: Path) -> None:

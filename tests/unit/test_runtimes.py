@@ -193,3 +193,17 @@ def test_torchao_matrix_as_of_its_0_18_release() -> None:
     refused = ask("a100", "2:4+int4_g128")
     assert not refused and "3613" in refused.reason
     assert not ask("h100", "dense+int8") and not ask("mi300x", "dense+bf16")
+
+
+def test_refused_formats_are_summarized_by_family():
+    from autoplan.runtimes import format_family, summarize_refused
+
+    assert format_family(Choice.parse("2:4+fp8_e4m3")) == "2:4 sparsity"
+    assert format_family(Choice.parse("block32@50%+int8")) == "block sparsity"
+    assert format_family(Choice.parse("dense+nvfp4")) == "FP4"
+    assert format_family(Choice.parse("dense+int4_g128")) == "INT4 weight-only"
+    assert format_family(Choice.parse("dense+q4_0")) == "INT4/INT5 x INT8 activations"
+    assert format_family(Choice.parse("dense+int8")) == "INT8"
+    assert summarize_refused({}) == "-"
+    assert summarize_refused({"2:4+fp8_e4m3": "a", "2:4+int8": "b", "dense+nvfp4": "c"}) == (
+        "3 formats: 2:4 sparsity (2), FP4 (1)")
