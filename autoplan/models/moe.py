@@ -162,12 +162,30 @@ def counting_routing(model: nn.Module) -> Iterator[RoutingCounter]:
 _EXPERT_INDEX = re.compile(r"\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.")
 
 
-def check_expert_count(tensor_shapes: dict[str, tuple[int, ...]], spec: ModelSpec) -> None:
+# Mixtral's checkpoints name an expert's projections w1 (gate), w3 (up), w2 (down) under
+# `block_sparse_moe`; qwen2_moe / qwen3_moe store them under the names autoplan uses.
+_MIXTRAL = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+def checkpoint_name(layer: str, model_type: str) -> str:
+    """The checkpoint's tensor name (without `.weight`) of a per-expert layer (or of the
+    router, `mlp.gate`); gpt-oss stores its experts stacked and has none per expert."""
+    if model_type != "mixtral" or ".mlp." not in layer:
+        return layer
+    head, _, tail = layer.partition(".mlp.")
+    parts = tail.split(".")
+    if parts[0] == "experts" and len(parts) == 3:
+        parts[2] = _MIXTRAL.get(parts[2], parts[2])
+    return f"{head}.block_sparse_moe.{'.'.join(parts)}"
+
+
+def check_expert_count(tensor_shapes: dict[str, Any], spec: ModelSpec) -> None:
     """Refuse a checkpoint whose routed experts disagree with its config (names and shapes
     from the safetensors headers: per-expert tensors, or stacked [E, ...] ones).
 
     Raises:
-        UserInputError: one line naming both counts.
+        UserInputError: one line naming both counts, or the expert tensor whose shape the
+            config gets wrong.
     """
     moe = spec.moe
     if moe is None:
@@ -183,6 +201,17 @@ def check_expert_count(tensor_shapes: dict[str, tuple[int, ...]], spec: ModelSpe
         raise UserInputError(
             f"the checkpoint has {len(seen)} experts in block {block} but its config.json says "
             f"{moe.n_experts}; re-save the model with the config it was trained with")
+    for layer in spec.layers:
+        if layer.block != block or layer.expert != 0:
+            continue
+        name = checkpoint_name(layer.name, spec.model_type) + ".weight"
+        got = tensor_shapes.get(name)
+        want = [layer.out_features, layer.in_features]
+        if got is not None and list(got) != want:
+            raise UserInputError(
+                f"'{name}' is {list(got)} in the checkpoint but config.json makes it {want} "
+                "(an expert's [out, in] from hidden_size and the expert intermediate size); "
+                "fix config.json or pass the folder the checkpoint came with")
 
 
 def check_moe_checkpoint(folder: Path) -> None:
@@ -206,5 +235,5 @@ def check_moe_checkpoint(folder: Path) -> None:
     check_expert_count(tensor_shapes(folder), ModelSpec.from_config(cfg))
 
 
-__all__ = ["ExpertMLP", "RoutingCounter", "UnfusedExperts", "check_expert_count",
+__all__ = ["ExpertMLP", "RoutingCounter", "UnfusedExperts", "check_expert_count", "checkpoint_name",
            "check_moe_checkpoint", "counting_routing", "unfuse_experts"]

@@ -39,7 +39,7 @@ def tiny_moe_config(family: str):  # noqa: ANN201 - a transformers PretrainedCon
         return tf.Qwen2MoeConfig(**_COMMON, intermediate_size=96, moe_intermediate_size=32,
                                  shared_expert_intermediate_size=48, num_experts=EXPERTS,
                                  num_experts_per_tok=TOP_K, mlp_only_layers=[1],
-                                 norm_topk_prob=False)
+                                 norm_topk_prob=False, sliding_window=None)  # else 0 (refused)
     if family == "qwen3_moe":
         return tf.Qwen3MoeConfig(**_COMMON, intermediate_size=96, moe_intermediate_size=32,
                                  num_experts=EXPERTS, num_experts_per_tok=TOP_K,
