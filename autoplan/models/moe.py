@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,41 @@ def checkpoint_name(layer: str, model_type: str) -> str:
     return f"{head}.block_sparse_moe.{'.'.join(parts)}"
 
 
+@dataclass(frozen=True)
+class TensorSource:
+    """Where a module tensor of the unfused model is stored in the checkpoint: a tensor of
+    its own, or row `expert` of a stacked [E, ...] tensor (transposed for gpt-oss)."""
+
+    key: str
+    expert: int | None = None
+    transpose: bool = False
+
+    def take(self, stored: torch.Tensor) -> torch.Tensor:
+        t = stored if self.expert is None else stored[self.expert]
+        return t.T.contiguous() if self.transpose else t
+
+
+_STACKED = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_up_proj|down_proj)\.(weight|bias)$")
+
+
+def tensor_sources(spec: ModelSpec, keys: list[str]) -> dict[str, TensorSource]:
+    """Checkpoint source of each module tensor key of the unfused model (identity for
+    everything but routed experts stored under other names or stacked)."""
+    out = {}
+    for key in keys:
+        out[key] = TensorSource(key)
+        if spec.moe is None or ".mlp." not in key:
+            continue
+        if spec.model_type == "gpt_oss" and (m := _STACKED.match(key)):
+            group, e, proj, kind = m.groups()
+            stored = f"{group}.{proj}" + ("_bias" if kind == "bias" else "")
+            out[key] = TensorSource(stored, int(e), transpose=kind == "weight")
+        elif spec.model_type == "mixtral":  # experts and router under block_sparse_moe
+            module, _, kind = key.rpartition(".")
+            out[key] = TensorSource(f"{checkpoint_name(module, 'mixtral')}.{kind}")
+    return out
+
+
 def check_expert_count(tensor_shapes: dict[str, Any], spec: ModelSpec) -> None:
     """Refuse a checkpoint whose routed experts disagree with its config (names and shapes
     from the safetensors headers: per-expert tensors, or stacked [E, ...] ones).
@@ -236,4 +272,5 @@ def check_moe_checkpoint(folder: Path) -> None:
 
 
 __all__ = ["ExpertMLP", "RoutingCounter", "UnfusedExperts", "check_expert_count", "checkpoint_name",
-           "check_moe_checkpoint", "counting_routing", "unfuse_experts"]
+           "check_moe_checkpoint", "counting_routing", "TensorSource", "tensor_sources",
+           "unfuse_experts"]

@@ -189,6 +189,9 @@ class Plan(_Strict):
     # SLO): mode, batch, what bounds it, one line of detail (autoplan/cost/operating.py).
     operating_point: dict[str, Any] | None = None
     recovery: Recovery | None = None
+    # Mixture-of-experts: the routing shares the predictions assumed (the profile's
+    # calibration routing, per block the share of tokens each expert gets; cost/moe.py)
+    routing: dict[str, Any] | None = None
 
 
 __all__ = [

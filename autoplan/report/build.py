@@ -59,6 +59,7 @@ def _estimates(plan: Plan, model: str | None):  # noqa: ANN202 - (plan, baseline
     config (`model` overrides the plan's model id); None when either cannot be resolved."""
     from autoplan.backends.registry import resolve_target
     from autoplan.cost.model import CostModel
+    from autoplan.cost.moe import Routing
     from autoplan.formats import Choice
     from autoplan.models.loader import load_spec
     from autoplan.search import load_space_file
@@ -71,7 +72,8 @@ def _estimates(plan: Plan, model: str | None):  # noqa: ANN202 - (plan, baseline
         return None
     baseline = Choice.parse(load_space_file(target.platform).baseline)
     cm = CostModel(spec, target, Workload(**plan.workload), baseline=baseline,
-                   price_per_hour=plan.target.price_per_hour)
+                   price_per_hour=plan.target.price_per_hour,
+                   routing=Routing.from_json(spec, plan.routing))
     try:
         return cm.evaluate(plan.decisions), cm.evaluate(None)
     except AutoplanError:  # decisions for another model

@@ -2,7 +2,11 @@
 
 A decision unit is a group of linear layers that must share a choice because a serving
 runtime runs them as one GEMM (fused q/k/v, fused gate/up); on a runtime that runs every
-projection separately (llama.cpp) each layer is its own unit. Each unit gets a FIXED choice
+projection separately (llama.cpp) each layer is its own unit. A mixture-of-experts block's
+routed experts are one unit on runtimes that fuse them (vLLM, TensorRT-LLM, SGLang load one
+scheme per MoE layer; no engine loads a per-expert choice) and one unit per stacked tensor
+(gate / up / down of all experts) on llama.cpp; they are offered dense formats only (no
+engine runs its grouped expert GEMMs on 2:4 or block-sparse weights). Each unit gets a FIXED choice
 list (Optuna's samplers need the same distribution every trial). Protected layers keep the
 baseline choice and are not searched. Candidates come from search_spaces/<platform>.toml and
 are filtered by the runtime matrix, so autoplan never proposes a format the runtime won't
@@ -148,13 +152,16 @@ def build_space(
         if layer.role in sf.protect_roles or layer.block in protected_blocks:
             protected.append(layer)
         else:  # one unit per GEMM the runtime runs
-            groups.setdefault(layer.fuse_group if rt.fused_projections else layer.name,
+            # a runtime that stores a block's experts stacked per projection gives each
+            # stacked tensor (llama.cpp's ffn_gate_exps ...) one type: one unit per tensor
+            groups.setdefault(layer.fuse_group if rt.fused_projections else layer.stored_as,
                               []).append(layer)
     units = []
     for name, layers in groups.items():
         role_pool = sf.roles.get(layers[0].role)
         ok = [c for c in allowed if all(_fits(c, la) for la in layers)
-              and (role_pool is None or str(c) in role_pool or c == baseline)]
+              and (role_pool is None or str(c) in role_pool or c == baseline)
+              and not (c.sparsity.kind != "dense" and layers[0].expert >= 0)]
         ok.sort(key=lambda c: c != baseline)  # baseline first: index 0 is "no change"
         units.append(DecisionUnit(name, tuple(layers), tuple(ok)))
     if not any(len(u.choices) > 1 for u in units):

@@ -158,6 +158,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
                        tensors=m.audit, **solver_audit(req.settings)),
         operating_point=prep.platform.point.to_json() if prep.platform.point else None,
         recovery=keep_weights(m, req.out),
+        routing=cost.routing.to_json() if loaded.spec.moe is not None else None,
     )
 
 

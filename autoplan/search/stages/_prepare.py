@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from autoplan.cost.model import CostModel
+from autoplan.cost.moe import Routing
 from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
@@ -222,7 +223,8 @@ def prepare_platform(req: SearchRequest, platform: Platform, work: ModelWork,
     kernel_times = _kernel_times(req, platform, loaded, space, rep)
     cost = CostModel(loaded.spec, platform.target, req.workload,
                      price_per_hour=req.price_per_hour, measured=kernel_times,
-                     baseline=space.baseline)
+                     baseline=space.baseline,  # MoE: the experts the calibration picked
+                     routing=Routing.of_profile(loaded.spec, profile.routing, profile.tokens))
     tables = build_tables(space, cost, profile,
                           prefill_weight=0.0 if req.objective is Objective.TPOT else 1.0)
     calib_tokens = sum(b.numel() for b in work.calib)
