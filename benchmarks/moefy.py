@@ -138,6 +138,62 @@ def build(dense, batches: torch.Tensor, experts: int, top_k: int):
     return moe
 
 
+def write_gguf(folder: Path, out: Path) -> Path:
+    """The MoEfied folder as a GGUF llama.cpp runs (what its convert_hf_to_gguf.py writes
+    for Mixtral: arch "llama" with `llama.expert_count`): the embedded GGUF's metadata,
+    tokenizer, embeddings, norms and attention tensors copied byte for byte (the folder holds
+    their exact dequantized values), the router and the stacked experts in F32."""
+    import numpy as np
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from safetensors.torch import load_file
+
+    from autoplan.models.registry import resolve_model_arg
+
+    cfg = __import__("json").loads((folder / "config.json").read_text())
+    experts, top_k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    state = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    reader = GGUFReader(str(resolve_model_arg("smollm2-135m").path))
+    tmp = out.with_name(f".{out.name}.tmp")
+    writer = GGUFWriter(str(tmp), "llama")
+    skip = ("general.architecture", "general.file_type", "llama.feed_forward_length")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in skip:
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+    writer.add_uint32("llama.feed_forward_length", cfg["intermediate_size"])
+    writer.add_uint32("llama.expert_count", experts)
+    writer.add_uint32("llama.expert_used_count", top_k)
+    writer.add_uint32("general.file_type", 0)  # mostly F32 (the experts)
+
+    def expert_stack(block: int, proj: str) -> np.ndarray:
+        return np.stack([state[f"model.layers.{block}.block_sparse_moe.experts.{e}.{proj}.weight"]
+                         .float().numpy() for e in range(experts)])
+
+    for t in reader.tensors:
+        if ".ffn_" in t.name and t.name.split(".")[2] in ("ffn_gate", "ffn_up", "ffn_down"):
+            if t.name.split(".")[2] != "ffn_gate":
+                continue  # the three are written once, with the router, below
+            block = int(t.name.split(".")[1])
+            router = state[f"model.layers.{block}.block_sparse_moe.gate.weight"].float().numpy()
+            writer.add_tensor(f"blk.{block}.ffn_gate_inp.weight", router)
+            for proj, name in (("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"),
+                               ("w2", "ffn_down_exps")):
+                writer.add_tensor(f"blk.{block}.{name}.weight", expert_stack(block, proj))
+            continue
+        writer.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape,
+                          raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.rename(out)
+    return out
+
+
 def mean_kl(ref_logits: torch.Tensor, logits: torch.Tensor) -> float:
     """KL(ref || model) in nats per token."""
     lp, lq = ref_logits.float().log_softmax(-1), logits.float().log_softmax(-1)
@@ -156,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--gguf", action="store_true",
+                        help="also write FOLDER.gguf for llama.cpp (the source of GGUF plans)")
+    parser.add_argument("--gguf-only", action="store_true",
+                        help="only write the GGUF of an existing MoEfied --out folder")
     args = parser.parse_args(argv)
     if args.experts < 1 or 1536 % args.experts or not 1 <= args.top_k <= args.experts:
         parser.error("--experts must divide 1,536 and 1 <= --top-k <= --experts")
@@ -169,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tag = f"e{args.experts}k{args.top_k}"
     out = Path(args.out) if args.out else models_dir() / f"smollm2-135m-moe-{tag}"
+    if args.gguf_only:
+        print(f"wrote {write_gguf(out, out.with_suffix('.gguf'))}")
+        return 0
     t0 = time.perf_counter()
     dense = load_model("smollm2-135m")
     data = load_text_dataset(tokenizer=dense.tokenizer, seq_len=256, n_calib=CALIB_BLOCKS,
@@ -204,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"{out}: E={args.experts} k={args.top_k}, KL vs dense {kl:.4g} nats/token over "
           f"{tokens} held-out tokens, max |logit diff| {doc['max_abs_logit_diff']:.3g}")
+    if args.gguf:
+        doc["gguf"] = str(write_gguf(out, out.with_suffix(".gguf")))
     write_result(args.json or f"benchmarks/results/moe_moefy_{tag}.json", doc)
     return 0
 

@@ -21,6 +21,7 @@ from autoplan.errors import UserInputError
 from autoplan.modelspec import ModelSpec
 from autoplan.models._cache import models_dir
 from autoplan.models.gguf_convert import convert_gguf, quiet_transformers
+from autoplan.models.gguf_moe import moe_config
 from autoplan.models.graph import verify_layer_graph
 from autoplan.models.hashing import file_hash, weights_hash
 from autoplan.models.moe import check_moe_checkpoint, unfuse_experts
@@ -147,7 +148,8 @@ def _gguf_config(path: Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        return moe_config(config, path).to_dict()  # a llama GGUF with experts: Mixtral
     except (ValueError, OSError, KeyError, TypeError, ArithmeticError) as exc:
         raise UserInputError(f"cannot read GGUF '{path}': {exc}".splitlines()[0]) from None
 
