@@ -200,6 +200,14 @@ def mean_kl(ref_logits: torch.Tensor, logits: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum(-1).mean())
 
 
+def perplexity(logits: torch.Tensor, blocks: torch.Tensor) -> float:
+    """Next-token perplexity of concatenated per-block logits [n * seq, vocab]."""
+    seq = blocks.shape[1]
+    lp = logits.float().log_softmax(-1).reshape(blocks.shape[0], seq, -1)[:, :-1]
+    nll = -lp.gather(-1, blocks[:, 1:, None]).mean()
+    return float(torch.exp(nll))
+
+
 def logits_of(model, blocks: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return torch.cat([model(input_ids=row[None]).logits[0] for row in blocks])
@@ -259,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "experts": args.experts, "top_k": args.top_k, "format": "mixtral",
         "calibration": {"source": data.source, "blocks": CALIB_BLOCKS, "seq_len": 256},
         "kl_vs_dense_nats_per_token": kl, "eval_tokens": tokens,
+        "ppl_dense": perplexity(ref, data.eval), "ppl_moe": perplexity(got, data.eval),
         "max_abs_logit_diff": float((ref - got).abs().max()),
         "routing_shares_eval": shares,
         "hot_over_cold_expert_share_median": sorted(spread)[len(spread) // 2],

@@ -37,7 +37,7 @@ from torch import nn
 
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import Prepared
-from autoplan.export._write import atomic_dir, write_sidecars
+from autoplan.export._write import atomic_dir, engine_names, write_sidecars
 from autoplan.formats import CompressedTensorsName, Precision, format_spec
 from autoplan.models.graph import get_linear, is_tied
 from autoplan.quant import SimulatedLinear
@@ -212,6 +212,7 @@ class CompressedTensorsExporter:
         with atomic_dir(out_dir) as tmp:
             model.save_pretrained(str(tmp))
             compressor.update_config(str(tmp))
+            engine_names(tmp, prep.loaded.spec.model_type)  # MoE experts as vLLM names them
             if prep.loaded.tokenizer is not None:
                 prep.loaded.tokenizer.save_pretrained(str(tmp))
             layers = {n: str(c) for n, c in prep.choices.items()}

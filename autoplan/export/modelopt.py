@@ -46,6 +46,7 @@ from autoplan.export._prepare import UNQUANTIZED, Prepared
 from autoplan.export._write import atomic_dir, write_sidecars
 from autoplan.formats import format_spec
 from autoplan.models.graph import get_linear, is_tied
+from autoplan.models.moe import checkpoint_key
 
 FORMAT = "modelopt"
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -97,6 +98,17 @@ def _quant_section(quantized: dict[str, dict], excluded: list[str]) -> tuple[dic
     return section, False
 
 
+def _renamed(section: dict, model_type: str) -> dict:
+    """hf_quant_config's module names under the checkpoint's own (Mixtral's experts)."""
+    def name(n: str) -> str:
+        return checkpoint_key(f"{n}.x", model_type)[:-2]
+
+    out = dict(section, exclude_modules=[name(n) for n in section["exclude_modules"]])
+    if "quantized_layers" in section:
+        out["quantized_layers"] = {name(n): v for n, v in section["quantized_layers"].items()}
+    return out
+
+
 class ModelOptExporter:
     """Writes ModelOpt unified checkpoints for TensorRT-LLM."""
 
@@ -125,6 +137,9 @@ class ModelOptExporter:
         if getattr(config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)  # tied and unchanged: HF stores it once
         section, mixed = _quant_section(quantized, excluded + undecided)
+        mt = prep.loaded.spec.model_type  # MoE: experts under the checkpoint's own names
+        state = {checkpoint_key(k, mt): v for k, v in state.items()}
+        section = _renamed(section, mt)
         sparse = {n: str(c.sparsity) for n, c in prep.choices.items() if c.sparsity.kind == "nm"}
         hf_quant = {"producer": {"name": "modelopt", "version": f"autoplan-{__version__}"},
                     "quantization": section}

@@ -46,7 +46,12 @@ def moe_config(config: Any, path: Path) -> Any:
     """The config of an MoE GGUF: a llama GGUF with experts becomes a MixtralConfig (the
     router renormalizes its top-k weights, as llama.cpp's llama MoE does); other configs
     are returned as they are."""
-    fields = gguf_fields(path)
+    if getattr(config, "model_type", "") != "llama":
+        return config
+    try:
+        fields = gguf_fields(path)
+    except (ValueError, OSError):  # not a readable GGUF: the loader says so
+        return config
     arch = fields.get("general.architecture", "")
     experts = int(fields.get(f"{arch}.expert_count") or 0)
     if arch != "llama" or experts <= 1:

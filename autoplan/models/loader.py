@@ -24,7 +24,7 @@ from autoplan.models.gguf_convert import convert_gguf, quiet_transformers
 from autoplan.models.gguf_moe import moe_config
 from autoplan.models.graph import verify_layer_graph
 from autoplan.models.hashing import file_hash, weights_hash
-from autoplan.models.moe import check_moe_checkpoint, unfuse_experts
+from autoplan.models.moe import check_moe_checkpoint, source_quantization, unfuse_experts
 from autoplan.models.registry import ModelSource, resolve_model_arg
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -226,10 +226,12 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
 
     source = resolve_model_arg(spec)
     folder = ensure_hf_folder(source)
+    quantized = source_quantization(folder)  # gpt-oss MXFP4: read at its exact values
     try:
         with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
-                folder, use_safetensors=True, trust_remote_code=trust_remote_code, dtype=dtype)
+                folder, use_safetensors=True, trust_remote_code=trust_remote_code, dtype=dtype,
+                **quantized)
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise UserInputError(f"'{folder}' needs its own Python code to load; pass "
@@ -242,7 +244,10 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
                              f"{str(exc).strip()[:200]})".splitlines()[0]) from None
     tokenizer = _tokenizer(folder, trust_remote_code)
     model.eval()
-    model_spec = ModelSpec.from_config(model.config.to_dict(), name=source.model_id)
+    config = model.config.to_dict()
+    if quantized and not config.get("quantization_config"):  # dropped once dequantized
+        config["quantization_config"] = {"quant_method": "mxfp4"}
+    model_spec = ModelSpec.from_config(config, name=source.model_id)
     unfuse_experts(model, model_spec)  # MoE: each routed expert's projections as nn.Linear
     verify_layer_graph(model, model_spec)
     return LoadedModel(model, tokenizer, model_spec, source.model_id, weights_hash(folder), folder,

@@ -215,6 +215,15 @@ def tensor_sources(spec: ModelSpec, keys: list[str]) -> dict[str, TensorSource]:
     return out
 
 
+def checkpoint_key(key: str, model_type: str) -> str:
+    """A tensor key of the unfused model (`module.param`, or transformers' save of it with
+    `block_sparse_moe` already in place) under the checkpoint's own names."""
+    if model_type != "mixtral":
+        return key
+    module, _, param = key.rpartition(".")
+    return f"{checkpoint_name(module.replace('.block_sparse_moe.', '.mlp.'), model_type)}.{param}"
+
+
 def check_expert_count(tensor_shapes: dict[str, Any], spec: ModelSpec) -> None:
     """Refuse a checkpoint whose routed experts disagree with its config (names and shapes
     from the safetensors headers: per-expert tensors, or stacked [E, ...] ones).
@@ -250,6 +259,24 @@ def check_expert_count(tensor_shapes: dict[str, Any], spec: ModelSpec) -> None:
                 "fix config.json or pass the folder the checkpoint came with")
 
 
+def source_quantization(folder: Path) -> dict[str, Any]:
+    """`from_pretrained` keywords for a checkpoint that arrives quantized: gpt-oss's MXFP4
+    experts are read at their exact values (E2M1 codes x E8M0 scales are exact in bf16 and
+    fp32: transformers' own dequantization), so autoplan measures the model it was given."""
+    import json
+
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    quant = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    if not isinstance(quant, dict) or quant.get("quant_method") != "mxfp4":
+        return {}
+    from transformers import Mxfp4Config
+
+    return {"quantization_config": Mxfp4Config(dequantize=True)}
+
+
 def check_moe_checkpoint(folder: Path) -> None:
     """For an HF folder whose config routes to experts: an MoE autoplan plans (else one line
     naming what is missing) whose checkpoint holds the experts its config says; headers only.
@@ -271,6 +298,7 @@ def check_moe_checkpoint(folder: Path) -> None:
     check_expert_count(tensor_shapes(folder), ModelSpec.from_config(cfg))
 
 
-__all__ = ["ExpertMLP", "RoutingCounter", "UnfusedExperts", "check_expert_count", "checkpoint_name",
-           "check_moe_checkpoint", "counting_routing", "TensorSource", "tensor_sources",
+__all__ = ["ExpertMLP", "RoutingCounter", "UnfusedExperts", "check_expert_count",
+           "checkpoint_key", "checkpoint_name",
+           "check_moe_checkpoint", "counting_routing", "source_quantization", "TensorSource", "tensor_sources",
            "unfuse_experts"]

@@ -64,6 +64,8 @@ class Predicted(_Strict):
     energy_j_per_token: float
     usd_per_1m_tokens: float
     weight_gb: float
+    # weight GB one token reads (a mixture-of-experts model: top_k of each block's experts)
+    active_weight_gb: float | None = None
 
 
 class GateScore(_Strict):

@@ -101,6 +101,11 @@ class StreamedModel:
 
         self.folder, self.device, self.dtype = Path(folder), device, dtype
         self.trust_remote_code = trust_remote_code
+        from autoplan.models.moe import source_quantization
+
+        if source_quantization(self.folder):
+            raise UserInputError("streamed execution does not read MXFP4 expert blocks yet "
+                                 "(gpt-oss): use --execution memory")
         self.reader = CheckpointReader(self.folder)
         with quiet_transformers():
             config = AutoConfig.from_pretrained(self.folder, trust_remote_code=trust_remote_code)

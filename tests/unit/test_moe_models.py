@@ -103,3 +103,63 @@ def test_streamed_moe_blocks_equal_the_in_memory_forward(family: str, tmp_path) 
         got = sm.logits(hidden)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     assert isinstance(sm.blocks[0].mlp.experts, UnfusedExperts)
+
+
+_FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _mxfp4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[..., rows, cols] -> (blocks uint8 [..., rows, cols/32, 16], scales uint8 [..., rows,
+    cols/32], the dequantized values), the layout of gpt-oss's checkpoints: E2M1 codes (sign
+    bit 3) two per byte, low nibble first, E8M0 scales (OCP floor rule)."""
+    *lead, rows, cols = w.shape
+    x = w.float().reshape(*lead, rows, cols // 32, 32)
+    amax = x.abs().amax(-1, keepdim=True).clamp_min(2.0**-120)
+    exp = torch.floor(torch.log2(amax)) - 2
+    y = x / 2.0**exp
+    idx = (y.abs()[..., None] - _FP4).abs().argmin(-1)  # nearest magnitude (ties: the smaller)
+    codes = idx + 8 * (y < 0).long()
+    values = torch.where(y < 0, -_FP4[idx], _FP4[idx]) * 2.0**exp
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    return packed, (exp.squeeze(-1) + 127).to(torch.uint8), values.reshape(w.shape)
+
+
+def test_gpt_oss_mxfp4_experts_are_read_at_their_exact_values(tmp_path) -> None:
+    """A gpt-oss checkpoint with MXFP4 experts (blocks + scales, quantization_config mxfp4)
+    loads with every expert at exactly its E2M1 x E8M0 values, and re-quantizing them as
+    MXFP4 (OCP floor scales) gives the same values: gpt-oss's own format at zero added error."""
+    from safetensors.torch import save_file
+
+    from autoplan.formats.schemes import MxFp4Scheme
+
+    model = tiny_moe_model("gpt_oss")
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    from tests.unit.tiny_llama import tiny_tokenizer
+
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    state = {k: v for k, v in model.state_dict().items()}
+    want = {}
+    for b in range(2):
+        for proj in ("gate_up_proj", "down_proj"):
+            key = f"model.layers.{b}.mlp.experts.{proj}"
+            w = state.pop(key).transpose(1, 2)  # [E, out, in], blocks along the inputs
+            blocks, scales, values = _mxfp4_pack(w)
+            state[f"{key}_blocks"], state[f"{key}_scales"] = blocks, scales
+            want[(b, proj)] = values
+    (tmp_path / "m" / "model.safetensors").unlink()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "m" / "model.safetensors"))
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+
+    loaded = load_model(str(tmp_path / "m"))
+    assert loaded.spec.moe.source_format == "mxfp4"
+    for (b, proj), values in want.items():
+        for e in range(EXPERTS):
+            linear = loaded.model.get_submodule(f"model.layers.{b}.mlp.experts.{e}.{proj}")
+            assert torch.equal(linear.weight, values[e]), (b, proj, e)
+            scheme = MxFp4Scheme(rounding="floor")
+            rows = linear.weight.reshape(-1, 32)
+            again, _ = scheme.fake(rows, scheme.qparams(rows, None), None)
+            assert torch.equal(again.reshape(linear.weight.shape), linear.weight)

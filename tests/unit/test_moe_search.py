@@ -75,3 +75,27 @@ def test_search_on_a_tiny_mixtral_records_its_calibration_routing(cache: Path) -
         assert len(group) == 1
     doc = json.loads(out.read_text())
     assert doc["routing"]["source"] == routing.source
+    shown = CliRunner().invoke(cli, ["show", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert "decisions by part" in shown.output and "routed experts" in shown.output
+    assert "active weights GB read per token" in shown.output
+    for side in ("plan", "baseline"):  # a token reads top_k / E of the experts' bytes
+        assert plan.predicted[side].active_weight_gb < plan.predicted[side].weight_gb
+
+
+def test_vllm_cpu_keeps_routed_experts_bf16() -> None:
+    """vLLM CPU 0.32 has no quantized fused-MoE kernel (its own errors are in the runtime
+    matrix): the experts stay in floats while attention can be int8."""
+    from autoplan.formats import Choice
+    from autoplan.runtimes import supports
+
+    spec = _spec("mixtral")
+    xeon = get_target("xeon-8480")
+    space = build_space(spec, xeon, "vllm")
+    experts = [u for u in space.units if u.layers[0].expert >= 0]
+    floats = {Choice.parse("fp32"), Choice.parse("bf16")}  # the CPU baseline and vLLM's dtype
+    assert experts and all(set(u.choices) <= floats for u in experts)
+    attention = next(u for u in space.units if u.name == "model.layers.0.qkv")
+    assert Choice.parse("int8") in attention.choices
+    verdict = supports(xeon, "vllm", Choice.parse("int8"), "routed_experts")
+    assert not verdict.ok and "No Int8 MoE backend" in verdict.reason
