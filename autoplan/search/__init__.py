@@ -4,23 +4,29 @@ A search is a pipeline of stages, each a function over typed values (``stages/``
 
     SearchRequest(model, target, budget, ...)        every input, checked when it is built
     preflight(req) -> Platform                       bad input refused before any work
-    prepare(req, platform, rep) -> Prepared          model, SearchSpace, profile, cost model,
-                                                     Tables, Verifier, study name
+    prepare_shared(reqs, platforms, rep) -> SharedWork
+                                                     the model, one SearchSpace per platform,
+                                                     ONE profile, the original measured
+    prepare_platform(req, platform, shared, space, rep) -> Prepared
+                                                     cost model, Tables, Verifier, study name
     run_rounds(prep, rep, queue) -> Rounds           study on the surrogate -> verify the best
                                                      candidates -> refit, round by round
     choose(prep, rounds, rep) -> Chosen              the fallback policy (plan, uniform, baseline)
     certify(prep, rounds, rep) -> Certificate        the additive problem's exact optimum, the gap
     build_plan(prep, rounds, chosen, cert, wall_s) -> Plan
 
-``run_search(req) -> SearchOutcome`` runs them and writes the plan; ``run_worker`` joins a
-running search (``run/``). The subpackages, each importing only those above it here:
+``Pipeline(requests).run()`` runs them for one model on one or more platforms, each through
+its job queue, and writes the plans (yields ``Searched``, or ``Skipped`` for a platform the
+model does not fit); ``run_search(req)`` is the pipeline on one platform, ``autoplan compare``
+on several; ``run_worker`` joins a running search (``run/``). The subpackages, each
+importing only those listed before it:
 
     jobs/      the Optuna storage and the job queue processes share
     optimize/  SearchSpace, Tables, the Optuna study and sampler, the exact (MILP) solver
     verify/    QualityBudget, the Verifier measuring candidates on the real model, its cache
     recovery/  recovery passes (`--recover`, `autoplan recover PLAN`)
     stages/    the stages above
-    run/       run_search (the driver), run_worker, the record workers rebuild inputs from
+    run/       Pipeline, run_search (the driver), run_worker, the record workers read
 
 `reporter` (progress sink) and `writable` (can a file be written?) sit below all of them.
 docs/architecture.md, "Search pipeline", says what each stage does.
@@ -31,7 +37,14 @@ from __future__ import annotations
 from autoplan.search.optimize import DecisionUnit, SearchSpace, build_space, load_space_file
 from autoplan.search.recovery import RecoverOptions, recover_plan
 from autoplan.search.reporter import Reporter
-from autoplan.search.run import SearchOutcome, run_search, run_worker
+from autoplan.search.run import (
+    Pipeline,
+    SearchOutcome,
+    Searched,
+    Skipped,
+    run_search,
+    run_worker,
+)
 from autoplan.search.stages import (
     Chosen,
     CostTable,
@@ -60,6 +73,7 @@ __all__ = [
     "ExecutionSettings",
     "Measurement",
     "Outcome",
+    "Pipeline",
     "Platform",
     "Prepared",
     "QualityBudget",
@@ -67,8 +81,10 @@ __all__ = [
     "Reporter",
     "Rounds",
     "SearchOutcome",
+    "Searched",
     "SearchRequest",
     "SearchSpace",
+    "Skipped",
     "Verifier",
     "build_plan",
     "build_space",

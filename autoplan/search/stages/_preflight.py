@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from optuna.storages import BaseStorage
 
+from autoplan.backends.kernel_timers import KernelTimer
+from autoplan.backends.registry import backend_names, get_backend
 from autoplan.backends.registry import resolve_target as get_target
-from autoplan.cost.operating import OperatingPoint, resolve_operating_point
+from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UserInputError
 from autoplan.quality.text import check_text_source
 from autoplan.runtimes import default_runtime, get_runtime
@@ -23,9 +25,6 @@ from autoplan.search.writable import check_writable_file
 from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
 
-# Runtimes whose kernels --measure-kernels times on this machine, and what times them.
-KERNEL_TABLES = {"onnxruntime": ("ONNX Runtime", "autoplan.backends.cpu.predict"),
-                 "llama.cpp": ("llama.cpp (ggml)", "autoplan.engines.ggml_microbench")}
 # Plans for this runtime become artifacts through autoplan's own ONNX export (`apply`).
 ONNX_RUNTIME = "onnxruntime"
 
@@ -42,15 +41,27 @@ class Platform:
     point: OperatingPoint | None = None  # the resolved `--batch max` / SLO operating point
 
 
+def kernel_timer(target: str, runtime: str) -> KernelTimer | None:
+    """How `runtime`'s kernels are timed on `target`: asked of the backend that measures
+    that target on this machine (the CPU backend's `local`); None elsewhere."""
+    import autoplan.engines  # noqa: F401 - the llama.cpp engine registers ggml's timer
+
+    for name in backend_names():
+        backend = get_backend(name)
+        if target in backend.measured_targets():
+            return backend.kernel_timer(runtime)
+    return None
+
+
 def measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:
     """Whether this machine's kernels are timed: as asked, else exactly when planning for it."""
     if req.measure_kernels is not None:
         return req.measure_kernels
-    return target == "local" and runtime in KERNEL_TABLES and req.cost_table is None
+    return req.cost_table is None and kernel_timer(target, runtime) is not None
 
 
 def _check_kernel_timing(target: Target, runtime: str) -> None:
-    if target.name != "local" or runtime not in KERNEL_TABLES:
+    if kernel_timer(target.name, runtime) is None:
         raise UserInputError("--measure-kernels times this machine's kernels: use it with "
                              "--target local and --runtime onnxruntime or llama.cpp")
     if runtime == "llama.cpp":
@@ -98,6 +109,28 @@ def operating_point(req: SearchRequest, target: Target) -> OperatingPoint | None
         spec, target, None, req.operating,
         model_for=lambda w: CostModel(spec, target, w, price_per_hour=req.price_per_hour,
                                       measured=measured, baseline=baseline))
+
+
+def fixed_fit(req: SearchRequest, platform: Platform) -> NoOperatingPoint | None:
+    """For a fixed batch: None when the uncompressed model fits, else why not (with bytes).
+    (`--batch max` and SLOs were resolved by `operating_point`, which checks the memory.)"""
+    if platform.point is not None:
+        return None
+    from autoplan.cost.model import CostModel
+    from autoplan.formats import Choice
+    from autoplan.models.loader import load_spec
+    from autoplan.search.optimize import load_space_file
+
+    spec = load_spec(req.model)
+    baseline = Choice.parse(load_space_file(platform.target.platform).baseline)
+    cm = CostModel(spec, platform.target, req.workload, baseline=baseline)
+    mem = cm.memory(cm.resolve(None))
+    if mem.fits:
+        return None
+    return NoOperatingPoint(
+        f"at batch {req.workload.batch} the uncompressed model needs {mem.total_bytes / 1e9:,.2f}"
+        f" GB (weights {mem.weights_bytes / 1e9:,.2f}, KV cache {mem.kv_cache_bytes / 1e9:,.2f})"
+        f" but {mem.capacity_bytes / 1e9:,.2f} GB is usable", mem.total_bytes, mem.capacity_bytes)
 
 
 def _check_onnx_exportable(model: str) -> None:
@@ -173,5 +206,5 @@ def preflight(req: SearchRequest) -> Platform:
     return Platform(target, runtime, measure, storage, label, point)
 
 
-__all__ = ["KERNEL_TABLES", "Platform", "check_model", "in_memory_only", "measures_kernels",
-           "operating_point", "preflight"]
+__all__ = ["Platform", "check_model", "fixed_fit", "in_memory_only", "kernel_timer",
+           "measures_kernels", "operating_point", "preflight"]

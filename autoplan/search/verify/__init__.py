@@ -1,7 +1,9 @@
 """Measuring candidates on the real model under the quality budgets.
 
     QualityBudget.parse(text)                            `kl<=0.05`, `ppl<=+2%`, gates, slices
-    Verifier(model, space, tables, evaluator, budget, ...).measure_many(picks) -> [Measurement]
+    Verifier(model, space, tables, evaluator: Evaluator, budget, ...).measure_many(picks)
+        -> [Measurement]                                 through the evaluator (in memory or
+                                                         streamed: autoplan.streaming)
     measurement_store(...) -> MeasurementStore           measurements kept on disk across runs
 """
 
@@ -14,28 +16,26 @@ from autoplan.search.verify._measurement_cache import (
     measurement_store,
 )
 from autoplan.search.verify._verifier import (
-    CandidateContext,
-    CandidateTask,
     Measurement,
+    RecoveredCandidate,
+    RecoveryHook,
     SharedMeasurements,
     Verifier,
     decisions_key,
-    evaluate_candidate,
 )
 
 __all__ = [
     "CACHE_VERSION",
-    "CandidateContext",
-    "CandidateTask",
     "Measurement",
     "MeasurementStore",
     "QualityBudget",
     "SLICE_NAMES",
+    "RecoveredCandidate",
+    "RecoveryHook",
     "SharedMeasurements",
     "Verifier",
     "build_gates",
     "decisions_key",
-    "evaluate_candidate",
     "measurement_store",
     "parse_budgets",
 ]
