@@ -133,6 +133,8 @@ def score_task(task: ScoreTask) -> ScoreResult:
     if task.bias is not None:
         linear.bias = torch.nn.Parameter(task.bias, requires_grad=False)
     x, g = task.inputs, task.grads
+    if x.shape[0] == 0:  # a routed expert no calibration token picked: no loss in any format
+        return ScoreResult(task.layer, {str(c): 0.0 for c in task.choices}, 0.0)
     stats = HessianAccumulator(linear.in_features, full=task.settings.needs_hessian)
     stats.add(x)
     y_ref = x @ linear.weight.detach().float().T

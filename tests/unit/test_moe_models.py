@@ -8,11 +8,14 @@ import json
 import pytest
 import torch
 
+from autoplan.compress import CompressionSettings
 from autoplan.errors import UserInputError
+from autoplan.formats import Choice
 from autoplan.models import check_loadable, load_model
 from autoplan.models.moe import UnfusedExperts, counting_routing, unfuse_experts
 from autoplan.modelspec import ModelSpec
 from autoplan.sensitivity.capture import capture
+from autoplan.sensitivity.profile import make_task, score_task
 from tests.unit._tiny_moe import EXPERTS, FAMILIES, TOP_K, save_tiny_moe, tiny_moe_model
 
 _IDS = torch.randint(2, 200, (2, 24), generator=torch.Generator().manual_seed(1))
@@ -81,6 +84,13 @@ def test_capture_records_routing_and_unpicked_experts_capture_nothing() -> None:
     assert cap.inputs[idle].shape == (0, 64) and cap.grads[idle].shape == (0, 64)
     busy = "model.layers.0.mlp.experts.0.gate_up_proj"
     assert cap.inputs[busy].shape[0] == cap.routing["0"][0] > 0
+    # scoring an expert no token picked: zero loss in every format (not a division by zero)
+    choices = [Choice.parse("dense+int4_g128"), Choice.parse("dense+fp8_e4m3")]
+    settings = CompressionSettings()
+    idle_res = score_task(make_task(model, idle, choices, cap, settings))
+    assert idle_res.scores == {str(c): 0.0 for c in choices} and idle_res.outlier == 0.0
+    busy_res = score_task(make_task(model, busy, choices, cap, settings))
+    assert all(v > 0 for v in busy_res.scores.values())
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -103,6 +113,31 @@ def test_streamed_moe_blocks_equal_the_in_memory_forward(family: str, tmp_path) 
         got = sm.logits(hidden)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     assert isinstance(sm.blocks[0].mlp.experts, UnfusedExperts)
+
+
+def test_streamed_moe_profile_records_the_routing_and_scores_of_the_in_memory_one(
+        tmp_path) -> None:
+    """The streamed profile counts the calibration routing in its forward pass (the cost
+    model's shares) and scores experts as the in-memory profile does, an expert that no
+    token picks at zero."""
+    from autoplan.sensitivity import build_profile
+    from autoplan.streaming.profile import build_profile_streamed
+    from autoplan.streaming.skeleton import StreamedModel
+
+    folder = save_tiny_moe(tmp_path / "mixtral", "mixtral")
+    loaded = load_model(str(folder))
+    names = [la.name for la in loaded.spec.layers if la.block == 1]
+    choices = [Choice.parse("dense+int4_g128")]
+    calib = list(_IDS.split(1))
+    args = dict(model_hash="tiny", calib_hash="c", settings=CompressionSettings(), seed=0)
+    mem = build_profile(loaded.model, names, choices, calib, cache_dir=tmp_path / "m", **args)
+    sm = StreamedModel(folder, device=torch.device("cpu"))
+    st = build_profile_streamed(sm, names, choices, calib, cache_dir=tmp_path / "s", **args)
+    assert st.routing == mem.routing and set(st.routing) == {"0", "1"}
+    assert sum(st.routing["1"]) == _IDS.numel() * TOP_K
+    for name in names:
+        for key, ref in mem.scores[name].items():
+            assert abs(st.scores[name][key] - ref) <= 1e-4 * max(abs(ref), 1e-12), (name, key)
 
 
 _FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
