@@ -72,6 +72,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gguf-dir", default=None,
                     help="where the GGUF files go (default: <cache>/llamacpp_plans)")
     ap.add_argument("--no-simulated-kl", action="store_true")
+    ap.add_argument("--sides", default=",".join(UNIFORM + tuple(KQUANTS)),
+                    help="the uniform sides beside the plan and the original (q8_0 always; "
+                         "fewer sides: a shorter run on a busy machine)")
     ap.add_argument("--exactness-only", action="store_true",
                     help="only compare ggml's mul_mat with autoplan's simulated layer per type")
     ap.add_argument("--out", default=str(RESULTS / "llamacpp_plans.json"))
@@ -129,7 +132,13 @@ def _type_counts(path: Path) -> dict[str, int]:
     from gguf import GGUFReader
 
     return dict(Counter(t.tensor_type.name for t in GGUFReader(str(path)).tensors
-                        if t.name.endswith(".weight") and len(t.shape) == 2))
+                        if t.name.endswith(".weight") and len(t.shape) >= 2))  # MoE: 3-D
+
+
+def _sides(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The sides of `names` this run measures (q8_0 always: the goal's comparison)."""
+    wanted = set(args.sides.split(",")) | {"q8_0"}
+    return tuple(n for n in names if n in wanted)
 
 
 def _stem(args: argparse.Namespace) -> str:
@@ -142,13 +151,18 @@ def _files(plan, loaded, args, gguf_dir: Path) -> dict[str, Path]:  # noqa: ANN0
 
     stem = _stem(args)
     files = {"plan": export_plan(plan, loaded, "gguf", gguf_dir / f"{stem}-plan.gguf")}
-    for precision in UNIFORM:
+    for precision in _sides(args, UNIFORM):
         files[precision] = export_plan(_uniform(plan, precision), loaded, "gguf",
                                        gguf_dir / f"{stem}-{precision}.gguf")
+    kquants = _sides(args, tuple(KQUANTS))
+    if not kquants:
+        files["original"] = loaded.source.path
+        return files
     f32 = export_plan(_uniform(plan, "fp32"), loaded, "gguf", gguf_dir / f"{stem}-f32.gguf")
     from autoplan.engines.llamacpp import default_threads
 
-    for side, (name, type_id) in KQUANTS.items():
+    for side in kquants:
+        _name, type_id = KQUANTS[side]
         files[side] = _kquant(f32, gguf_dir / f"{stem}-{side}.gguf", type_id,
                               args.threads or default_threads())
     files["original"] = loaded.source.path
@@ -349,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                        "simulated_kl": simulated.get(name),
                        "meets_budget": budget.metric != "kl" or q["kl"] <= budget.limit}
     plan_side, q8 = sides["plan"], sides["q8_0"]
-    meeting = [n for n in UNIFORM + tuple(KQUANTS) if sides[n]["meets_budget"]]
+    meeting = [n for n in UNIFORM + tuple(KQUANTS) if n in sides and sides[n]["meets_budget"]]
     goals = {
         "plan_beats_q8_0_tok_s_at_equal_or_better_kl":
             plan_side["decode_tok_s"] > q8["decode_tok_s"] and plan_side["kl"] <= q8["kl"],

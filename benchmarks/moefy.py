@@ -15,7 +15,8 @@ approximation, whose KL against the dense model on the held-out evaluation split
 reported.
 
 Usage:
-  python benchmarks/moefy.py --experts 8 --top-k 4 [--out FOLDER] [--json RESULTS]
+  python benchmarks/moefy.py --experts 8 --top-k 4 [--out FOLDER] [--json RESULTS] [--gguf]
+      [--gguf-only | --measure-only]   (an existing folder: its GGUF, or its KL and routing)
 Default folder: $AUTOPLAN_CACHE/models/smollm2-135m-moe-e{E}k{k}; results
 benchmarks/results/moe_moefy_e{E}k{k}.json.
 """
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also write FOLDER.gguf for llama.cpp (the source of GGUF plans)")
     parser.add_argument("--gguf-only", action="store_true",
                         help="only write the GGUF of an existing MoEfied --out folder")
+    parser.add_argument("--measure-only", action="store_true",
+                        help="only measure an existing MoEfied --out folder against the dense "
+                             "model (KL, routing): no rebuild")
     args = parser.parse_args(argv)
     if args.experts < 1 or 1536 % args.experts or not 1 <= args.top_k <= args.experts:
         parser.error("--experts must divide 1,536 and 1 <= --top-k <= --experts")
@@ -244,12 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     dense = load_model("smollm2-135m")
     data = load_text_dataset(tokenizer=dense.tokenizer, seq_len=256, n_calib=CALIB_BLOCKS,
                              n_eval=8, seed=SEED)
-    moe = build(dense.model, data.calib, args.experts, args.top_k)
-    build_s = time.perf_counter() - t0
-    with atomic_dir(out, is_ours=lambda d: (d / "config.json").is_file(),
-                    what="MoEfied model folder") as tmp:
-        moe.save_pretrained(tmp)
-        dense.tokenizer.save_pretrained(tmp)
+    build_s = None
+    if not (args.measure_only and (out / "config.json").is_file()):
+        moe = build(dense.model, data.calib, args.experts, args.top_k)
+        build_s = time.perf_counter() - t0
+        with atomic_dir(out, is_ours=lambda d: (d / "config.json").is_file(),
+                        what="MoEfied model folder") as tmp:
+            moe.save_pretrained(tmp)
+            dense.tokenizer.save_pretrained(tmp)
 
     loaded = load_model(str(out))  # autoplan's own loader: config check, experts unfused
     ref = logits_of(dense.model, data.eval)

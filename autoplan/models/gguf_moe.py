@@ -1,17 +1,7 @@
-"""Mixture-of-experts GGUFs: llama.cpp stores a block's routed experts stacked, one tensor
-per projection (`blk.N.ffn_gate_exps.weight` [E, I, H], `ffn_up_exps`, `ffn_down_exps`
-[E, H, I]) beside the router (`ffn_gate_inp` [E, H]); autoplan holds one nn.Linear per expert.
+"""Mixture-of-experts GGUFs: llama.cpp's stacked `ffn_*_exps` tensors [E, out, in] beside the
+router `ffn_gate_inp`, read into (and named from) one nn.Linear per expert.
 
-Names: an expert's parameter `model.layers.N.mlp.experts.E.gate_proj.weight` maps to its
-stacked tensor through the merged HF name gguf-py knows (`model.layers.N.mlp.experts.
-gate_proj`, the layer's `stored_as`), and `expert` picks its row.
-
-Configs: a Mixtral GGUF is a "llama" GGUF with `llama.expert_count` (what llama.cpp's
-convert_hf_to_gguf.py writes); transformers' GGUF reader maps it to a dense LlamaConfig, so
-`moe_config` turns it into the MixtralConfig it is. qwen2moe / qwen3moe GGUFs keep
-transformers' own configs. Tensors of an MoE GGUF are read here (`moe_state`): transformers'
-reader does not know llama-with-experts, and one path for every MoE architecture keeps the
-per-expert split and llama.cpp's q/k row permutation (llama arch only) in one place.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Mixture-of-experts models as autoplan measures them: every routed expert an nn.Linear.
+"""Mixture-of-experts models as autoplan measures them: every routed expert an nn.Linear,
+the calibration routing counted, expert counts checked against the config.
 
-transformers 5 stores a block's experts as 3-D tensors (`experts.gate_up_proj` [E, 2I, H],
-`experts.down_proj` [E, H, I]; gpt-oss transposed, interleaved and with biases). autoplan
-compresses, captures and exports linear layers by name, so `unfuse_experts` replaces each
-such module by `UnfusedExperts`: one `ExpertMLP` per expert with `gate_proj` / `up_proj` /
-`down_proj` (gpt-oss: `gate_up_proj`, `down_proj`) nn.Linear layers holding the same
-weights, and the same forward (tokens routed to an expert run its MLP, scaled by their
-routing weights, summed). The names are the checkpoints' own for qwen2_moe / qwen3_moe
-(`mlp.experts.{e}.gate_proj`) and map one to one onto Mixtral's (`block_sparse_moe.experts.
-{e}.w1/w3/w2`, `checkpoint_name`).
-
-`RoutingCounter` records how many tokens each expert of each block receives (the profile's
-calibration routing); `check_expert_count` refuses a checkpoint whose experts disagree with
-its config, from the safetensors headers alone.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
