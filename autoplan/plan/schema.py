@@ -75,6 +75,8 @@ class Predicted(_Strict):
     energy_j_per_token: float
     usd_per_1m_tokens: float
     weight_gb: float
+    # weight GB one token reads (a mixture-of-experts model: top_k of each block's experts)
+    active_weight_gb: float | None = None
 
 
 class GateScore(_Strict):
@@ -299,6 +301,9 @@ class Plan(_Strict):
     audit: Audit
     operating_point: OperatingPoint | None = None
     recovery: Recovery | None = None
+    # Mixture-of-experts: the routing shares the predictions assumed (the profile's
+    # calibration routing, per block the share of tokens each expert gets; cost/moe.py)
+    routing: dict[str, Any] | None = None
     kv_cache: KvCache | None = None
     deploy: Deploy | None = None
 

@@ -93,7 +93,12 @@ def block_and_role(layer: str) -> tuple[int | None, str]:
     """(block index, role) of a layer name (`model.layers.3.mlp.up_proj` -> (3, "up_proj"));
     layers outside the blocks (lm_head) have block None."""
     m = _BLOCK.search(layer)
-    return (int(m.group(1)), m.group(2)) if m else (None, layer.rsplit(".", 1)[-1])
+    if not m:
+        return None, layer.rsplit(".", 1)[-1]
+    for marker, prefix in ((".experts.", "experts."), (".shared_expert.", "shared.")):
+        if marker in layer:  # a block's routed (or shared) experts: one column per projection
+            return int(m.group(1)), prefix + m.group(2)
+    return int(m.group(1)), m.group(2)
 
 
 def choice_map(plan: Plan) -> bytes:

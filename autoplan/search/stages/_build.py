@@ -57,7 +57,8 @@ def _predicted(prep: Prepared, label: str, picks) -> ps.Predicted:  # noqa: ANN0
                         tpot_s=m.tpot_s, request_latency_s=m.request_latency_s,
                         memory_gb=est.memory.total_bytes / 1e9, fits=est.memory.fits,
                         energy_j_per_token=m.energy, usd_per_1m_tokens=m.cost,
-                        weight_gb=est.memory.weights_bytes / 1e9)
+                        weight_gb=est.memory.weights_bytes / 1e9,
+                        active_weight_gb=est.active_weight_bytes / 1e9)
 
 
 def _predictions(prep: Prepared, chosen: Chosen) -> tuple[dict[str, ps.Predicted], float | None]:
@@ -222,6 +223,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
         operating_point=ps.OperatingPoint(**prep.platform.point.to_json())
         if prep.platform.point else None,
         recovery=keep_weights(m, req.out),
+        routing=cost.routing.to_json() if loaded.spec.moe is not None else None,
         kv_cache=_kv_section(prep),
         deploy=_deploy(prep),
     )

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from autoplan.cost.model import CostModel
+from autoplan.cost.moe import Routing
 from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
@@ -358,7 +359,9 @@ def prepare_platform(req: SearchRequest, platform: Platform, shared: SharedWork,
     kernel_times = _kernel_times(req, platform, loaded, space, rep)
     cost = CostModel(loaded.spec, platform.target, req.workload,
                      price_per_hour=req.price_per_hour, measured=kernel_times,
-                     baseline=space.baseline, kv=platform.kv)
+                     baseline=space.baseline, kv=platform.kv,
+                     # MoE: the experts the calibration picked
+                     routing=Routing.of_profile(loaded.spec, profile.routing, profile.tokens))
     tables = build_tables(space, cost, profile,
                           prefill_weight=0.0 if req.objective is Objective.TPOT else 1.0)
     kv, also = None, req.also
