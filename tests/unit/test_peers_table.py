@@ -77,3 +77,36 @@ def test_empty_sections_and_summary_say_what_is_missing() -> None:
                      "- llamacpp: 1 of 1 pairs meet the goal; lowest ratio 1.20x (a vs b)"]
     assert error_lines([{"peer": "p", "error": "e", "command": "c"}]) == [
         "- **p: not runnable here.** `e` (command: `c`)"]
+
+
+def test_a_stopped_section_is_one_row_that_says_so(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    import peers
+
+    stopped = peers.not_finished("nncf", "stopped by SIGTERM", "timing 4 sides", 1500.0,
+                                 "python benchmarks/peers.py nncf")
+    (row,) = stopped["errors"]
+    assert stopped["finished"] is False and not stopped["pairs"]
+    assert "not finished here: stopped by SIGTERM after 25 min" in row["error"]
+    assert "'timing 4 sides'" in row["error"] and row["command"].endswith("peers.py nncf")
+    assert "nncf (whole section): not runnable here" in "\n".join(
+        section_markdown("nncf", stopped))
+
+    # a stop during a run: the section's own handler-free code is interrupted, one row written
+    def section_run(args, log):  # noqa: ANN001, ANN202
+        log("searching kl<=0.05")
+        raise peers.NotFinished("stopped by SIGTERM")
+
+    monkeypatch.setattr(peers, "_section", lambda name: type("S", (), {"run": staticmethod(
+        section_run)}))
+    monkeypatch.setattr(peers, "start_run", lambda seed, argv: ({"cpu": "x"}, "cmd"))
+    out = tmp_path / "peers_quark.json"
+    assert peers.main(["quark", "--out", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert "while 'searching kl<=0.05'" in doc["errors"][0]["error"]
+
+    # an earlier finished run is kept; the stop is added to its errors
+    pairs = [pair(_row("a", 100, 0.1), _row("b", 120, 0.1), 1.1)]
+    out.write_text(json.dumps({"pairs": pairs, "errors": []}))
+    assert peers.main(["quark", "--out", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["pairs"] == pairs and "not finished here" in doc["errors"][0]["error"]
