@@ -13,7 +13,10 @@ Layout (imports point down only):
     gguf_blocks.py  llama.cpp's GGUF block types (their schemes, byte layout, Q8_1 term)
     builtin.py    one FormatSpec per Precision (imported here, so the registry is complete)
 
-How to add a precision: see the docstring of autoplan/formats/registry.py.
+How to add a precision: see the docstring of autoplan/formats/registry.py. A format may live
+in a module of its own (examples/formats/int8_g128.py): it calls ``Precision.define`` and
+``register_format``, and loads with autoplan when its package lists the module in the
+``autoplan.formats`` entry-point group.
 """
 
 from autoplan.formats.choice import DENSE, Choice, Sparsity
@@ -31,6 +34,9 @@ from autoplan.formats.registry import (
     registered_formats,
 )
 from autoplan.formats import builtin  # noqa: E402,F401,I001 - registers the built-in specs
+from autoplan.formats.plugins import load_plugins  # noqa: E402,I001
+
+load_plugins()  # formats other packages register (entry-point group "autoplan.formats")
 
 __all__ = [
     "DENSE",

@@ -44,7 +44,7 @@ from autoplan.formats.schemes import NvFp4Scheme, nvfp4_global_scale
 
 
 class KvFormat(str, Enum):
-    """KV-cache formats, by their canonical text (a closed vocabulary, like Precision)."""
+    """KV-cache formats, by their canonical text (a closed vocabulary)."""
 
     FP32 = "fp32"
     BF16 = "bf16"
