@@ -144,17 +144,22 @@ def main(argv: list[str] | None = None) -> int:
         stage[0] = message
         print(message, file=sys.stderr, flush=True)
 
+    args.progress = {}  # what a section has measured so far (rows, pairs), kept if stopped
     handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         doc = _section(args.section).run(args, log=log)
     except NotFinished as exc:
         # stopped before its deadline (SIGTERM, Ctrl-C): one row that says so, never a gap
-        doc = not_finished(args.section, str(exc), stage[0], time.perf_counter() - t0, command)
+        stopped = not_finished(args.section, str(exc), stage[0], time.perf_counter() - t0,
+                               command)
+        doc = {**stopped, **args.progress, "finished": False,
+               "errors": [*args.progress.get("errors", []), *stopped["errors"]]}
         prior = _load(out)
-        if prior and prior.get("pairs"):  # an earlier finished run stays; the stop is added
-            prior["errors"] = [*prior.get("errors", []), *doc["errors"]]
+        if not doc.get("pairs") and prior and prior.get("pairs"):
+            # an earlier finished run stays; the stop is added
+            prior["errors"] = [*prior.get("errors", []), *stopped["errors"]]
             write_result(out, prior)
-            print(f"kept the finished results in {out}; this run: {doc['errors'][0]['error']}")
+            print(f"kept the earlier results in {out}; this run: {stopped['errors'][0]['error']}")
             return 1
     finally:
         for sig, handler in handlers.items():

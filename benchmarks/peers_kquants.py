@@ -106,6 +106,12 @@ def run(args, log=print) -> dict:  # noqa: ANN001, C901 - one linear recipe
                 if not p.get("identical_to_q4_1_sourced")}
     log(f"quality of {len(measured) + 1} files through llama.cpp ...")
     quality = eval_quality({"original": original, **measured}, original, data.eval, args.threads)
+    # kept if the run is stopped before the timing: sizes and KL, measured, speed not yet
+    getattr(args, "progress", {}).update({
+        "section": "llamacpp", "threads": args.threads, "errors": errors,
+        "rows": [_row(name, "peer", p["path"], quality[name], None, mix=p["mix"],
+                      imatrix=p["imatrix"], source=p["source"], command=p["command"])
+                 for name, p in peers.items() if name in quality]})
     # autoplan at the KL each Q4_1-sourced mix reaches (one search per distinct budget)
     budgets = sorted({_budget_arg(quality[n]["kl"]) for n, p in peers.items()
                       if p["source"] == "q4_1"})
