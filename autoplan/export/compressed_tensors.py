@@ -1,30 +1,6 @@
 """`--format compressed-tensors`: an HF folder vLLM and SGLang load, written by the library.
 
-The checkpoint is made the way llm-compressor makes one, with compressed-tensors' own
-objects: one ``QuantizationScheme`` per distinct precision (its ``targets`` are the exact
-module names of the layers planned in it), ``apply_quantization_config`` on a copy of the
-model, autoplan's dequantized weights and *its* scales put into the initialized
-parameters, ``ModelCompressor.compress_model`` (the registered ``float-quantized``,
-``int-quantized``, ``pack-quantized`` and ``nvfp4-pack-quantized`` compressors), then
-``save_pretrained`` and ``ModelCompressor.update_config`` (which writes
-``quantization_config`` into config.json). Layers kept in 16 bits go to ``ignore``.
-
-The compressors re-derive codes as ``round(w / scale)``; since ``w`` is autoplan's
-``codes * scale`` this returns autoplan's codes, and ``_verify`` proves it for every layer
-(codes and scales compared bit for bit) before the folder is moved into place.
-
-Schemes come from each format's FormatSpec (``compressed_tensors``: a preset or
-QuantizationArgs, or the reason the format cannot be written); for example:
-    fp8_e4m3  FP8_DYNAMIC preset: FP8 weights per channel, dynamic per-token FP8 inputs
-    int8      W8A8 preset: INT8 weights per channel, dynamic per-token INT8 inputs
-    int8_wo   INT8 weights per channel, 16-bit inputs (pack-quantized, vLLM WNA16)
-    int4_gN   symmetric INT4 weights, group N, 16-bit inputs (pack-quantized)
-    uint4_gN  asymmetric INT4 weights, group N, with ``weight_zero_point`` (pack-quantized;
-              vLLM reads it as uint4 with zero points)
-    nvfp4     NVFP4 preset: E2M1 weights, E4M3 scale per 16, FP32 global scale; inputs
-              with a static ``input_global_scale`` from the calibration set
-The library keeps asymmetric codes and zero points signed (-8..7); autoplan's are unsigned
-(0..15, as the packed checkpoint and the kernels hold them), so they differ by 2**(bits-1).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -35,10 +11,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from autoplan.atomic import atomic_dir
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import Prepared
-from autoplan.atomic import atomic_dir
 from autoplan.export._write import is_export, write_sidecars
+from autoplan.export.kv import kv_scheme
 from autoplan.formats import CompressedTensorsName, Precision, format_spec
 from autoplan.models.graph import get_linear, is_tied
 from autoplan.quant import SimulatedLinear
@@ -158,10 +135,28 @@ def _verify(model: nn.Module, prep: Prepared) -> None:
                                 f"simulated for {name}; nothing was written (please report)")
 
 
+def _kv_params(model: nn.Module, prep: Prepared, strategy: str) -> None:
+    """The plan's calibrated K/V scales as each attention module's ``k_scale`` /
+    ``v_scale`` parameters, shaped as compressed-tensors initializes them for the
+    ``kv_cache_scheme`` (``[1]`` per tensor, ``[kv_heads, 1, 1]`` per head) and named as
+    vLLM loads them (``model.layers.N.self_attn.k_scale``). They are registered here
+    because compressed-tensors 0.20 finds no cached attention module in transformers 5 (it
+    looks for a ``past_key_values`` argument that transformers now names ``cache``)."""
+    from autoplan.quant.kv_cache import attention_modules
+
+    attn = attention_modules(model)
+    for i, (k, v) in prep.kv_scales.items():
+        for name, value in (("k_scale", k), ("v_scale", v)):
+            shaped = value.float().reshape(-1, 1, 1) if strategy == "attn_head" else \
+                value.float().reshape(1)
+            attn[i].register_parameter(name, nn.Parameter(shaped.clone(), requires_grad=False))
+
+
 def _build(prep: Prepared) -> tuple[nn.Module, object]:
     """A compressed copy of the model and the ModelCompressor that compressed it."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
+        QuantizationArgs,
         QuantizationConfig,
         QuantizationStatus,
         apply_quantization_config,
@@ -183,7 +178,9 @@ def _build(prep: Prepared) -> tuple[nn.Module, object]:
             linear.weight = nn.Parameter(sim.weight.to(linear.weight.dtype), requires_grad=False)
             if tied:
                 model.config.tie_word_embeddings = False
-    config = QuantizationConfig(config_groups=groups, quantization_status=QuantizationStatus.FROZEN)
+    kv = kv_scheme(prep.plan, FORMAT)
+    config = QuantizationConfig(config_groups=groups,
+                                quantization_status=QuantizationStatus.FROZEN)
     apply_quantization_config(model, config, show_progress=False)
     for name, sim in quantized.items():
         module = model.get_submodule(name)
@@ -191,10 +188,24 @@ def _build(prep: Prepared) -> tuple[nn.Module, object]:
             model.config.tie_word_embeddings = False  # a quantized lm_head has its own weight
         _load_params(module, sim, prep.input_global_scales.get(name))
     compressor = ModelCompressor.from_pretrained_model(model)
+    if compressor is None or compressor.quantization_config is None:  # a KV-only plan
+        compressor = ModelCompressor(quantization_config=config)
     compressor.compress_model(model)
     compressor.remove_decompression_hook(model)
     _verify(model, prep)
+    if kv is not None:
+        _kv_params(model, prep, kv["strategy"])
+        compressor.quantization_config.kv_cache_scheme = QuantizationArgs(**kv)
     return model, compressor
+
+
+def _kv_audit(prep: Prepared) -> dict | None:
+    kv = prep.plan.kv_cache
+    if kv is None or kv.format == kv.default:
+        return None
+    return {"format": kv.format, "scheme": kv_scheme(prep.plan, FORMAT),
+            "scales": "calibrated, equal to the plan's digests" if prep.kv_scales else
+            "none in the checkpoint (the engine's flag alone)"}
 
 
 class CompressedTensorsExporter:
@@ -206,9 +217,10 @@ class CompressedTensorsExporter:
     def write(self, prep: Prepared, out_dir: str | Path) -> Path:
         """Write the checkpoint atomically into ``out_dir``; return its path."""
         _check_shapes(prep)
-        if not prep.quantized():
-            raise UnsupportedFormatError("the plan quantizes no layer; a compressed-tensors "
-                                         "checkpoint would be the original model: serve that")
+        if not prep.quantized() and kv_scheme(prep.plan, FORMAT) is None:
+            raise UnsupportedFormatError("the plan quantizes no layer and no KV-cache scales; "
+                                         "a compressed-tensors checkpoint would be the original "
+                                         "model: serve that (with the plan's deploy command)")
         model, compressor = _build(prep)  # refusals and verification happen before writing
         with atomic_dir(out_dir, is_ours=is_export) as tmp:
             model.save_pretrained(str(tmp))
@@ -217,7 +229,8 @@ class CompressedTensorsExporter:
                 prep.loaded.tokenizer.save_pretrained(str(tmp))
             layers = {n: str(c) for n, c in prep.choices.items()}
             write_sidecars(tmp, prep.plan, self.name, prep.runtime, layers, {
-                "verified": "stored codes and scales equal autoplan's simulated ones, bit for bit"})
+                "verified": "stored codes and scales equal autoplan's simulated ones, bit for bit",
+                "kv_cache": _kv_audit(prep)}, artifact=Path(out_dir))
         return Path(out_dir)
 
 

@@ -1,26 +1,6 @@
 """`--format gguf`: one GGUF file for llama.cpp, each linear tensor in the type its plan chose.
 
-The model must come from a GGUF (a file or an alias such as the embedded smollm2-135m):
-its metadata, tokenizer, embeddings and norms are copied from that file unchanged, so the
-export tokenizes and runs exactly like the original. Models planned from an HF folder are
-refused: gguf-py has no tokenizer converter (llama.cpp's ``convert_hf_to_gguf.py`` picks
-the pre-tokenizer by hashing the tokenizer's output against a list it ships), so a vocab
-written here could tokenize differently from the original without any error.
-
-Linear tensors hold the plan's own codes and scales (``Prepared.sims``), packed into the
-GGUF block layout (``autoplan.formats.gguf_blocks.pack_blocks``), not a second quantization.
-A tensor the plan keeps in its source type is therefore stored byte for byte as in the
-source (requantizing Q4_1 values to Q4_1 is exact; tests check it on the embedded model).
-
-Row order: llama.cpp stores the q/k projections of Llama-family models with rows permuted
-per head (``convert_hf_to_gguf.py``'s ``permute``) and autoplan's GGUF conversion undid that
-on the way in. Rather than keep a per-architecture list, the exporter finds, per tensor,
-which of {identity, the llama permutation for n_head, for n_kv_head} maps the model's
-weight onto the source tensor bit for bit, and writes the plan's rows in that order.
-
-A tied ``lm_head`` planned in the embedding's own type stays tied (no ``output.weight``);
-planned in another type it is written as ``output.weight``, which llama.cpp uses when it
-is present.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -36,11 +16,11 @@ import numpy as np
 import torch
 
 from autoplan import __version__
-from autoplan.atomic import replace_files
+from autoplan.atomic import atomic_dir, replace_files
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
 from autoplan.export._prepare import Prepared
-from autoplan.atomic import atomic_dir
 from autoplan.export._write import AUDIT_FILE, PLAN_FILE, is_export, write_sidecars
+from autoplan.export.kv import DEPLOY_JSON, DEPLOY_SH
 from autoplan.formats import Precision, registered_formats
 from autoplan.formats.gguf_blocks import block_format, gguf_type_name, pack_blocks
 from autoplan.models.graph import get_linear
@@ -263,9 +243,15 @@ class GgufExporter:
             with atomic_dir(out, is_ours=is_export) as tmp:
                 audit = write_gguf(prep, tmp / GGUF_FILE)
                 write_sidecars(tmp, prep.plan, self.name, prep.runtime, layers,
-                               {"gguf_tensors": audit})
+                               {"gguf_tensors": audit}, artifact=out / GGUF_FILE)
             return out / GGUF_FILE
         return _write_file(prep, out, self.name, layers)
+
+
+def sidecar_deploy(gguf_file: Path, name: str) -> Path:
+    """Where a single-file GGUF export's deploy sidecar ``name`` goes (FILE.name)."""
+    stem = gguf_file.with_suffix("")
+    return stem.with_name(f"{stem.name}.{name}")
 
 
 def sidecar_paths(gguf_file: Path) -> tuple[Path, Path]:
@@ -284,9 +270,12 @@ def _write_file(prep: Prepared, out: Path, fmt: str, layers: dict[str, str]) -> 
         tmp = Path(name)
         try:
             audit = write_gguf(prep, tmp / GGUF_FILE)
-            write_sidecars(tmp, prep.plan, fmt, prep.runtime, layers, {"gguf_tensors": audit})
+            write_sidecars(tmp, prep.plan, fmt, prep.runtime, layers, {"gguf_tensors": audit},
+                           artifact=out)
+            deploy = {tmp / name: sidecar_deploy(out, name) for name in (DEPLOY_JSON, DEPLOY_SH)
+                      if (tmp / name).is_file()}
             # the GGUF goes last: a sidecar without its file is never mistaken for an export
-            replace_files({tmp / PLAN_FILE: plan_path, tmp / AUDIT_FILE: audit_path,
+            replace_files({tmp / PLAN_FILE: plan_path, tmp / AUDIT_FILE: audit_path, **deploy,
                            tmp / GGUF_FILE: out})
         except OSError as err:
             raise AutoplanError(f"cannot write the export to '{out}': {err}") from err

@@ -1,33 +1,6 @@
 """`--format modelopt`: a ModelOpt unified HF checkpoint for TensorRT-LLM, the 2:4 path.
 
-vLLM dropped its 2:4 kernels; TensorRT-LLM still builds 2:4 engines (``trtllm-build
---weight_sparsity``), so this is where 2:4 plans go. The folder is what ModelOpt's
-``export_hf_checkpoint`` writes: config.json, safetensors with HF tensor names, and
-``hf_quant_config.json``::
-
-    {"producer": {"name": "modelopt", "version": ...},
-     "quantization": {"quant_algo": ..., "kv_cache_quant_algo": null,
-                      "exclude_modules": [...]                   # one format, or
-                      "quantized_layers": {layer: {"quant_algo": ...}}}}   # MIXED_PRECISION
-
-plus ``quant_cfg.json`` (the per-layer map TensorRT-LLM reads for MIXED_PRECISION).
-
-Layers (autoplan precision -> ModelOpt quant_algo, tensors; the names come from each
-format's FormatSpec, which also says why the others are refused):
-    fp8_e4m3   FP8_PER_CHANNEL_PER_TOKEN: ``weight`` float8_e4m3fn [out, in] and
-               ``weight_scale`` FP32 [out]; activations are scaled per token at run time,
-               so there is no ``input_scale``. This is autoplan's fp8_e4m3 exactly
-               (per-channel weights, dynamic per-token inputs); ModelOpt's per-tensor
-               "FP8" (scalar ``weight_scale`` + static ``input_scale``) would need other
-               weights than the plan measured.
-    int8_wo    W8A16: ``weight`` int8 [out, in], ``weight_scale`` [out].
-    16-bit     not quantized: ``weight`` in the model dtype, listed in ``exclude_modules``.
-
-Sparsity: ModelOpt does not record 2:4 in the checkpoint; its sparsity export bakes the
-zeros into the weights and TensorRT-LLM finds them when the engine is built with
-``--weight_sparsity``. autoplan therefore checks the 2:4 pattern of every such layer before
-writing and records it under a top-level ``"sparsity"`` key of hf_quant_config.json (which
-readers ignore: they read ``"quantization"``) and in the export audit.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -41,10 +14,11 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from autoplan import __version__
+from autoplan.atomic import atomic_dir
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import UNQUANTIZED, Prepared
-from autoplan.atomic import atomic_dir
 from autoplan.export._write import is_export, write_sidecars
+from autoplan.export.kv import kv_scheme
 from autoplan.formats import format_spec
 from autoplan.models.graph import get_linear, is_tied
 
@@ -87,10 +61,28 @@ def _layer_tensors(name: str, prep: Prepared) -> tuple[dict[str, Tensor], dict |
     return out, {"quant_algo": algo}
 
 
-def _quant_section(quantized: dict[str, dict], excluded: list[str]) -> tuple[dict, bool]:
+def _kv_tensors(prep: Prepared) -> dict[str, Tensor]:
+    """The plan's calibrated K/V scales under ModelOpt's names (``k_proj.k_scale``,
+    ``v_proj.v_scale``, FP32 scalars, which TensorRT-LLM's HF loader reads)."""
+    from autoplan.quant.kv_cache import attention_modules
+
+    names = {m: n for n, m in prep.loaded.model.named_modules()}
+    attn = attention_modules(prep.loaded.model)
+    out = {}
+    for i, (k, v) in prep.kv_scales.items():
+        base = names[attn[i]]
+        out[f"{base}.k_proj.k_scale"] = k.float().reshape(()).contiguous() if k.numel() == 1 \
+            else k.float().contiguous()
+        out[f"{base}.v_proj.v_scale"] = v.float().reshape(()).contiguous() if v.numel() == 1 \
+            else v.float().contiguous()
+    return out
+
+
+def _quant_section(quantized: dict[str, dict], excluded: list[str], kv_algo: str | None = None
+                   ) -> tuple[dict, bool]:
     """hf_quant_config's "quantization" object, and whether it is MIXED_PRECISION."""
     algos = {entry["quant_algo"] for entry in quantized.values()}
-    section: dict = {"kv_cache_quant_algo": None, "exclude_modules": sorted(excluded)}
+    section: dict = {"kv_cache_quant_algo": kv_algo, "exclude_modules": sorted(excluded)}
     if len(algos) > 1:
         section.update(quant_algo="MIXED_PRECISION", quantized_layers=dict(sorted(quantized.items())))
         return section, True
@@ -125,7 +117,9 @@ class ModelOptExporter:
                      if isinstance(m, torch.nn.Linear) and n not in prep.sims]
         if getattr(config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)  # tied and unchanged: HF stores it once
-        section, mixed = _quant_section(quantized, excluded + undecided)
+        kv_algo = kv_scheme(prep.plan, FORMAT)
+        state.update(_kv_tensors(prep))
+        section, mixed = _quant_section(quantized, excluded + undecided, kv_algo)
         sparse = {n: str(c.sparsity) for n, c in prep.choices.items() if c.sparsity.kind == "nm"}
         hf_quant = {"producer": {"name": "modelopt", "version": f"autoplan-{__version__}"},
                     "quantization": section}
@@ -145,7 +139,8 @@ class ModelOptExporter:
             write_sidecars(tmp, prep.plan, self.name, prep.runtime,
                            {n: str(c) for n, c in prep.choices.items()},
                            {"sparsity": sparse, "verified": "codes and scales are autoplan's; "
-                            "N:M patterns checked"})
+                            "N:M patterns checked", "kv_cache_quant_algo": kv_algo},
+                           artifact=Path(out_dir))
         return Path(out_dir)
 
 

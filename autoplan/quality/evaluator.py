@@ -64,6 +64,8 @@ class QualityResult:
         stopped_early: the pass stopped once the KL was certain to exceed the limit it was
             given (``evaluate(kl_limit=...)``): ``kl`` is then a lower bound, ``ppl`` covers
             the blocks measured, and no suite, slice or gate was run.
+        kl_long: mean KL over the long-prompt split (blocks of >= 2k tokens), measured
+            whenever the KV cache is compressed; None otherwise.
     """
 
     ppl: float
@@ -77,6 +79,7 @@ class QualityResult:
     slices: dict[str, float] = field(default_factory=dict)
     gates: dict[str, GateResult] = field(default_factory=dict)
     stopped_early: bool = False
+    kl_long: float | None = None  # the long-prompt split's KL, measured with a compressed KV
 
     def __post_init__(self) -> None:  # read back from JSON (asdict): gates as plain dicts
         gates = {k: g if isinstance(g, GateResult) else GateResult(**g)

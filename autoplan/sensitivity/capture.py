@@ -10,7 +10,8 @@ gradient^2 score of ModelOpt's AutoQuantize, with the Fisher made exact in expec
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -98,32 +99,39 @@ def fisher_loss(logits: Tensor, gen: torch.Generator) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels, reduction="sum")
 
 
-def capture(
-    model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor], *, seed: int = 0
-) -> Captured:
-    """Run forward + backward over `batches` ([b, seq] token ids) and record X and G.
-
-    Parameters are not trained: gradients flow only to activations (the embedding output
-    is made to require grad so the graph is built without parameter gradients).
-    """
+@contextmanager
+def activation_grads(model: nn.Module) -> Iterator[None]:
+    """Within the block, a backward pass gives gradients to activations only: parameters
+    are frozen, and the embedding output is made to require grad so the graph is built."""
     emb = _input_embeddings(model).register_forward_hook(
         lambda _m, _i, out: out.detach().requires_grad_(True))
     requires = [p.requires_grad for p in model.parameters()]
     for p in model.parameters():
         p.requires_grad_(False)
-    gen = torch.Generator().manual_seed(seed)
-    device = next(model.parameters()).device
-    tokens = 0
     try:
-        with Recorder(model, layer_names) as rec:
-            for batch in batches:
-                fisher_loss(model(input_ids=batch.to(device)).logits, gen).backward()
-                tokens += batch.numel()
+        yield
     finally:
         emb.remove()
         for p, r in zip(model.parameters(), requires):
             p.requires_grad_(r)
+
+
+def capture(
+    model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor], *, seed: int = 0
+) -> Captured:
+    """Run forward + backward over `batches` ([b, seq] token ids) and record X and G.
+
+    Parameters are not trained: gradients flow only to activations (`activation_grads`).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    tokens = 0
+    with activation_grads(model), Recorder(model, layer_names) as rec:
+        for batch in batches:
+            fisher_loss(model(input_ids=batch.to(device)).logits, gen).backward()
+            tokens += batch.numel()
     return rec.result(tokens)
 
 
-__all__ = ["Captured", "Recorder", "capture", "fisher_loss", "sample_labels"]
+__all__ = ["Captured", "Recorder", "activation_grads", "capture", "fisher_loss",
+           "sample_labels"]

@@ -1,13 +1,6 @@
 """The sensitivity profile: for every layer x choice, a quality cost in KL nats per token.
 
-score(layer, choice) = 1/2 * mean over tokens of sum_j (G_tj * dY_tj)^2, where dY is the
-change of the layer's output when that layer alone is compressed to `choice` (pruned, then
-quantized, with its activation quantization) and G is the Fisher gradient from the capture
-pass. Summing scores over layers is the additive surrogate the search constrains.
-
-The profile is cached on disk as JSON, keyed by model hash + calibration hash + settings,
-with one entry per (layer, choice): it is written after every layer, so an interrupted run
-resumes where it stopped, and adding choices later only computes the new ones.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -46,6 +39,8 @@ class SensitivityProfile:
     tokens: int = 0
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
     outliers: dict[str, float] = field(default_factory=dict)
+    # KV-cache formats: sensitivity.kv's unit (one per block) -> its key -> KL estimate
+    kv: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def cost(self, layer: str, choice: Choice) -> float:
         return self.scores[layer][str(choice)]
@@ -59,13 +54,14 @@ class SensitivityProfile:
             "calib_hash": self.calib_hash, "tokens": self.tokens,
             "settings": {"prune_score": self.settings.prune_score,
                          "quant_method": self.settings.quant_method},
-            "scores": self.scores, "outliers": self.outliers,
+            "scores": self.scores, "outliers": self.outliers, "kv": self.kv,
         }
 
     @classmethod
     def from_json(cls, raw: dict) -> SensitivityProfile:
         return cls(raw["model_hash"], raw["calib_hash"], CompressionSettings(**raw["settings"]),
-                   raw.get("tokens", 0), raw.get("scores", {}), raw.get("outliers", {}))
+                   raw.get("tokens", 0), raw.get("scores", {}), raw.get("outliers", {}),
+                   raw.get("kv", {}))
 
 
 def calibration_key(batches: Sequence[Tensor]) -> str:

@@ -16,11 +16,12 @@ from autoplan.backends.kernel_timers import KernelTimer
 from autoplan.backends.registry import backend_names, get_backend
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
-from autoplan.errors import UserInputError
+from autoplan.errors import UnsupportedFormatError, UserInputError
+from autoplan.formats.kv import KvFormat, kv_spec
 from autoplan.quality.text import check_text_source
-from autoplan.runtimes import default_runtime, get_runtime
+from autoplan.runtimes import default_kv, default_runtime, get_runtime, kv_supports
 from autoplan.search.jobs import check_storage, default_storage_url, redact
-from autoplan.search.stages._request import SearchRequest
+from autoplan.search.stages._request import KV_AUTO, SearchRequest
 from autoplan.search.writable import check_writable_file
 from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
@@ -39,6 +40,14 @@ class Platform:
     storage: BaseStorage | str  # an Optuna storage object, or a URL checked and reachable
     storage_label: str  # for the plan: the URL without its password, or the object's type
     point: OperatingPoint | None = None  # the resolved `--batch max` / SLO operating point
+    kv: KvFormat | None = None  # the KV cache searched here (None: the runtime's own)
+    kv_default: KvFormat | None = None  # the runtime's own cache: the reference
+
+    @property
+    def kv_compressed(self) -> bool:
+        """The cache differs from the runtime's own (it is simulated, and measured on long
+        prompts too)."""
+        return self.kv is not None and self.kv != self.kv_default
 
 
 def kernel_timer(target: str, runtime: str) -> KernelTimer | None:
@@ -91,10 +100,12 @@ def check_model(model: str, runtime: str) -> None:
     check_loadable(model)  # weights present and whole, a GGUF readable: headers only
 
 
-def operating_point(req: SearchRequest, target: Target) -> OperatingPoint | None:
+def operating_point(req: SearchRequest, target: Target, kv: KvFormat | None = None
+                    ) -> OperatingPoint | None:
     """The request's `--batch max` / SLO operating point on this target, from the model's
-    config alone, for the uncompressed baseline of the target's search space (so every plan
-    fits there too); None when the workload's batch is fixed."""
+    config alone, for the uncompressed baseline of the target's search space with the KV
+    cache `kv` (so every plan with that cache fits there too); None when the workload's
+    batch is fixed."""
     if req.operating is None or req.operating.mode == "fixed":
         return None
     from autoplan.cost.model import CostModel
@@ -108,7 +119,39 @@ def operating_point(req: SearchRequest, target: Target) -> OperatingPoint | None
     return resolve_operating_point(
         spec, target, None, req.operating,
         model_for=lambda w: CostModel(spec, target, w, price_per_hour=req.price_per_hour,
-                                      measured=measured, baseline=baseline))
+                                      measured=measured, baseline=baseline, kv=kv))
+
+
+def kv_options(req: SearchRequest, target: Target, runtime: str) -> list[KvFormat]:
+    """The KV caches to search, the runtime's own first: none else without --kv-cache;
+    with `auto` every quantized format it serves on the target that the model's head_dim
+    allows; listed formats each checked.
+
+    Raises:
+        UnsupportedFormatError: a listed format the engine does not serve there (its reason),
+            or one the model's head_dim cannot hold.
+    """
+    own = default_kv(target, runtime)
+    if req.kv_cache is None:
+        return [own]
+    from autoplan.models.loader import load_spec
+
+    head_dim = load_spec(req.model).head_dim
+    if req.kv_cache == (KV_AUTO,):
+        return [own] + [k for k in KvFormat if kv_spec(k).quantized and k != own
+                        and kv_supports(target, runtime, k).ok
+                        and not kv_spec(k).shape_problem(head_dim)]
+    out = [own]
+    for k in req.kv_cache:
+        answer = kv_supports(target, runtime, k)
+        if not answer.ok:
+            raise UnsupportedFormatError(f"--kv-cache {k.value}: {answer.reason}")
+        problem = kv_spec(k).shape_problem(head_dim)
+        if problem:
+            raise UnsupportedFormatError(f"--kv-cache {k.value}: {problem}; pick another")
+        if k not in out:
+            out.append(k)
+    return out
 
 
 def fixed_fit(req: SearchRequest, platform: Platform) -> NoOperatingPoint | None:
@@ -123,7 +166,7 @@ def fixed_fit(req: SearchRequest, platform: Platform) -> NoOperatingPoint | None
 
     spec = load_spec(req.model)
     baseline = Choice.parse(load_space_file(platform.target.platform).baseline)
-    cm = CostModel(spec, platform.target, req.workload, baseline=baseline)
+    cm = CostModel(spec, platform.target, req.workload, baseline=baseline, kv=platform.kv)
     mem = cm.memory(cm.resolve(None))
     if mem.fits:
         return None
@@ -163,7 +206,9 @@ def in_memory_only(req: SearchRequest, measure_kernels: bool) -> str | None:
     gated = [b.text for b in req.budgets if b.metric in ("gate", "slice")]
     return ("--measure-kernels" if measure_kernels else "a suite budget"
             if req.budget.suite_file else f"budget '{gated[0]}'" if gated
-            else "--recover" if req.recovery is not None else None)
+            else "--recover" if req.recovery is not None
+            else f"--kv-cache (its long-context check, {req.kv_gate})"
+            if req.kv_cache is not None else None)
 
 
 def _check_gates(req: SearchRequest, measure_kernels: bool) -> None:
@@ -201,10 +246,12 @@ def preflight(req: SearchRequest) -> Platform:
     check_model(req.model, runtime)
     check_text_source(req.text)  # a missing calibration file, before the model loads
     _check_gates(req, measure)
-    point = operating_point(req, target)  # config only; "nothing fits" is refused here
+    kvs = kv_options(req, target, runtime)  # a cache the engine does not serve: refused here
+    kv = kvs[-1] if len(kvs) <= 2 and req.kv_cache not in (None, (KV_AUTO,)) else kvs[0]
+    point = operating_point(req, target, kv)  # config only; "nothing fits" is refused here
     storage, label = _storage(req)  # last: opening an SQLite URL creates its file
-    return Platform(target, runtime, measure, storage, label, point)
+    return Platform(target, runtime, measure, storage, label, point, kv, kvs[0])
 
 
 __all__ = ["Platform", "check_model", "fixed_fit", "in_memory_only", "kernel_timer",
-           "measures_kernels", "operating_point", "preflight"]
+           "kv_options", "measures_kernels", "operating_point", "preflight"]

@@ -16,6 +16,7 @@ from autoplan.search.verify._measurement_cache import (
     measurement_store,
 )
 from autoplan.search.verify._verifier import (
+    KvSimulation,
     Measurement,
     RecoveredCandidate,
     RecoveryHook,
@@ -26,6 +27,7 @@ from autoplan.search.verify._verifier import (
 
 __all__ = [
     "CACHE_VERSION",
+    "KvSimulation",
     "Measurement",
     "MeasurementStore",
     "QualityBudget",
