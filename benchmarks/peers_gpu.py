@@ -91,7 +91,7 @@ def autoplan_at(prep, target: str, runtime: str, workload: str, kl: float,
             "budget": budget, "kl": plan.quality.kl,
             "tokens_per_s": prep.cost.evaluate(decisions).metrics.throughput,
             "plan_tokens_per_s": plan.predicted["plan"].tokens_per_s,
-            "batch": plan.workload.get("batch"),
+            "batch": plan.workload.batch,
             "unit_choices": counts(plan.decisions[u.layers[0].name] for u in prep.space.units),
             "speed_kind": "predicted", "plan": str(path),
             "command": command(target, runtime, workload, budget, choices)}
