@@ -28,14 +28,8 @@ from autoplan.search.jobs import (
 from autoplan.search.optimize import RoundStudy, StudyConfig, run_batch
 from autoplan.search.reporter import Reporter
 from autoplan.search.run._record import check_same_inputs, request_from_record
-from autoplan.search.stages import (
-    ExecutionSettings,
-    Platform,
-    Prepared,
-    check_model,
-    prepare,
-    run_verify_jobs,
-)
+from autoplan.search.request import ExecutionSettings, Platform, check_model
+from autoplan.search.stages import Prepared, prepare, run_verify_jobs
 from autoplan.streaming.device import resolve_device
 
 

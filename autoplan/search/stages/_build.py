@@ -18,7 +18,7 @@ from autoplan.formats.kv import kv_spec
 from autoplan.runtimes import get_runtime, kv_supports
 from autoplan.search.recovery import keep_weights, plan_quality
 from autoplan.search.stages._choose import Chosen
-from autoplan.search.stages._preflight import kernel_timer
+from autoplan.search.request import kernel_timer
 from autoplan.search.stages._prepare import CALIB_BATCH, Prepared
 from autoplan.search.stages._rounds import Rounds
 

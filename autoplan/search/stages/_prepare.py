@@ -28,13 +28,13 @@ from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._preflight import (
+from autoplan.search.request import (
     ONNX_RUNTIME,
     Platform,
+    SearchRequest,
     in_memory_only,
     kernel_timer,
 )
-from autoplan.search.stages._request import SearchRequest
 from autoplan.search.verify import (KvSimulation, QualityBudget, SharedMeasurements, Verifier,
                                     build_gates, measurement_store)
 from autoplan.quant.kv_cache import kv_quants
@@ -233,7 +233,7 @@ class KvWork:
     long-context check in memory."""
 
     amax: dict
-    long_evaluator: Any
+    long_evaluator: Evaluator
     long_len: int
     gate: QualityBudget | None  # the check every such plan meets (None: a --budget has it)
 

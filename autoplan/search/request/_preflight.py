@@ -21,7 +21,7 @@ from autoplan.formats.kv import KvFormat, kv_spec
 from autoplan.quality.text import check_text_source
 from autoplan.runtimes import default_kv, default_runtime, get_runtime, kv_supports
 from autoplan.search.jobs import check_storage, default_storage_url, redact
-from autoplan.search.stages._request import KV_AUTO, SearchRequest
+from autoplan.search.request._request import KV_AUTO, SearchRequest
 from autoplan.search.writable import check_writable_file
 from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
@@ -253,5 +253,5 @@ def preflight(req: SearchRequest) -> Platform:
     return Platform(target, runtime, measure, storage, label, point, kv, kvs[0])
 
 
-__all__ = ["Platform", "check_model", "fixed_fit", "in_memory_only", "kernel_timer",
-           "kv_options", "measures_kernels", "operating_point", "preflight"]
+__all__ = ["ONNX_RUNTIME", "Platform", "check_model", "fixed_fit", "in_memory_only",
+           "kernel_timer", "kv_options", "measures_kernels", "operating_point", "preflight"]
