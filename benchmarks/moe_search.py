@@ -14,6 +14,7 @@ speeds of the plan, the baseline and the best uniform recipe.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
@@ -27,7 +28,8 @@ from _common import start_run, write_result  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None,
-                    help="the MoEfied folder (default: $AUTOPLAN_CACHE/models/smollm2-135m-moe-e8k6)")
+                    help="the MoEfied folder (default: $AUTOPLAN_CACHE/models/smollm2-135m-moe-e8k4, "
+                         "what benchmarks/moefy.py builds)")
     ap.add_argument("--target", default="h100")
     ap.add_argument("--runtime", default=None)
     ap.add_argument("--budget", default="kl<=0.05")
@@ -35,24 +37,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=300)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    from autoplan.models._cache import models_dir
+
+    model = Path(args.model) if args.model else models_dir() / "smollm2-135m-moe-e8k4"
+    if not (model / "config.json").is_file():
+        raise SystemExit(f"error: no MoEfied model folder at {model}: build it with "
+                         "`python benchmarks/moefy.py` (E=8, top-k=4) or pass --model")
     info, command = start_run(0, argv)
 
     from autoplan.cost.moe import Routing
-    from autoplan.models._cache import models_dir
     from autoplan.modelspec import ModelSpec, part_of
     from autoplan.search import SearchRequest, run_search
     from autoplan.workload import Workload
 
-    model = Path(args.model) if args.model else models_dir() / "smollm2-135m-moe-e8k6"
     out = Path(args.out or f"benchmarks/results/moe_search_{args.target}.json")
     plan_path = out.with_name(out.stem + "_plan.json")
     req = SearchRequest(model=str(model), target=args.target, runtime=args.runtime,
                         budget=args.budget, workload=Workload(batch=int(args.batch),
                                                               input_len=512, output_len=128),
                         trials=args.trials, out=plan_path)
+    load0 = os.getloadavg()
     t0 = time.perf_counter()
     result = run_search(req)
     wall = time.perf_counter() - t0
+    load = [[round(x, 2) for x in load0], [round(x, 2) for x in os.getloadavg()]]
     plan = result.plan
     spec = ModelSpec.from_path(model)
     routing = Routing.from_json(spec, plan.routing)
@@ -62,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "machine": info, "command": command, "model": str(model), "target": plan.target.name,
         "runtime": plan.runtime.name, "budget": plan.budget.text, "wall_s": wall,
+        "load_avg_before_after": load,
         "outcome": plan.search.outcome, "measured_kl": plan.quality.kl,
         "budget_met": plan.quality.budget_met, "real_evaluations": plan.search.real_evaluations,
         "decisions_by_part": {f"{p} {c}": n for (p, c), n in sorted(by_part.items())},
