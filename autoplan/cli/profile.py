@@ -12,7 +12,6 @@ from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
 from autoplan.cli._ray import executor_for, ray_option
-from autoplan.compress import CompressionSettings
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.prune import PruneScore
@@ -64,13 +63,15 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     t0 = time.perf_counter()
     work = workload_of(seq_len, calib_blocks, 6)  # eval blocks: `autoplan search`'s default
     if dry_run:
-        _dry_run(model, device, work, gpu_memory, host_memory, as_json)
+        _dry_run(model, device, _with_head(work, target), gpu_memory, host_memory, as_json)
         return
     # connected first, so a bad --ray fails before the model loads; closed with the command
     executor = click.get_current_context().with_resource(executor_for(ray_address))
     tgt = get_target(target)
     if runtime:
         get_runtime(runtime)
+    from autoplan.compress import CompressionSettings
+
     parsed = [Choice.parse(c) for c in choices.split(",") if c.strip()] if choices else None
     check_text_source(text)
     check_loadable(model)  # headers only: no weights, damaged files, an unreadable GGUF
@@ -111,6 +112,18 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
         table.add_row(n, *[f"{prof.scores[n][k] * 1e3:.3f}" for k in keys])
     console.print(table)
     console.print(f"{len(layers)} layers x {len(keys)} choices in {wall:.1f} s")
+
+
+def _with_head(work, target: str):  # noqa: ANN001, ANN202 - an estimate.Workload
+    """`work` saying whether the target's search space profiles the lm_head (the CPU one
+    does; the GPU ones protect it), which decides its T x vocab captures."""
+    import dataclasses
+
+    from autoplan.backends.registry import resolve_target
+    from autoplan.search.space import load_space_file
+
+    roles = load_space_file(resolve_target(target).platform).protect_roles
+    return dataclasses.replace(work, head_profiled="lm_head" not in roles)
 
 
 def _dry_run(model, device, work, gpu_memory, host_memory, as_json) -> None:  # noqa: ANN001

@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from autoplan.compress import CompressionSettings
-from autoplan.sensitivity.capture import Recorder, fisher_loss
+from autoplan.models.head import chunk_rows
+from autoplan.sensitivity.capture import Recorder, fisher_backward
 from autoplan.sensitivity.executor import Executor
 from autoplan.sensitivity.profile import LayerChoices, ProfileRun, SensitivityProfile, make_task
 from autoplan.streaming.boundaries import BoundaryStore
@@ -81,10 +82,9 @@ def build_profile_streamed(
     head_layers = by_block.pop(-1, [])
     with sm.head_resident():
         with torch.enable_grad(), Recorder(sm.model, head_layers) as rec:
+            rows = chunk_rows(sm.config.vocab_size)
             for h in hidden:
-                x = h.detach().requires_grad_(True)
-                fisher_loss(sm.logits(x), gen).backward()
-                grads.append(x.grad.detach())
+                grads.append(fisher_backward(sm.logits, h, gen, rows).detach())
         del hidden
         _score_resident(run, sm.model, head_layers, rec, tokens, settings)
 
