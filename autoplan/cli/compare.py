@@ -4,6 +4,7 @@ Thin over autoplan.compare.run_compare."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
@@ -12,15 +13,13 @@ from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
 from autoplan.cli._workload_options import operating_from, workload_options
-from autoplan.compare import CompareRequest, Comparison, parse_entries, run_compare
-from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
 from autoplan.runtimes import summarize_refused
-from autoplan.search.budget import QualityBudget
-from autoplan.search.request import SearchRequest, parse_choices
-from autoplan.workload import Workload
+
+if TYPE_CHECKING:
+    from autoplan.compare import Comparison
 
 
 def _fmt(value, spec: str, scale: float = 1.0) -> str:  # noqa: ANN001 - number or None
@@ -92,10 +91,22 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
             ttft_ms, tpot_ms, trials, seed, out, prune_score, quant_method, text, choices,
             device, execution, offload_dir, trust_remote_code, as_json, quiet) -> None:
     """Plan one model under one budget for several targets; rank them in one table."""
+    from autoplan.backends.registry import resolve_target
+    from autoplan.search.budget import QualityBudget
+
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 32)
-    entries = parse_entries(targets, tuple(runtimes))  # unknown targets: before any work
+    parsed = QualityBudget.parse(budget)
+    for name in targets.split(","):  # unknown targets: before the search stack is imported
+        if name.strip():
+            resolve_target(name.strip())
+    from autoplan.compare import CompareRequest, parse_entries, run_compare
+    from autoplan.compress import CompressionSettings
+    from autoplan.search.request import SearchRequest, parse_choices
+    from autoplan.workload import Workload
+
+    entries = parse_entries(targets, tuple(runtimes))
     base = SearchRequest(
-        model=model, budget=QualityBudget.parse(budget), objective=Objective(objective),
+        model=model, budget=parsed, objective=Objective(objective),
         workload=operating.fixed() or Workload(batch=1, input_len=input_len,
                                                output_len=output_len),
         operating=None if operating.mode == "fixed" else operating, trials=trials, seed=seed,

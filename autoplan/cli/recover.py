@@ -11,6 +11,7 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._plan_view import render
 from autoplan.cli._progress import RichReporter
 from autoplan.cli._recover_options import recover_options, recovery_settings
+from autoplan.errors import UserInputError
 
 
 @click.command("recover")
@@ -34,16 +35,15 @@ def command(plan_path: str, method: str, recover_steps: int, recover_lr: float,
             calibration: str | None, lm_eval_tasks: str | None, lm_eval_limit: int | None,
             quiet: bool, as_json: bool) -> None:
     """Train PLAN's compressed layers towards the original model; write the recovered plan."""
+    settings = recovery_settings(method, recover_steps, recover_lr, recover_rank, recover_text,
+                                 recover_batch, recover_seq_len, recover_seed)
+    if lm_eval_limit is not None and lm_eval_limit < 1:  # SearchRequest's own check
+        raise UserInputError(f"--lm-eval-limit must be at least 1, got {lm_eval_limit}")
     from autoplan.export.apply import load_checked, plan_model_arg
     from autoplan.plan.io import load_plan
     from autoplan.search.recover_plan import RecoverOptions, default_out, recover_plan
-    from autoplan.search.request import at_least
     from autoplan.search.writable import check_writable_file
 
-    settings = recovery_settings(method, recover_steps, recover_lr, recover_rank, recover_text,
-                                 recover_batch, recover_seq_len, recover_seed)
-    if lm_eval_limit is not None:  # SearchRequest's own check, before the model loads
-        at_least("lm-eval-limit", lm_eval_limit, 1)
     plan = load_plan(plan_path)
     out = out or default_out(plan_path)
     check_writable_file(out, "plan", "pass --out FILE in a writable folder")

@@ -14,14 +14,9 @@ from autoplan.cli._progress import RichReporter
 from autoplan.cli._ray import executor_for, ray_option
 from autoplan.cli._recover_options import method_option, recover_options, recovery_settings
 from autoplan.cli._workload_options import operating_from, workload_options
-from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
-from autoplan.search.budget import QualityBudget
-from autoplan.search.request import CostTable, parse_choices
-from autoplan.search.run import SearchRequest, run_search
-from autoplan.workload import Workload
 
 
 @click.command("search")
@@ -85,7 +80,15 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
     from pydantic import ValidationError
 
+    from autoplan.backends.registry import resolve_target
     from autoplan.errors import UserInputError
+    from autoplan.search.budget import QualityBudget
+    from autoplan.workload import Workload
+
+    # what the arguments alone show to be wrong, before the search stack is imported
+    # (torch, transformers, Optuna: seconds); run_search checks all of it again
+    budget = QualityBudget.parse(budgets[0])
+    resolve_target(target)
 
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 32)
     try:  # a placeholder batch when it is resolved per target (max / SLO)
@@ -94,9 +97,13 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+    from autoplan.compress import CompressionSettings
+    from autoplan.search.request import CostTable, parse_choices
+    from autoplan.search.run import SearchRequest, run_search
+
     # Every option is parsed and checked here, before minutes of loading and profiling.
     req = SearchRequest(
-        model=model, target=target, runtime=runtime, budget=QualityBudget.parse(budgets[0]),
+        model=model, target=target, runtime=runtime, budget=budget,
         also=tuple(budgets[1:]), lmeval_tasks=lm_eval_tasks, lmeval_limit=lm_eval_limit,
         slices=slices, recovery=recovery_settings(
             recover_method, recover_steps, recover_lr, recover_rank, recover_text,

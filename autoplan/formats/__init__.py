@@ -11,7 +11,8 @@ Layout (imports point down only):
     elements.py   bit-exact element casts (FP8, E2M1, E8M0, 16-bit)
     schemes.py    how a format turns a slab into codes, scales and zero points
     gguf_blocks.py  llama.cpp's GGUF block types (their schemes, byte layout, Q8_1 term)
-    builtin.py    one FormatSpec per Precision (imported here, so the registry is complete)
+    builtin.py    one FormatSpec per Precision (registered on the first spec lookup: its
+                  schemes import torch, which naming a format must not pay for)
 
 How to add a precision: see the docstring of autoplan/formats/registry.py.
 """
@@ -30,7 +31,6 @@ from autoplan.formats.registry import (
     register_format,
     registered_formats,
 )
-from autoplan.formats import builtin  # noqa: E402,F401,I001 - registers the built-in specs
 
 __all__ = [
     "DENSE",

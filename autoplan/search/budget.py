@@ -15,8 +15,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from autoplan.errors import UserInputError
-from autoplan.quality.evaluator import QualityResult
+
+if TYPE_CHECKING:  # no torch for the CLI's budget parsing
+    from autoplan.quality.evaluator import QualityResult
 
 _KL = re.compile(r"^kl\s*<=\s*(?P<v>\d*\.?\d+(?:e-?\d+)?)$", re.I)
 _PPL = re.compile(r"^ppl\s*<=\s*\+?(?P<v>\d*\.?\d+)\s*(?P<pct>%?)$", re.I)

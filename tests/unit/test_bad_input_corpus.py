@@ -333,7 +333,11 @@ def shared(tmp_path_factory) -> dict[str, str]:
     from tests.unit._tiny import shared_dirs
 
     tiny, cache = shared_dirs(tmp_path_factory)
-    root = tmp_path_factory.mktemp("corpus-inputs")
+    return build_inputs(tmp_path_factory.mktemp("corpus-inputs"), tiny, cache)
+
+
+def build_inputs(root: Path, tiny: Path, cache: Path) -> dict[str, str]:
+    """Every placeholder's file in `root` (benchmarks/cli_latency.py builds them too)."""
     plan = json.loads(_PLAN.read_text())
     plans = {"plan": plan,
              "gpu_plan": {**plan, "target": {**plan["target"], "name": "h100-sxm"},
