@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autoplan.errors import AutoplanError, UnknownNameError
 from autoplan.formats import DENSE, Choice, Precision
+from autoplan.formats.kv import KvFormat
 from autoplan.targets import Target, check_source, load_catalog
 
 Platform = Literal["nvidia-gpu", "amd-gpu", "cpu", "*"]
@@ -46,6 +47,15 @@ class Support:
         return self.ok
 
 
+def _known(values: tuple[str, ...], known: set[str] | frozenset[str], what: str
+           ) -> tuple[str, ...]:
+    """``values`` when all are ``known``, else the ValueError pydantic reports."""
+    bad = sorted(set(values) - known)
+    if bad:
+        raise ValueError(f"unknown {what} {bad}; use {sorted(known)}")
+    return values
+
+
 class Rule(BaseModel):
     """One row of the matrix: which choices on which hardware, and why."""
 
@@ -65,19 +75,12 @@ class Rule(BaseModel):
     @field_validator("sparsity")
     @classmethod
     def _sparsity_tokens(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        bad = sorted(set(v) - _SPARSITY_TOKENS)
-        if bad:
-            raise ValueError(f"unknown sparsity tokens {bad}; use {sorted(_SPARSITY_TOKENS)}")
-        return v
+        return _known(v, _SPARSITY_TOKENS, "sparsity tokens")
 
     @field_validator("precision")
     @classmethod
     def _precisions(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        known = {p.value for p in Precision} | {"*"}
-        bad = sorted(set(v) - known)
-        if bad:
-            raise ValueError(f"unknown precisions {bad}; use {sorted(known)}")
-        return v
+        return _known(v, {p.value for p in Precision} | {"*"}, "precisions")
 
     def matches(self, target: Target, choice: Choice) -> bool:
         """True when the rule covers this target and choice."""
@@ -87,6 +90,35 @@ class Rule(BaseModel):
             and _hit(self.families, {target.family})
             and _hit(self.platforms, {target.platform})
         )
+
+
+class KvRule(BaseModel):
+    """Which KV-cache formats an engine serves on which hardware, and how (runtimes.toml)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    formats: tuple[str, ...]
+    families: tuple[str, ...] = ("*",)
+    platforms: tuple[Platform, ...] = ("*",)
+    flag: str = ""  # the engine's KV-dtype value; "" = the format's own (llama.cpp's GGUF name)
+    scales: Literal["checkpoint", "dynamic", "none"] = "none"
+    query: str = ""  # the KV format the kernel rounds queries to ("" = none)
+    reason: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+
+    @field_validator("formats")
+    @classmethod
+    def _formats(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _known(v, {k.value for k in KvFormat}, "KV formats")
+
+    @field_validator("query")
+    @classmethod
+    def _query(cls, v: str) -> str:
+        return _known((v,), {k.value for k in KvFormat} | {""}, "query roundings")[0]
+
+    def matches(self, target: Target, fmt: KvFormat) -> bool:
+        return (fmt.value in self.formats and _hit(self.families, {target.family})
+                and _hit(self.platforms, {target.platform}))
 
 
 class Runtime(BaseModel):
@@ -107,6 +139,12 @@ class Runtime(BaseModel):
     fused_projections: bool = True
     deny: tuple[Rule, ...] = ()
     accel: tuple[Rule, ...] = ()
+    # KV cache: the cache it uses when not told (None: the model's 16-bit dtype), whether
+    # layers may take different cache types, and which formats it serves where.
+    kv_default: str | None = None
+    kv_per_layer: bool = False
+    kv_deny: tuple[KvRule, ...] = ()
+    kv: tuple[KvRule, ...] = ()
 
 
 class Matrix(BaseModel):
@@ -152,6 +190,10 @@ def load_matrix() -> Matrix:
         rules += [(rt.name, r) for r in (*rt.deny, *rt.accel)]
         for key in rt.sources:
             check_source(key, f"runtimes.toml, runtime {rt.name}")
+    for rt in matrix.runtime:
+        rules += [(f"{rt.name} kv", r) for r in (*rt.kv_deny, *rt.kv)]
+        if rt.kv_default is not None:
+            KvFormat.parse(rt.kv_default)
     for owner, rule in rules:
         check_source(rule.source, f"runtimes.toml, {owner} rule '{rule.reason[:40]}'")
         unknown = sorted(set(rule.families) - families)
@@ -350,21 +392,96 @@ def accelerated_choices(target: Target, runtime: str, candidates: Iterable[Choic
     return [c for c in candidates if supports(target, runtime, c).ok]
 
 
+# ---- KV cache --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KvSupport(Support):
+    """``Support`` for a KV-cache format, with the engine's rule when it is served."""
+
+    rule: KvRule | None = None
+
+    @property
+    def query(self) -> KvFormat | None:
+        """The format the engine's attention rounds queries to against this cache, if any."""
+        return KvFormat(self.rule.query) if self.rule and self.rule.query else None
+
+
+def default_kv(target: Target, runtime: str) -> KvFormat:
+    """The cache an engine uses when not told: its ``kv_default``, else the model's 16-bit
+    dtype (fp32 on a CPU target without BF16 math, as its baseline layers)."""
+    rt = get_runtime(runtime)
+    if rt.kv_default is not None:
+        return KvFormat.parse(rt.kv_default)
+    if target.platform == "cpu" and not target.peak("bf16"):
+        return KvFormat.FP32
+    return KvFormat.BF16
+
+
+def kv_supports(target: Target, runtime: str, fmt: KvFormat | str) -> KvSupport:
+    """Whether ``runtime`` serves a ``fmt`` KV cache on ``target``, why, and its rule.
+
+    Raises:
+        UnknownNameError: the runtime or the format is unknown.
+    """
+    rt = get_runtime(runtime)
+    fmt = fmt if isinstance(fmt, KvFormat) else KvFormat.parse(fmt)
+    if target.platform not in rt.platforms:
+        return KvSupport(False, f"{rt.name} does not run on {target.platform} targets",
+                         rt.sources[0])
+    for rule in rt.kv_deny:
+        if rule.matches(target, fmt):
+            return KvSupport(False, rule.reason, rule.source)
+    for rule in rt.kv:
+        if rule.matches(target, fmt):
+            return KvSupport(True, f"{rt.name} {rt.version}: {rule.reason}", rule.source, rule)
+    served = [k.value for k in KvFormat if any(r.matches(target, k) for r in rt.kv)]
+    return KvSupport(False, f"{rt.name} {rt.version} serves no {fmt.value} KV cache on "
+                            f"{target.name} ({target.family}); it serves: "
+                            f"{', '.join(served) or 'none'}",
+                     rt.sources[0])
+
+
+def served_kv_formats(target: Target, runtime: str) -> list[KvFormat]:
+    """Every KV format ``runtime`` serves on ``target``, in KvFormat order."""
+    return [k for k in KvFormat if kv_supports(target, runtime, k).ok]
+
+
+def check_kv_layers(runtime: str, formats: Mapping[int, KvFormat]) -> None:
+    """Refuse a per-layer mix of cache types on an engine that takes one for the model.
+
+    Raises:
+        UnsupportedFormatError: the layers differ and the runtime has one KV dtype.
+    """
+    from autoplan.errors import UnsupportedFormatError
+
+    rt = get_runtime(runtime)
+    kinds = sorted({f.value for f in formats.values()})
+    if len(kinds) > 1 and not rt.kv_per_layer:
+        raise UnsupportedFormatError(
+            f"{rt.name} takes one KV-cache type for the whole model (one --kv-cache-dtype / "
+            f"-ctk), not a mix per layer ({', '.join(kinds)}): pick one format for every layer")
+
+
 __all__ = [
+    "KvRule",
+    "KvSupport",
     "Matrix",
     "Rule",
     "Runtime",
     "Support",
     "accelerated_choices",
+    "check_kv_layers",
+    "default_kv",
     "default_runtime",
     "format_family",
     "get_runtime",
     "installed_version",
+    "kv_supports",
     "listing",
     "load_matrix",
     "refusals",
     "refused_layers",
     "runtime_names",
+    "served_kv_formats",
     "summarize_refused",
     "supports",
     "version_on",

@@ -138,7 +138,7 @@ def _quality(loaded, arts: dict[str, CpuArtifact], args: argparse.Namespace,
     from autoplan.bench.quality import artifact_quality
     from autoplan.quality.metrics import reference_pass
     from autoplan.quality.text import load_text_dataset
-    from autoplan.search.run import SearchRequest
+    from autoplan.search import SearchRequest
 
     # The search's own evaluation split (its defaults), so the artifact's KL is measured on
     # the very tokens the plan's KL was verified on.

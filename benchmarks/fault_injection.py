@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import start_run, write_result  # noqa: E402
 
-from autoplan.search.storage import open_storage  # noqa: E402
-from autoplan.search.study import stored_by  # noqa: E402
+from autoplan.search.jobs import open_storage  # noqa: E402
+from autoplan.search.optimize import stored_by  # noqa: E402
 
 STUDY = "fault-injection"
 

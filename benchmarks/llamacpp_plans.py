@@ -77,7 +77,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 def _search(args: argparse.Namespace, plan_path: Path):  # noqa: ANN202 - a Plan
     from autoplan.plan.io import load_plan
-    from autoplan.search.run import ExecutionSettings, SearchRequest, run_search
+    from autoplan.search import ExecutionSettings, SearchRequest, run_search
     from autoplan.workload import Workload
 
     if args.plan:
@@ -208,7 +208,7 @@ def _predicted(plan, loaded, args, sides) -> tuple[dict, dict]:  # noqa: ANN001
     from autoplan.engines.ggml_microbench import search_kernel_table
     from autoplan.cost import CostModel
     from autoplan.formats import Choice
-    from autoplan.search.space import build_space
+    from autoplan.search import build_space
     from autoplan.backends.registry import resolve_target as get_target
     from autoplan.workload import Workload
 
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     from autoplan.engines.llamacpp_quality import llamacpp_quality, llamacpp_reference
     from autoplan.models import load_model
     from autoplan.models._cache import cache_root
-    from autoplan.search.budget import QualityBudget
+    from autoplan.search import QualityBudget
 
     out = Path(args.out)
     gguf_dir = Path(args.gguf_dir) if args.gguf_dir else cache_root() / "llamacpp_plans"

@@ -288,7 +288,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     from autoplan.engines.serving import stop_on_signals
     from autoplan.models import load_model
     from autoplan.models._cache import cache_root
-    from autoplan.search.budget import QualityBudget
+    from autoplan.search import QualityBudget
 
     stop_on_signals()  # SIGTERM / SIGHUP stop the servers like Ctrl-C does
     budget = QualityBudget.parse(args.budget)

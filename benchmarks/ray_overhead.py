@@ -113,7 +113,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script
     from autoplan.quality.text import load_text_dataset
     from autoplan.sensitivity.capture import capture
     from autoplan.sensitivity.executor import SerialExecutor
-    from autoplan.search.scope import profile_scope
+    from autoplan.search import profile_scope
     from autoplan.sensitivity.profile import make_task, score_task
     from autoplan.sensitivity.ray_executor import RayExecutor
     from autoplan.targets import get_target

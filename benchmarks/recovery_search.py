@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from autoplan.compress import CompressionSettings
     from autoplan.formats import Choice
     from autoplan.recover import RecoverySettings
-    from autoplan.search.run import SearchRequest, run_search
+    from autoplan.search import SearchRequest, run_search
 
     extra: dict = {}
     if tiny:

@@ -9,7 +9,7 @@ the surrogate scores are synthetic (storage speed does not depend on them). Post
 throwaway server from Debian's `postgresql` package (tests/postgres.py, default durability
 settings), skipped when the binaries or psycopg are missing.
 
-- "after": autoplan's storage path (autoplan.search.study.run_study with a storage: the job
+- "after": autoplan's storage path (autoplan.search.optimize.run_study with a storage: the job
   queue's batches, each trial stored as its value and ONE user attribute);
 - "before": what autoplan stored until this change, each trial as Optuna stores it, with one
   parameter per unit (the in-memory trial passed to `add_trial`, as study.py did);
@@ -46,12 +46,9 @@ from autoplan.compress import CompressionSettings  # noqa: E402
 from autoplan.cost.model import CostModel  # noqa: E402
 from autoplan.cost.report import Objective  # noqa: E402
 from autoplan.modelspec import ModelSpec  # noqa: E402
-from autoplan.search.jobs import JobQueue  # noqa: E402
-from autoplan.search.sampler import ExchangeSampler  # noqa: E402
-from autoplan.search.space import build_space  # noqa: E402
-from autoplan.search.storage import load_or_create, open_storage  # noqa: E402
-from autoplan.search.study import StudyConfig, run_study  # noqa: E402
-from autoplan.search.tables import build_tables  # noqa: E402
+from autoplan.search import build_space  # noqa: E402
+from autoplan.search.jobs import JobQueue, load_or_create, open_storage
+from autoplan.search.optimize import ExchangeSampler, StudyConfig, build_tables, run_study
 from autoplan.sensitivity import SensitivityProfile  # noqa: E402
 from autoplan.targets import get_target  # noqa: E402
 from autoplan.workload import Workload  # noqa: E402

@@ -47,7 +47,7 @@ def main() -> None:
     from autoplan.formats import Choice
     from autoplan.models import load_model
     from autoplan.quality import QualityEvaluator, load_text_dataset
-    from autoplan.search.scope import profile_scope
+    from autoplan.search import profile_scope
     from autoplan.sensitivity import build_profile
     from autoplan.streaming.evaluate import StreamedEvaluator
     from autoplan.streaming.profile import build_profile_streamed

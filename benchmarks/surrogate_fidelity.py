@@ -49,7 +49,7 @@ from autoplan.models import load_model
 from autoplan.models.graph import get_linear, set_module
 from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.text import load_text_dataset
-from autoplan.search.space import build_space
+from autoplan.search import build_space
 from autoplan.sensitivity import build_profile
 from autoplan.targets import get_target
 from _common import start_run, write_result  # noqa: E402 - benchmarks/ is the script dir

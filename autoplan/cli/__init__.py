@@ -24,7 +24,8 @@ COMMANDS = {
                "probed now, or read from its cache; `autoplan probe --refresh` measures again).",
     "probe": "Probe every backend (NVIDIA, AMD, CPU); unavailable ones say why.",
     "estimate": "Predict speed, memory, energy and $/1M tokens of one choice for every linear "
-                "layer.",
+                "layer (and a KV-cache format with --kv-cache) against the uncompressed "
+                "baseline.",
     "validate": "Compare predicted and published speedup ratios "
                 "(autoplan/data/measurements.toml).",
     "profile": "Profile every layer x choice (cached on disk, resumable) and show the table.",

@@ -62,7 +62,7 @@ def _quality_lines(plan: Plan) -> list[str]:
     """Per-slice KL, gate scores and the recovery pass, when the plan has them."""
     q, out = plan.quality, []
     if q.slices:  # in the slices' own order (the plan's JSON sorts its keys)
-        from autoplan.search.budget import SLICE_NAMES
+        from autoplan.search.verify import SLICE_NAMES
 
         rank = {n: i for i, n in enumerate(SLICE_NAMES)}
         out.append("KL per slice (measured): " + ", ".join(

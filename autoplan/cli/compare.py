@@ -92,7 +92,7 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
             device, execution, offload_dir, trust_remote_code, as_json, quiet) -> None:
     """Plan one model under one budget for several targets; rank them in one table."""
     from autoplan.backends.registry import resolve_target
-    from autoplan.search.budget import QualityBudget
+    from autoplan.search import QualityBudget
 
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 32)
     parsed = QualityBudget.parse(budget)
@@ -101,7 +101,7 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
             resolve_target(name.strip())
     from autoplan.compare import CompareRequest, parse_entries, run_compare
     from autoplan.compress import CompressionSettings
-    from autoplan.search.request import SearchRequest, parse_choices
+    from autoplan.search import SearchRequest, parse_choices
     from autoplan.workload import Workload
 
     entries = parse_entries(targets, tuple(runtimes))

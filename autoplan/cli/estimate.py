@@ -17,7 +17,8 @@ from autoplan.cost.measured import load_cost_table
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
-from autoplan.runtimes import default_runtime, runtime_names, supports
+from autoplan.formats.kv import KvFormat
+from autoplan.runtimes import default_kv, default_runtime, kv_supports, runtime_names, supports
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.workload import Workload
 
@@ -42,7 +43,7 @@ def _speedups(cand: Estimate, base: Estimate) -> dict[str, float]:
     return out
 
 
-def _summary(cand: Estimate, base: Estimate, choice: Choice, runtime: str,
+def _summary(cand: Estimate, base: Estimate, label: str, runtime: str,
              base_status: str | None = None) -> Table:
     """Side by side; `base_status` ("does not fit", "misses the SLO") replaces the baseline's
     speed figures when it cannot run (its memory is shown at the batch it was tried at)."""
@@ -52,8 +53,8 @@ def _summary(cand: Estimate, base: Estimate, choice: Choice, runtime: str,
                         f"{batches}, {cand.workload['input_len']} in / "
                         f"{cand.workload['output_len']} out: PREDICTED by the cost model")
     table.add_column("metric")
-    table.add_column(str(choice), justify="right")
-    table.add_column(f"baseline {base.baseline}"
+    table.add_column(label, justify="right")
+    table.add_column(f"baseline {base.baseline}, KV {base.kv.format}"
                      + (f" ({base_status})" if base_status else ""), justify="right")
     table.add_column("gain", justify="right")
     speed = {} if base_status else _speedups(cand, base)
@@ -70,6 +71,15 @@ def _summary(cand: Estimate, base: Estimate, choice: Choice, runtime: str,
                            ("active weights GB read per token",
                             lambda e: e.active_weight_bytes / 1e9)):
         table.add_row(label, f"{est_mem(cand):,.2f}", f"{est_mem(base):,.2f}{at_one}", "")
+    table.add_row("batch (concurrent sequences)", f"{cand.workload['batch']:,}",
+                  f"{base.workload['batch']:,}{at_one and ' (tried)'}",
+                  "-" if base_status else
+                  f"{cand.workload['batch'] / base.workload['batch']:.2f}x")
+    table.add_row("KV cache format", cand.kv.format, base.kv.format, "")
+    table.add_row("  KV KiB per token (all blocks)", f"{cand.kv.bytes_per_token / 1024:,.1f}",
+                  f"{base.kv.bytes_per_token / 1024:,.1f}", "")
+    table.add_row("  KV GB read per decode step", f"{cand.kv.read_bytes / 1e9:,.3f}",
+                  f"{base.kv.read_bytes / 1e9:,.3f}", "")
     fit = lambda e: "yes" if e.memory.fits else "[red]NO[/red]"  # noqa: E731
     table.add_row(f"fits ({cand.memory.capacity_bytes / 1e9:,.0f} GB usable)", fit(cand),
                   fit(base), "")
@@ -91,6 +101,24 @@ def _breakdown(est: Estimate) -> Table:
     for name, t in est.fixed.items():
         table.add_row(f"[dim]{name}[/dim]", "-", f"{t.prefill_s * 1e3:.3f}",
                       f"{t.decode_s * 1e6:.1f}", f"{t.decode_s / decode:.1%}", "-")
+    return table
+
+
+def _kv_breakdown(est: Estimate) -> Table:
+    """Each block's KV cache: format, bytes per token, what a step reads, its attention time
+    (part of the `attention` row above)."""
+    batch = est.workload["batch"]
+    table = Table(title=f"KV cache per block (predicted; batch {batch:,}, "
+                        f"{est.kv.bytes_per_token / 1024:,.1f} KiB per token, "
+                        f"{est.kv.bytes_per_sequence / 1e6:,.1f} MB per sequence, "
+                        f"{est.memory.kv_cache_bytes / 1e9:,.2f} GB for the batch)")
+    for col in ("block", "format", "window", "KiB/token", "MB read/step", "attn decode us",
+                "attn prefill ms"):
+        table.add_column(col, justify="left" if col in ("block", "format") else "right")
+    for row in est.kv.blocks:
+        table.add_row(str(row.block), row.format, str(row.window or "-"),
+                      f"{row.bytes_per_token / 1024:.2f}", f"{row.read_bytes / 1e6:,.2f}",
+                      f"{row.decode_s * 1e6:.1f}", f"{row.prefill_s * 1e3:.3f}")
     return table
 
 
@@ -140,20 +168,25 @@ def _pick_runtime(tgt, runtime: str | None, choice: Choice):
 @click.option("--sparsity", default="dense", show_default=True,
               help="dense, 2:4, block32@50, channel@25, unstructured@50.")
 @click.option("--runtime", default=None, help="Serving runtime (default: the target's).")
+@click.option("--kv-cache", "kv_cache", default=None,
+              help="KV-cache format of the candidate, e.g. fp8 (fp8_e4m3), fp8_e4m3_head, "
+                   "fp8_e5m2, int8, nvfp4, q8_0, q4_0 (default: the runtime's own cache).")
 @workload_options(1)
 @click.option("--price-per-hour", type=float, default=None, help="$/hour (default: catalog).")
 @click.option("--cost-table", default=None, help="Measured GEMM times (cost_table.json from benchmarks/gpu_check.sh).")
 @click.option("--breakdown", is_flag=True, help="Show the per-layer breakdown.")
 @json_option
 def command(model: str, target: str, precision: str | None, sparsity: str, runtime: str | None,
-            batch: str | None, input_len: int, output_len: int, ttft_ms: float | None,
+            kv_cache: str | None, batch: str | None, input_len: int, output_len: int, ttft_ms: float | None,
             tpot_ms: float | None, price_per_hour: float | None, cost_table: str | None,
             breakdown: bool, as_json: bool) -> None:
-    """Predict speed, memory, energy and $/1M tokens of one choice for every linear layer.
+    """Predict speed, memory, energy and $/1M tokens of one choice for every linear layer
+    (and a KV-cache format with --kv-cache) against the uncompressed baseline.
 
     With `--batch max` or an SLO each side is evaluated at its own operating point (a
     smaller format fits, or meets the SLO at, a larger batch), as vendors' "max throughput"
     tables compare them."""
+    kv_asked = KvFormat.parse(kv_cache) if kv_cache else None
     for name, value in (("input-len", input_len), ("output-len", output_len)):
         positive_int(name, value)
     finite_non_negative("price-per-hour", price_per_hour)
@@ -162,8 +195,9 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     tgt = get_target(target)
     spec = resolve_config(model, command="estimate")
 
-    def model_for(workload: Workload) -> CostModel:
-        return CostModel(spec, tgt, workload, price_per_hour=price_per_hour, measured=measured)
+    def model_for(workload: Workload, kv: KvFormat | None = None) -> CostModel:
+        return CostModel(spec, tgt, workload, price_per_hour=price_per_hour, measured=measured,
+                         kv=kv)
 
     try:
         probe = model_for(Workload(batch=1, input_len=input_len, output_len=output_len))
@@ -176,24 +210,32 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     runtime, support = _pick_runtime(tgt, runtime, choice)
     if not support.ok:
         raise UnsupportedFormatError(support.reason)
+    kv_base = default_kv(tgt, runtime)
+    kv_cand = kv_asked or kv_base
+    kv_ok = kv_supports(tgt, runtime, kv_cand)
+    if not kv_ok.ok:
+        raise UnsupportedFormatError(f"--kv-cache {kv_cand.value}: {kv_ok.reason}")
+    label = str(choice) if kv_asked is None else f"{choice}, KV {kv_cand.value}"
+    cand_model = lambda w: model_for(w, kv_cand)  # noqa: E731
+    base_model = lambda w: model_for(w, kv_base)  # noqa: E731
     points: dict[str, OperatingPoint] = {
-        "candidate": resolve_operating_point(spec, tgt, choice, operating, model_for=model_for)}
-    cand = model_for(points["candidate"].workload).evaluate(choice)
+        "candidate": resolve_operating_point(spec, tgt, choice, operating, model_for=cand_model)}
+    cand = cand_model(points["candidate"].workload).evaluate(choice)
     # The baseline never blocks the candidate: one that does not fit (or meets no SLO) at
     # any batch is a column saying so, with its bytes at batch 1.
     base_status, base_reason = None, ""
     try:
         points["baseline"] = resolve_operating_point(spec, tgt, None, operating,
-                                                     model_for=model_for)
-        base = model_for(points["baseline"].workload).evaluate(None)
+                                                     model_for=base_model)
+        base = base_model(points["baseline"].workload).evaluate(None)
     except NoOperatingPoint as exc:
         base_status = "does not fit" if exc.needed_bytes is not None else "misses the SLO"
         base_reason = (f"at batch 1 it needs {exc.needed_bytes / 1e9:,.2f} GB but "
                        f"{exc.usable_bytes / 1e9:,.2f} GB is usable on {tgt.name}"
                        if exc.needed_bytes is not None and exc.usable_bytes is not None
                        else str(exc).split(": relax")[0])
-        base = model_for(Workload(batch=1, input_len=input_len,
-                                  output_len=output_len)).evaluate(None)
+        base = base_model(Workload(batch=1, input_len=input_len,
+                                   output_len=output_len)).evaluate(None)
     if base_status is None and not base.memory.fits:  # a fixed batch it cannot hold
         base_status = "does not fit"
         base_reason = (f"at batch {base.workload['batch']} it needs "
@@ -212,6 +254,7 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
         base_doc = base.to_json() | ({"status": base_status, "reason": base_reason}
                                      if base_status else {"status": "ok"})
         doc = {"predicted": True, "runtime": runtime, "choice": str(choice),
+               "kv_cache": kv_cand.value, "baseline_kv_cache": kv_base.value,
                "candidate": cand.to_json(), "baseline": base_doc,
                "speedup": {} if base_status else _speedups(cand, base),
                "operating_point": {k: p.to_json() for k, p in points.items()}}
@@ -221,8 +264,10 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
         if not breakdown:
             for side in ("candidate", "baseline"):
                 doc[side].pop("layers")
+                doc[side]["kv"].pop("blocks")
         emit_json(doc)
         return
-    console.print(_summary(cand, base, choice, runtime, base_status))
+    console.print(_summary(cand, base, label, runtime, base_status))
     if breakdown:
         console.print(_breakdown(cand))
+        console.print(_kv_breakdown(cand))

@@ -29,7 +29,7 @@ from autoplan.formats import Choice
 from autoplan.nodes import NodeLayout, node_layout
 from autoplan.plan.io import PlanInput, read_plan
 from autoplan.runtimes import default_runtime, get_runtime, refused_layers, version_on
-from autoplan.search.space import load_space_file
+from autoplan.search import load_space_file
 from autoplan.targets import Target
 from autoplan.workload import Workload
 

@@ -48,7 +48,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     from autoplan.quality.text import check_text_source, load_text_dataset
     from autoplan.runtimes import get_runtime
     from autoplan.backends.registry import resolve_target as get_target
-    from autoplan.search.scope import profile_scope
+    from autoplan.search import profile_scope
     from autoplan.sensitivity import calibration_key
     from autoplan.streaming import open_model
     from autoplan.streaming.runner import workload_of
@@ -120,7 +120,7 @@ def _with_head(work, target: str):  # noqa: ANN001, ANN202 - an estimate.Workloa
     import dataclasses
 
     from autoplan.backends.registry import resolve_target
-    from autoplan.search.space import load_space_file
+    from autoplan.search import load_space_file
 
     roles = load_space_file(resolve_target(target).platform).protect_roles
     return dataclasses.replace(work, head_profiled="lm_head" not in roles)

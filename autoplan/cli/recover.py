@@ -41,7 +41,8 @@ def command(plan_path: str, method: str, recover_steps: int, recover_lr: float,
         raise UserInputError(f"--lm-eval-limit must be at least 1, got {lm_eval_limit}")
     from autoplan.export.apply import load_checked, plan_model_arg
     from autoplan.plan.io import load_plan
-    from autoplan.search.recover_plan import RecoverOptions, default_out, recover_plan
+    from autoplan.search import RecoverOptions, recover_plan
+    from autoplan.search.recovery import default_out
     from autoplan.search.writable import check_writable_file
 
     plan = load_plan(plan_path)

@@ -1,4 +1,4 @@
-"""`autoplan search`: the main job. Thin over autoplan.search.run.run_search."""
+"""`autoplan search`: the main job. Thin over autoplan.search.run_search."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
 
     from autoplan.backends.registry import resolve_target
     from autoplan.errors import UserInputError
-    from autoplan.search.budget import QualityBudget
+    from autoplan.search import QualityBudget
     from autoplan.workload import Workload
 
     # what the arguments alone show to be wrong, before the search stack is imported
@@ -98,8 +98,7 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
         err = exc.errors()[0]
         raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
     from autoplan.compress import CompressionSettings
-    from autoplan.search.request import CostTable, parse_choices
-    from autoplan.search.run import SearchRequest, run_search
+    from autoplan.search import CostTable, SearchRequest, parse_choices, run_search
 
     # Every option is parsed and checked here, before minutes of loading and profiling.
     req = SearchRequest(

@@ -1,4 +1,4 @@
-"""`autoplan worker`: join a running search. Thin over autoplan.search.worker.run_worker."""
+"""`autoplan worker`: join a running search. Thin over autoplan.search.run_worker."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from autoplan.cli._progress import RichReporter
 def command(storage, study, wait_s, device, execution, offload_dir, quiet) -> None:  # noqa: ANN001
     """Take trial batches and candidate measurements of a running search until it is done."""
     from autoplan.errors import UserInputError
-    from autoplan.search.worker import run_worker
+    from autoplan.search import run_worker
 
     if math.isnan(wait_s):  # click's range lets NaN through; it would wait forever
         raise UserInputError("--wait must be a number of seconds >= 0, got nan")

@@ -14,7 +14,7 @@ from pathlib import Path
 from autoplan.backends.registry import resolve_target
 from autoplan.errors import UserInputError
 from autoplan.runtimes import default_runtime, get_runtime
-from autoplan.search.request import SearchRequest
+from autoplan.search import SearchRequest
 
 
 @dataclass(frozen=True)

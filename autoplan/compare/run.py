@@ -28,21 +28,20 @@ from autoplan.formats import Choice
 from autoplan.plan import schema as ps
 from autoplan.plan.io import save_plan
 from autoplan.runtimes import supports
-from autoplan.search.build import build_plan
-from autoplan.search.choose import certify, choose
-from autoplan.search.preflight import Platform, preflight
-from autoplan.search.prepare import (
-    CALIB_BATCH,
-    model_work,
-    open_model_work,
-    platform_space,
-    prepare_platform,
-    profile_spaces,
+from autoplan.search import (
+    Platform,
+    SearchRequest,
+    build_plan,
+    certify,
+    choose,
+    load_space_file,
+    preflight,
+    run_rounds,
 )
 from autoplan.search.reporter import Reporter
-from autoplan.search.request import SearchRequest
-from autoplan.search.rounds import run_rounds
-from autoplan.search.space import load_space_file
+from autoplan.search.stages import (
+    CALIB_BATCH, model_work, open_model_work, platform_space, prepare_platform, profile_spaces
+)
 
 RESULT_FILE = "compare.json"
 # The Predicted field each objective ranks by (plan.predicted["plan"]).

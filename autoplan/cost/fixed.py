@@ -1,10 +1,11 @@
 """The parts of a step that do not depend on the per-layer choices: attention with its
 KV-cache traffic, norms and elementwise ops, embeddings, sampling, and fixed overheads.
 
-They run at the baseline precision with a 16-bit KV cache (``kv_bytes`` overrides it).
-Formulas follow hw-facts §3.1 (LLM-Viewer) and §3.3:
-    decode attention:  KV read = B * ctx * kv_bytes_per_token; 4 * B * ctx * heads * d FLOPs
-    prefill attention: causal 2 * B * S^2 * heads * d FLOPs (qk + sv, half masked)
+They run at the baseline precision; the KV cache is stored as the layout says (cost/kv.py:
+bytes per element per block; 16-bit unless told). Formulas follow hw-facts §3.1 (LLM-Viewer)
+and §3.3, per block l (a sliding window caps ctx and the attended pairs):
+    decode attention:  KV read = B * ctx_l * kv bytes per token of l; 4 * B * ctx_l * heads * d
+    prefill attention: causal 4 * B * pairs_l * heads * d FLOPs (qk + sv; pairs = S^2 / 2)
     norms / elementwise / embeddings: memory-bound passes over the activations.
 Each non-GEMM kernel also pays the family's per-kernel overhead, and each engine step its
 ``step_s`` (hw-facts §2F: fixed costs dominate small models on big GPUs).
@@ -16,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from autoplan.cost.efficiency import FamilyEfficiency
+from autoplan.cost.kv import KvLayout, block_token_bytes, cached_tokens
 from autoplan.modelspec import ModelSpec
 from autoplan.targets import Target
 from autoplan.workload import Workload
@@ -45,11 +47,25 @@ ZERO = PhaseTime(0.0, 0.0)
 
 
 @dataclass(frozen=True)
+class KvBlockCost:
+    """One block's KV cache in a step: its stored bytes per token and its attention time."""
+
+    block: int
+    format: str
+    bytes_per_token: float
+    window: int
+    prefill_s: float
+    decode_s: float
+    read_bytes: float  # one decode step's read of this block's cache
+
+
+@dataclass(frozen=True)
 class FixedCost:
     """Non-linear parts by name, and the KV bytes one decode step reads (for MBU)."""
 
     parts: dict[str, PhaseTime]
     kv_read_bytes: float
+    kv_blocks: tuple[KvBlockCost, ...] = ()
 
     @property
     def total(self) -> PhaseTime:
@@ -63,8 +79,16 @@ def _roof(bytes_: float, flops: float, bw: float, peak: float) -> float:
     return max(bytes_ / bw, flops / peak)
 
 
+def _causal_pairs(s: int, window: int) -> float:
+    """(query, key) pairs causal attention over s tokens computes, S^2 / 2 as the dense
+    formula counts them; a sliding window keeps about window * s - window^2 / 2."""
+    if not window or window >= s:
+        return s * s / 2
+    return window * s - window * window / 2
+
+
 def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload: Workload,
-               base_peak: float, kv_bytes: float, chunk_tokens: int) -> FixedCost:
+               base_peak: float, kv_bytes: float | KvLayout, chunk_tokens: int) -> FixedCost:
     """Attention, elementwise, embedding and overhead terms for a workload.
 
     Args:
@@ -73,7 +97,7 @@ def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload:
         eff: the family's efficiency constants.
         workload: batch and lengths; decode is costed at the mean decode context.
         base_peak: FLOP/s of the baseline math (attention runs there).
-        kv_bytes: bytes per KV-cache element.
+        kv_bytes: bytes per KV-cache element, or a per-block KvLayout.
         chunk_tokens: prefill tokens per engine step (chunked prefill).
 
     Returns:
@@ -84,20 +108,28 @@ def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload:
     layers, d, heads = spec.n_layers, spec.head_dim, spec.n_heads
     q_out, kv_out = heads * d, spec.n_kv_heads * d
     chunks = math.ceil(b * s / chunk_tokens)
+    layout = kv_bytes if isinstance(kv_bytes, KvLayout) else KvLayout.uniform_bytes(spec, kv_bytes)
 
-    # Attention. Decode reads the whole KV cache once per step (a sliding-window layer its
-    # window); prefill is compute-bound: 4 FLOPs x keys per query x heads x d (qk + sv).
-    kv_read = b * spec.kv_bytes_at(ctx, kv_bytes)
-    attn_dec = _roof(kv_read + layers * b * q_out * 4, 4 * b * spec.kv_tokens(ctx) * heads * d,
-                     bw, peak)
-    attn_pre = _roof(layers * b * s * (2 * q_out + 2 * kv_out) * 2,
-                     4 * b * s * spec.attended_keys(s) * heads * d, bw, peak)
+    # Attention, block by block. Decode reads the block's whole KV cache once per step;
+    # prefill is compute-bound.
+    blocks, kv_read, attn_pre, attn_dec = [], 0.0, 0.0, 0.0
+    for i, (elem, fmt) in enumerate(zip(layout.element_bytes, layout.formats)):
+        window = spec.window(i)
+        ctx_i = cached_tokens(window, ctx)  # a sliding-window block reads its window
+        per_tok = block_token_bytes(spec, elem)
+        read = b * ctx_i * per_tok
+        dec = _roof(read + b * q_out * 4, 4 * b * ctx_i * heads * d, bw, peak)
+        pre = _roof(b * s * (2 * q_out + 2 * kv_out) * 2,
+                    4 * b * _causal_pairs(s, window) * heads * d, bw, peak)
+        blocks.append(KvBlockCost(i, fmt.value if fmt else f"{elem:g} bytes", per_tok, window,
+                                  pre, dec, read))
+        kv_read, attn_pre, attn_dec = kv_read + read, attn_pre + pre, attn_dec + dec
 
     # Elementwise passes per token per block (bytes): 2 norms and 2 residual adds over the
     # hidden state, rotary on q and k, the MLP activation, the KV-cache write.
     mlp_act = (3 if spec.gated_mlp else 2) * spec.active_intermediate * 2
-    per_tok = layers * (10 * spec.hidden * 2 + 2 * (q_out + kv_out) * 2 + mlp_act
-                        + 2 * kv_out * kv_bytes)
+    per_tok = layers * (10 * spec.hidden * 2 + 2 * (q_out + kv_out) * 2 + mlp_act) \
+        + sum(block_token_bytes(spec, e) for e in layout.element_bytes)
     elem = PhaseTime(b * s * per_tok / bw, b * per_tok / bw)
 
     emb_tok = spec.hidden * 2 * 3  # gather + final norm read/write
@@ -113,7 +145,7 @@ def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload:
         "embedding_sampling": embed,
         "kernel_overhead": overhead,
     }
-    return FixedCost(parts, kv_read)
+    return FixedCost(parts, kv_read, tuple(blocks))
 
 
-__all__ = ["FixedCost", "PhaseTime", "ZERO", "fixed_cost"]
+__all__ = ["FixedCost", "KvBlockCost", "PhaseTime", "ZERO", "fixed_cost"]

@@ -26,12 +26,13 @@ from typing import Any
 
 from autoplan.cost.efficiency import baseline_precision, family_efficiency
 from autoplan.cost.fixed import ZERO, FixedCost, PhaseTime, fixed_cost
+from autoplan.cost.kv import KvInput, KvLayout, bytes_per_token, cache_bytes
 from autoplan.cost.linear import call_overhead, gemm_time, math_peak, stored_bits
 from autoplan.cost.measured import MeasuredTable
 from autoplan.cost.moe import (Routing, expert_members, expert_overhead, expert_step,
                                routing_time, touched)
-from autoplan.cost.report import (Estimate, LayerBreakdown, Memory, Metrics, Objective,
-                                  metrics_from_times)
+from autoplan.cost.report import (Estimate, KvSummary, LayerBreakdown, Memory, Metrics,
+                                  Objective, metrics_from_times)
 from autoplan.errors import UnknownNameError, UserInputError
 from autoplan.formats import DENSE, Choice
 from autoplan.modelspec import LinearLayer, ModelSpec
@@ -55,7 +56,9 @@ class CostModel:
         workload: batch, input and output lengths.
         measured: optional microbenchmark document ({"rows": [{"m","n","k","choice",
             "median_us"}]}); an exact (m, n, k, choice) row replaces the analytic GEMM time.
-        kv_bytes: bytes per KV-cache element (2 = 16-bit cache).
+        kv_bytes: bytes per KV-cache element (2 = 16-bit cache), when ``kv`` is not given.
+        kv: the KV-cache format, one for every block or one per block (cost/kv.py); it sets
+            the bytes each decode step reads and the memory the cache takes.
         price_per_hour: $/hour for the device; default the target's catalog price.
         baseline: the format of layers a decision leaves out (default: the target's usual
             serving dtype, bf16 where the chip has bf16 math, else fp32).
@@ -68,13 +71,17 @@ class CostModel:
     def __init__(self, spec: ModelSpec, target: Target, workload: Workload, *,
                  measured: Mapping[str, Any] | None = None, kv_bytes: float = 2.0,
                  price_per_hour: float | None = None, baseline: Choice | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, routing: Routing | None = None) -> None:
+                 prefill_chunk: int = PREFILL_CHUNK, routing: Routing | None = None,
+                 kv: KvInput | KvLayout | None = None) -> None:
         self.spec, self.target, self.workload = spec, target, workload
         self.routing = routing if routing is not None else Routing.uniform(spec)
         self._members = expert_members(spec)
         self.eff = family_efficiency(target)
         self.baseline = baseline or Choice(DENSE, baseline_precision(target))
-        self.kv_bytes = kv_bytes
+        if isinstance(kv, KvLayout):
+            self.kv = kv
+        else:
+            self.kv = KvLayout.uniform_bytes(spec, kv_bytes) if kv is None else KvLayout.of(spec, kv)
         self.price_per_hour = target.price_per_hour.value if price_per_hour is None else price_per_hour
         if not 0 <= self.price_per_hour < math.inf:  # NaN would make every trial NaN
             raise UserInputError(f"price per hour must be a finite number >= 0, got "
@@ -173,7 +180,7 @@ class CostModel:
         if self._fixed is None:
             peak = math_peak(self.target, self.baseline, self.baseline.precision)
             fixed = fixed_cost(self.spec, self.target, self.eff, self.workload, peak,
-                               self.kv_bytes, self.prefill_chunk)
+                               self.kv, self.prefill_chunk)
             if self.spec.moe is not None:
                 w = self.workload
                 fixed.parts["moe_routing"] = routing_time(
@@ -183,7 +190,7 @@ class CostModel:
             if measured is not None:  # a measured decode step without its GEMMs
                 parts = {k: PhaseTime(v.prefill_s, 0.0) for k, v in fixed.parts.items()}
                 parts["measured_non_gemm"] = PhaseTime(0.0, measured)
-                fixed = FixedCost(parts, fixed.kv_read_bytes)
+                fixed = FixedCost(parts, fixed.kv_read_bytes, fixed.kv_blocks)
             self._fixed = fixed
         return self._fixed
 
@@ -237,7 +244,7 @@ class CostModel:
             weights += spec.embedding_params * base_bytes  # separate input embedding
         weights += (2 * spec.n_layers + 1) * spec.hidden * base_bytes  # norms
         weights += spec.unlisted_params * base_bytes  # MoE routers, gpt-oss biases and sinks
-        kv = w.batch * spec.kv_bytes_at(w.input_len + w.output_len, self.kv_bytes)
+        kv = cache_bytes(spec, self.kv, w.batch, w.input_len + w.output_len)
         widest = ((spec.n_heads + 2 * spec.n_kv_heads) * spec.head_dim
                   + 2 * spec.active_intermediate)
         workspace = self._chunk_m * (widest + 2 * spec.hidden) * 2 + w.batch * spec.vocab * 4
@@ -265,7 +272,14 @@ class CostModel:
             mbu=read / total.decode_s / self.target.bandwidth if total.decode_s else 0.0,
             layers=tuple(rows), fixed={k: v for k, v in fixed.parts.items()},
             active_weight_bytes=self.active_weight_bytes(choices),
+            kv=self._kv_summary(fixed),
         )
+
+    def _kv_summary(self, fixed: FixedCost) -> KvSummary:
+        w = self.workload
+        return KvSummary(self.kv.label(), bytes_per_token(self.spec, self.kv),
+                         cache_bytes(self.spec, self.kv, 1, w.input_len + w.output_len),
+                         fixed.kv_read_bytes, fixed.kv_blocks)
 
     def active_weight_bytes(self, choices: tuple[Choice, ...]) -> float:
         """Weight bytes one token reads as stored (each routed expert top_k / E of its

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from autoplan.cost.fixed import PhaseTime
+from autoplan.cost.fixed import KvBlockCost, PhaseTime
 from autoplan.textenum import TextEnum
 from autoplan.workload import Workload
 
@@ -120,6 +120,18 @@ class LayerBreakdown:
 
 
 @dataclass(frozen=True)
+class KvSummary:
+    """The KV cache of a prediction: its format, what one token and one sequence store, what
+    one decode step reads, and each block's share (cost/kv.py)."""
+
+    format: str
+    bytes_per_token: float  # a full-attention token, every block
+    bytes_per_sequence: float  # input + output tokens, sliding windows applied
+    read_bytes: float  # one decode step, the whole batch
+    blocks: tuple[KvBlockCost, ...] = ()
+
+
+@dataclass(frozen=True)
 class Estimate:
     """A full prediction: metrics, memory, MBU and where the time goes."""
 
@@ -133,6 +145,7 @@ class Estimate:
     layers: tuple[LayerBreakdown, ...]
     fixed: dict[str, PhaseTime]
     active_weight_bytes: float = 0.0  # weight bytes one token reads (MoE: top_k experts)
+    kv: KvSummary | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (all speed figures are predictions: ``predicted`` is true)."""
@@ -145,8 +158,9 @@ class Estimate:
             "active_weight_bytes": self.active_weight_bytes,
             "layers": [asdict(row) for row in self.layers],
             "fixed": {k: asdict(v) for k, v in self.fixed.items()},
+            "kv": asdict(self.kv) if self.kv is not None else None,
         }
 
 
-__all__ = ["DIRECTION", "Estimate", "LayerBreakdown", "Memory", "Metrics", "Objective",
+__all__ = ["DIRECTION", "Estimate", "KvSummary", "LayerBreakdown", "Memory", "Metrics", "Objective",
            "metric_from_times", "metrics_from_times", "usd_per_million_tokens"]

@@ -36,7 +36,7 @@ from autoplan.workload import Workload
 _HIGHER_IS_BETTER = {"throughput", "decode_tokens_per_s"}
 _LOWER_IS_BETTER = {"ttft": "ttft_s", "latency": "request_latency_s"}
 _SIDE_KEYS = ("model", "batch", "input_len", "output_len", "kv_bytes", "max_batch",
-              "kv_pool_fraction")
+              "kv_pool_fraction", "kv_free_fraction")
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,9 @@ def _max_batch(model: str, side: dict[str, Any]) -> int:
     whose KV cache fits the runtime's KV pool."""
     spec, target = resolve_config(model), get_target(side["target"])
     choice = Choice.parse(side["choice"])
-    pool_fraction = side.get("kv_pool_fraction")
+    # LMDeploy's cache_max_entry_count is the same rule as TensorRT-LLM's pool (a share of
+    # the memory free after the weights) without trtllm-bench's own settings
+    pool_fraction = side.get("kv_pool_fraction", side.get("kv_free_fraction"))
     bench = _bench(model, side)
     chunk = _prefill_chunk(side, bench)
 

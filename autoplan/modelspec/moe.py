@@ -1,5 +1,6 @@
 """Mixture-of-experts geometry from an HF config: experts, routing, shared experts, and the
-attention facts the MoE families add (per-layer sliding windows, attention sinks).
+attention facts the MoE families add (attention sinks), and every family's per-layer sliding
+windows (layer_windows).
 
 Supported: mixtral, qwen2_moe (with its shared expert), qwen3_moe and gpt_oss. Anything
 else that routes tokens to experts is refused in one line naming what is missing (MLA
@@ -200,25 +201,44 @@ def moe_from_config(cfg: dict[str, Any], model_type: str) -> MoESpec:
 
 
 def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> tuple[int, ...]:
-    """Per block, the sliding attention window in tokens (0: full attention), for the MoE
-    families: gpt-oss alternates windowed and full layers (`layer_types`), Mixtral windows
-    every layer when `sliding_window` is set. Empty when every layer attends fully."""
+    """Per block, the sliding attention window in tokens (0: full attention), as
+    transformers assigns layer types; empty when every layer attends fully.
+
+    ``layer_types`` when the config lists them (gpt-oss alternates windowed and full layers
+    when it does not); Gemma 2 alternates (even blocks sliding), Gemma 3 makes every
+    ``sliding_window_pattern``-th block (default 6) global, Qwen2/3 (and their MoE) slide
+    from ``max_window_layers`` on only with ``use_sliding_window``, Gemma 1 never does, and
+    any other config with a ``sliding_window`` (Mistral v0.1, Mixtral, Phi-3) slides in
+    every block."""
     window = cfg.get("sliding_window")
     if not window:
         return ()
     if not isinstance(window, int) or isinstance(window, bool) or window < 0:
         raise ModelConfigError(f"config.json field 'sliding_window' must be a positive integer, "
                                f"got {window!r}")
-    if model_type == "gpt_oss":
-        types = cfg.get("layer_types") or ["sliding_attention", "full_attention"] * (
-            (n_layers + 1) // 2)
-        if len(types) < n_layers:
-            raise ModelConfigError(f"config.json lists {len(types)} layer_types for "
-                                   f"{n_layers} layers")
-        return tuple(window if t == "sliding_attention" else 0 for t in types[:n_layers])
-    if model_type == "mixtral":
-        return (window,) * n_layers
-    return ()  # qwen MoE: use_sliding_window is off in every released config
+    types = cfg.get("layer_types")
+    if model_type == "gpt_oss" and not types:
+        types = ["sliding_attention", "full_attention"] * ((n_layers + 1) // 2)
+    if types:
+        if not isinstance(types, list) or len(types) < n_layers:
+            raise ModelConfigError(f"config.json lists {len(types) if isinstance(types, list) else 0}"
+                                   f" layer_types for {n_layers} layers")
+        slides = [t == "sliding_attention" for t in types[:n_layers]]
+    elif model_type == "gemma":
+        return ()
+    elif model_type == "gemma2":
+        slides = [i % 2 == 0 for i in range(n_layers)]
+    elif model_type == "gemma3_text":
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        slides = [(i + 1) % pattern != 0 for i in range(n_layers)]
+    elif model_type.startswith("qwen"):
+        first = int(cfg.get("max_window_layers") or 0)
+        slides = [bool(cfg.get("use_sliding_window")) and i >= first for i in range(n_layers)]
+    else:
+        slides = [True] * n_layers
+    if not any(slides):
+        return ()
+    return tuple(window if s else 0 for s in slides)
 
 
 @dataclass(frozen=True)

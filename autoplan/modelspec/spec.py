@@ -145,7 +145,8 @@ class ModelSpec:
         builder = {"llama": _llama_layers, "phi3": _phi3_layers, "gpt_neox": _neox_layers}[family]
         layers = builder(n_layers, hidden, intermediate, n_heads * head_dim, n_kv * head_dim, vocab)
         return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv, head_dim,
-                   vocab, tie, family != "gpt_neox", dtype, tuple(layers), name)
+                   vocab, tie, family != "gpt_neox", dtype, tuple(layers), name,
+                   None, layer_windows(cfg, model_type, n_layers))
 
     @classmethod
     def from_path(cls, path: str | Path) -> ModelSpec:
@@ -228,6 +229,10 @@ class ModelSpec:
     def kv_bytes_per_token(self, kv_bytes: float = 2.0) -> float:
         """KV-cache bytes per token of context: 2 (K and V) x layers x kv heads x head_dim."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * kv_bytes
+
+    def window(self, block: int) -> int:
+        """Block ``block``'s sliding attention window in tokens, 0 for full attention."""
+        return self.windows[block] if self.windows else 0
 
     def kv_bytes_at(self, context: float, kv_bytes: float = 2.0) -> float:
         """KV-cache bytes of one sequence at `context` tokens: a sliding-window layer holds

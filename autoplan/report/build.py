@@ -61,7 +61,7 @@ def _estimates(plan: Plan, model: str | None):  # noqa: ANN202 - (plan, baseline
     from autoplan.cost.model import CostModel
     from autoplan.formats import Choice
     from autoplan.models.loader import load_spec
-    from autoplan.search.space import load_space_file
+    from autoplan.search import load_space_file
     from autoplan.workload import Workload
 
     try:

@@ -1,0 +1,98 @@
+"""`autoplan search`: each layer's format chosen under a quality budget, as a library.
+
+A search is a pipeline of stages, each a function over typed values (``stages/``):
+
+    SearchRequest(model, target, budget, ...)        every input, checked when it is built
+    preflight(req) -> Platform                       bad input refused before any work
+    prepare(req, platform, rep) -> Prepared          model, SearchSpace, profile, cost model,
+                                                     Tables, Verifier, study name
+    run_rounds(prep, rep, queue) -> Rounds           study on the surrogate -> verify the best
+                                                     candidates -> refit, round by round
+    choose(prep, rounds, rep) -> Chosen              the fallback policy (plan, uniform, baseline)
+    certify(prep, rounds, rep) -> Certificate        the additive problem's exact optimum, the gap
+    build_plan(prep, rounds, chosen, cert, wall_s) -> Plan
+
+``run_search(req) -> SearchOutcome`` runs them and writes the plan; ``run_worker`` joins a
+running search (``run/``). The subpackages, each importing only those above it here:
+
+    jobs/      the Optuna storage and the job queue processes share
+    optimize/  SearchSpace, Tables, the Optuna study and sampler, the exact (MILP) solver
+    verify/    QualityBudget, the Verifier measuring candidates on the real model, its cache
+    recovery/  recovery passes (`--recover`, `autoplan recover PLAN`)
+    stages/    the stages above
+    run/       run_search (the driver), run_worker, the record workers rebuild inputs from
+
+`reporter` (progress sink) and `writable` (can a file be written?) sit below all of them.
+docs/architecture.md, "Search pipeline", says what each stage does.
+"""
+
+from autoplan.lazy import lazy_exports
+
+# each name's module is imported on first use (autoplan/lazy.py), so reading a budget
+# or a space file does not import torch and Optuna
+_EXPORTS = {
+    "DecisionUnit": "autoplan.search.optimize",
+    "SearchSpace": "autoplan.search.optimize",
+    "build_space": "autoplan.search.optimize",
+    "load_space_file": "autoplan.search.optimize",
+    "RecoverOptions": "autoplan.search.recovery",
+    "recover_plan": "autoplan.search.recovery",
+    "Reporter": "autoplan.search.reporter",
+    "SearchOutcome": "autoplan.search.run",
+    "run_search": "autoplan.search.run",
+    "run_worker": "autoplan.search.run",
+    "Chosen": "autoplan.search.stages",
+    "CostTable": "autoplan.search.stages",
+    "ExecutionSettings": "autoplan.search.stages",
+    "Outcome": "autoplan.search.stages",
+    "Platform": "autoplan.search.stages",
+    "Prepared": "autoplan.search.stages",
+    "Rounds": "autoplan.search.stages",
+    "SearchRequest": "autoplan.search.stages",
+    "build_plan": "autoplan.search.stages",
+    "certify": "autoplan.search.stages",
+    "choose": "autoplan.search.stages",
+    "parse_choices": "autoplan.search.stages",
+    "preflight": "autoplan.search.stages",
+    "prepare": "autoplan.search.stages",
+    "profile_scope": "autoplan.search.stages",
+    "run_rounds": "autoplan.search.stages",
+    "Measurement": "autoplan.search.verify",
+    "QualityBudget": "autoplan.search.verify",
+    "Verifier": "autoplan.search.verify",
+    "check_writable_file": "autoplan.search.writable",
+}
+__getattr__ = lazy_exports(globals(), _EXPORTS)
+
+__all__ = [
+    "Chosen",
+    "CostTable",
+    "DecisionUnit",
+    "ExecutionSettings",
+    "Measurement",
+    "Outcome",
+    "Platform",
+    "Prepared",
+    "QualityBudget",
+    "RecoverOptions",
+    "Reporter",
+    "Rounds",
+    "SearchOutcome",
+    "SearchRequest",
+    "SearchSpace",
+    "Verifier",
+    "build_plan",
+    "build_space",
+    "certify",
+    "check_writable_file",
+    "choose",
+    "load_space_file",
+    "parse_choices",
+    "preflight",
+    "prepare",
+    "profile_scope",
+    "recover_plan",
+    "run_rounds",
+    "run_search",
+    "run_worker",
+]

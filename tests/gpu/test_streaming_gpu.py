@@ -16,7 +16,7 @@ from autoplan.compress import CompressionSettings
 from autoplan.formats import Choice
 from autoplan.modelspec import ModelSpec
 from autoplan.quality.text import load_text_dataset
-from autoplan.search.space import build_space
+from autoplan.search import build_space
 from autoplan.streaming.evaluate import StreamedEvaluator
 from autoplan.streaming.profile import build_profile_streamed
 from autoplan.streaming.skeleton import StreamedModel

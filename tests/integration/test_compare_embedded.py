@@ -13,8 +13,7 @@ import pytest
 from autoplan.compare import CompareRequest, parse_entries, run_compare
 from autoplan.models.loader import load_spec
 from autoplan.plan.io import load_plan
-from autoplan.search.request import ExecutionSettings, SearchRequest
-from autoplan.search.space import build_space
+from autoplan.search import ExecutionSettings, SearchRequest, build_space
 from autoplan.targets import get_target
 from tests.integration._embedded import needs_embedded
 

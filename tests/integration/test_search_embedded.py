@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from autoplan.plan.io import load_plan
-from autoplan.search.run import SearchRequest, run_search
+from autoplan.search import SearchRequest, run_search
 from tests.integration._embedded import needs_embedded
 
 pytestmark = pytest.mark.slow

@@ -21,8 +21,8 @@ from autoplan.compress import CompressionSettings
 from autoplan.cost.model import CostModel
 from autoplan.formats import Choice
 from autoplan.modelspec import LinearLayer, ModelSpec
-from autoplan.search.space import DecisionUnit, SearchSpace, build_space
-from autoplan.search.tables import Tables, build_tables
+from autoplan.search import DecisionUnit, SearchSpace, build_space
+from autoplan.search.optimize import Tables, build_tables
 from autoplan.sensitivity import SensitivityProfile
 from autoplan.targets import get_target
 from autoplan.workload import Workload

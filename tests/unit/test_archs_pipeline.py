@@ -30,7 +30,7 @@ from autoplan.cli import cli
 from autoplan.cli import search as cli_search
 from autoplan.modelspec import ModelSpec
 from autoplan.plan.io import load_plan
-from autoplan.search.run import SearchRequest
+from autoplan.search import SearchRequest
 from tests.unit._tiny import FAST, one_torch_thread  # noqa: F401
 from tests.unit._tiny_archs import ARCHS, save_tiny_arch, tiny_arch_model
 

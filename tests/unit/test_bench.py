@@ -240,7 +240,7 @@ def test_search_kernel_table_times_the_non_gemm_step_at_batch_1(loaded, monkeypa
     from autoplan.backends.cpu import ort_microbench as OM
 
     from autoplan.backends.cpu.predict import search_kernel_table
-    from autoplan.search.space import build_space
+    from autoplan.search import build_space
     from autoplan.targets import get_target
     from autoplan.workload import Workload
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from autoplan.cli import cli
 from autoplan.cost.measured import load_cost_table
 from autoplan.errors import UserInputError
-from autoplan.search.storage import check_storage, open_storage, redact
+from autoplan.search.jobs import check_storage, open_storage, redact
 from tests.unit._safetensors_damage import DAMAGES, damage
 
 _ESTIMATE = ["estimate", "--model", "llama-3.1-8b", "--target", "h100"]

@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 from autoplan.cli import cli
 from autoplan.cli import search as cli_search
 from autoplan.plan.io import load_plan
-from autoplan.search.run import SearchRequest
+from autoplan.search import SearchRequest
 from tests.unit._tiny import FAST, one_torch_thread, shared_dirs  # noqa: F401
 
 

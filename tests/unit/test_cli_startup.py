@@ -53,3 +53,9 @@ def test_the_command_list_is_each_commands_own_help():
         command = cli.get_command(click.Context(cli), name)
         first = click.Command(None, help=command.help).get_short_help_str(500)
         assert first == click.Command(None, help=text).get_short_help_str(500), name
+
+
+def test_the_kv_registrys_torch_free_constants_agree_with_the_numerics():
+    from autoplan.formats import elements, gguf_blocks, kv
+
+    assert kv.GGUF_BLOCK == gguf_blocks.BLOCK and kv.E4M3_MAX == elements.E4M3_MAX

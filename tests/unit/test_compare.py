@@ -16,7 +16,7 @@ from autoplan.cost.operating import OperatingRequest
 from autoplan.errors import UnknownNameError, UserInputError
 from autoplan.plan.io import load_plan
 from autoplan.quality.slices import SLICES
-from autoplan.search.request import SearchRequest
+from autoplan.search import SearchRequest
 from autoplan.streaming import runner as runner_module
 from autoplan.targets import _MEASURED, get_target
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401

@@ -31,7 +31,7 @@ from autoplan.quant import (
     quantize_weight,
 )
 from autoplan.runtimes import supports
-from autoplan.search.space import build_space
+from autoplan.search import build_space
 from autoplan.targets import get_target
 
 P = Precision.FP8_B128

@@ -70,7 +70,7 @@ def test_cached_table_times_only_missing_rows_and_refreshes_on_another_method(tm
 
 def test_a_missing_engine_is_one_line_naming_the_install_command(monkeypatch, tmp_path):
     from autoplan.engines.llamacpp import GgmlWorker, LlamaCppWorker
-    from autoplan.search.run import SearchRequest, run_search
+    from autoplan.search import SearchRequest, run_search
 
     monkeypatch.setenv("AUTOPLAN_ENGINE_LLAMA_CPP_PYTHON", str(tmp_path / "no-python"))
     with pytest.raises(UserInputError, match="autoplan engines install llama.cpp") as err:

@@ -5,6 +5,8 @@ so an import hidden in a function to dodge a cycle still counts) is an arrow bet
 packages (``autoplan.X``; ``backends/`` is the one package ``autoplan.backends``). The test
 asserts that the arrows form no cycle and that none points up against the layer order
 written down in docs/architecture.md, "## Layers" (one source: the test reads it there).
+The same holds one level down inside ``autoplan.search`` ("## Layers inside search"), whose
+subpackages other code reaches only through their ``__all__``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def _module(path: Path) -> str:
     return ".".join(parts)
 
 
-def _package(module: str) -> str:
-    return ".".join(module.split(".")[:2])
+def _package(module: str, depth: int = 2) -> str:
+    return ".".join(module.split(".")[:depth])
 
 
 def _imports(path: Path, module: str) -> list[str]:
@@ -47,30 +49,43 @@ def _imports(path: Path, module: str) -> list[str]:
     return [m for m in out if m.startswith("autoplan.")]
 
 
-def import_graph() -> dict[str, dict[str, list[str]]]:
-    """package -> imported package -> the 'module -> module' lines that make the arrow."""
+SEARCH = "autoplan.search"
+
+
+def import_graph(inside: str | None = None) -> dict[str, dict[str, list[str]]]:
+    """package -> imported package -> the 'module -> module' lines that make the arrow.
+
+    With ``inside`` (a package), its subpackages and top-level modules are the nodes, and
+    only imports between them count; the package's own ``__init__`` (its front door, which
+    re-exports them all) is left out.
+    """
     graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     files = [*(ROOT / "autoplan").rglob("*.py"), *(ROOT / "backends").rglob("*.py")]
+    depth = 2 if inside is None else inside.count(".") + 2
     for path in files:
         module = _module(path)
+        if inside is not None and not module.startswith(inside + "."):
+            continue
         for target in _imports(path, module):
-            a, b = _package(module), _package(target)
+            if inside is not None and not target.startswith(inside + "."):
+                continue
+            a, b = _package(module, depth), _package(target, depth)
             if a != b:
                 graph[a][b].append(f"{module} -> {target}")
     return graph
 
 
-def declared_layers() -> dict[str, int]:
-    """package -> layer number, from docs/architecture.md's "## Layers" block."""
+def declared_layers(heading: str = "## Layers\n", prefix: str = "autoplan") -> dict[str, int]:
+    """package -> layer number, from a block of docs/architecture.md (by its heading)."""
     text = (ROOT / "docs" / "architecture.md").read_text()
-    section = text.split("## Layers", 1)[1]
+    section = text.split(heading, 1)[1]
     block = section.split("```", 2)[1]
     layers: dict[str, int] = {}
     for line in block.splitlines():
         match = re.match(r"\s*(\d+)\s+(.+)", line)
         if match:
             for name in match.group(2).split(","):
-                layers[f"autoplan.{name.strip()}"] = int(match.group(1))
+                layers[f"{prefix}.{name.strip()}"] = int(match.group(1))
     return layers
 
 
@@ -105,3 +120,55 @@ def test_the_graph_sees_function_level_imports() -> None:
     graph = import_graph()
     lines = graph["autoplan.cli"]["autoplan.export"]
     assert any("autoplan.cli.export -> autoplan.export" in line for line in lines)
+
+
+def test_search_subpackages_only_point_down() -> None:
+    graph = import_graph(inside=SEARCH)
+    layers = declared_layers("## Layers inside search\n", SEARCH)
+    nodes = set(graph) | {b for arrows in graph.values() for b in arrows}
+    nodes |= {f"{SEARCH}.{p.stem if p.is_file() else p.name}"
+              for p in (ROOT / "autoplan" / "search").iterdir()
+              if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    missing = sorted(nodes - set(layers))
+    assert not missing, f"add {missing} to docs/architecture.md, ## Layers inside search"
+    upward = [line for a, arrows in graph.items() for b, lines in arrows.items()
+              if layers[b] >= layers[a] for line in lines]
+    assert not upward, "search imports against its layer order:\n" + "\n".join(sorted(upward))
+
+
+def _public_names(module: str) -> set[str] | None:
+    """A package's ``__all__`` as written in its __init__ (None: not a package)."""
+    init = ROOT / Path(*module.split(".")) / "__init__.py"
+    if not init.exists():
+        return None
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return {elt.value for elt in node.value.elts}  # type: ignore[attr-defined]
+    return set()
+
+
+def test_search_is_used_through_its_public_api() -> None:
+    """Outside autoplan.search, code imports the front door, a subpackage's ``__all__`` or a
+    public module (reporter, writable); only tests may reach a private name, by its own
+    private name (monkeypatching a module, checking a private class)."""
+    bad = []
+    files = [p for d in ("autoplan", "backends", "benchmarks", "examples", "tests")
+             for p in (ROOT / d).rglob("*.py")]
+    for path in files:
+        module = _module(path) if path.parts[len(ROOT.parts)] in ("autoplan", "backends") \
+            else str(path.relative_to(ROOT))
+        if module.startswith(SEARCH + "."):
+            continue
+        is_test = path.parts[len(ROOT.parts)] == "tests"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(SEARCH):
+                continue
+            private_module = any(part.startswith("_") for part in node.module.split("."))
+            public = _public_names(node.module)
+            for alias in node.names:
+                if is_test and alias.name.startswith("_"):
+                    continue
+                if private_module or (public is not None and alias.name not in public):
+                    bad.append(f"{path.relative_to(ROOT)}: from {node.module} import {alias.name}")
+    assert not bad, "import these through autoplan.search's public API:\n" + "\n".join(bad)

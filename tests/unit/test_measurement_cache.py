@@ -10,10 +10,9 @@ import pytest
 
 from autoplan.compress import CompressionSettings
 from autoplan.quality.evaluator import QualityResult
-from autoplan.search.measurement_cache import MeasurementStore, measurement_store
-from autoplan.search.preflight import preflight
-from autoplan.search.prepare import prepare
+from autoplan.search import preflight, prepare
 from autoplan.search.reporter import Reporter
+from autoplan.search.verify import MeasurementStore, measurement_store
 from tests.unit._tiny import one_torch_thread, tiny_model_dir  # noqa: F401
 from tests.unit.test_search_run import _request
 

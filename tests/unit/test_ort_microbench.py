@@ -146,7 +146,7 @@ def test_search_kernel_table_times_every_unit_choice_at_packed_width(monkeypatch
     from types import SimpleNamespace
 
     from autoplan.backends.cpu import predict
-    from autoplan.search.space import build_space
+    from autoplan.search import build_space
 
     spec = ModelSpec.from_config(_TOY_CFG)
     space = build_space(spec, get_target("xeon-8480"), "onnxruntime",

@@ -14,7 +14,8 @@ from autoplan.errors import UserInputError
 from autoplan.quality.evaluator import QualityEvaluator, original_quality
 from autoplan.quality.longctx import LongContextGate, build_cases, default_lengths
 from autoplan.quality.slices import SLICES, build_slices
-from autoplan.search.budget import SLICE_NAMES, QualityBudget, parse_budgets
+from autoplan.search import QualityBudget
+from autoplan.search.verify import SLICE_NAMES, parse_budgets
 from tests.unit._tiny import one_torch_thread, tiny_llama  # noqa: F401
 from tests.unit.tiny_llama import tiny_tokenizer
 

@@ -25,10 +25,8 @@ from autoplan.cost.model import CostModel
 from autoplan.errors import AutoplanError, UserInputError
 from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.text import load_text_dataset
-from autoplan.search.budget import QualityBudget
-from autoplan.search.space import build_space
-from autoplan.search.tables import build_tables
-from autoplan.search.verify import Verifier
+from autoplan.search import QualityBudget, Verifier, build_space
+from autoplan.search.optimize import build_tables
 from autoplan.sensitivity import build_profile, cache_path
 from autoplan.sensitivity.ray_executor import RayExecutor, cpus_per_task, import_ray
 from autoplan.targets import get_target

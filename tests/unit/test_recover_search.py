@@ -22,9 +22,8 @@ from autoplan.models import load_model
 from autoplan.plan.io import load_plan
 from autoplan.recover import RecoveryDiverged, RecoverySettings
 from autoplan.recover.weights import file_sha256
-from autoplan.search.recover_plan import RecoverOptions, recover_plan
+from autoplan.search import RecoverOptions, SearchOutcome, SearchRequest, recover_plan, run_search
 from autoplan.search.reporter import Reporter
-from autoplan.search.run import SearchOutcome, SearchRequest, run_search
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
 
 RS = {"steps": 20, "lr": 1e-3, "seq_len": 64, "checkpoint_every": 0}

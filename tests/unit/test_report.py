@@ -20,7 +20,7 @@ from autoplan.cli import cli
 from autoplan.compare import CompareRequest, parse_entries, run_compare
 from autoplan.errors import UserInputError
 from autoplan.report import render_report, write_report
-from autoplan.search.request import SearchRequest
+from autoplan.search import SearchRequest
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, shared_dirs  # noqa: F401
 
 matplotlib = pytest.importorskip("matplotlib", reason="autoplan[report] (matplotlib) not installed")

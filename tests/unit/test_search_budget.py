@@ -9,7 +9,7 @@ import pytest
 
 from autoplan.errors import UserInputError
 from autoplan.quality.evaluator import QualityResult
-from autoplan.search.budget import QualityBudget
+from autoplan.search import QualityBudget
 
 
 def _q(*, kl: float = 0.0, ppl: float = 10.0, ppl_ref: float = 10.0,

@@ -9,11 +9,14 @@ import pytest
 
 from autoplan.compress import CompressionSettings
 from autoplan.modelspec import LinearLayer
-from autoplan.search.knapsack import solve_exact
-from autoplan.search.owl import lagrangian_allocations, owl_allocations
-from autoplan.search.sampler import ExchangeSampler
-from autoplan.search.space import DecisionUnit, SearchSpace
-from autoplan.search.tables import Tables
+from autoplan.search import DecisionUnit, SearchSpace
+from autoplan.search.optimize import (
+    ExchangeSampler,
+    Tables,
+    lagrangian_allocations,
+    owl_allocations,
+    solve_exact,
+)
 from autoplan.sensitivity import SensitivityProfile
 from tests.unit._tiny import _CHOICES, brute_force, random_tables, total_time
 
@@ -159,7 +162,7 @@ def test_the_tpot_objective_ignores_prefill():
     import numpy as np
 
     from autoplan.cost.report import DIRECTION, Objective
-    from autoplan.search.knapsack import solve_exact
+    from autoplan.search.optimize import solve_exact
     from tests.unit._tiny import random_tables
 
     base = random_tables(1, 2, seed=0, output_len=8)

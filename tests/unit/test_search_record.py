@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 from autoplan.compress import CompressionSettings
 from autoplan.recover import RecoverySettings
-from autoplan.search.prepare import study_name
-from autoplan.search.record import request_from_record, request_record
-from autoplan.search.request import ExecutionSettings, SearchRequest
+from autoplan.search import ExecutionSettings, SearchRequest
+from autoplan.search.run import request_from_record, request_record
+from autoplan.search.stages import study_name
 from autoplan.sensitivity import SensitivityProfile
 
 

@@ -17,16 +17,22 @@ from autoplan.formats import Choice
 from autoplan.modelspec import ModelSpec
 from autoplan.plan.io import load_plan
 from autoplan.quality.slices import SLICES
-from autoplan.search.build import build_plan
-from autoplan.search.choose import Outcome, certify, choose
-from autoplan.search.preflight import preflight
-from autoplan.search.prepare import prepare
+from autoplan.search import (
+    Outcome,
+    Rounds,
+    SearchOutcome,
+    SearchRequest,
+    build_plan,
+    certify,
+    choose,
+    load_space_file,
+    preflight,
+    prepare,
+    run_search,
+)
+from autoplan.search.jobs import redact
+from autoplan.search.optimize import Candidate
 from autoplan.search.reporter import Reporter
-from autoplan.search.rounds import Rounds
-from autoplan.search.run import SearchOutcome, SearchRequest, run_search
-from autoplan.search.space import load_space_file
-from autoplan.search.storage import redact
-from autoplan.search.study import Candidate
 from autoplan.search.verify import CandidateContext, evaluate_candidate
 from autoplan.targets import get_target
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
@@ -250,7 +256,7 @@ def test_bad_inputs_are_user_errors(model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_the_plan_note_says_where_speed_figures_come_from() -> None:
-    from autoplan.search.build import SpeedSource
+    from autoplan.search.stages import SpeedSource
 
     head, tail = "speed figures are cost-model predictions", "; quality is measured"
     assert SpeedSource().note() == head + tail

@@ -6,7 +6,7 @@ import pytest
 
 from autoplan.errors import UnsupportedFormatError
 from autoplan.formats import Choice
-from autoplan.search.space import build_space, load_space_file
+from autoplan.search import build_space, load_space_file
 from autoplan.targets import get_target
 from tests.unit._tiny import tiny_spec
 
@@ -134,7 +134,7 @@ def test_uniform_skips_units_that_cannot_take_the_choice() -> None:
 
 
 def test_repeated_choices_are_searched_once() -> None:
-    from autoplan.search.run import parse_choices
+    from autoplan.search import parse_choices
 
     got = parse_choices(("int4a8_g32", "dense+int4a8_g32", "int8a8_g128"))
     assert got == (Choice.parse("int4a8_g32"), Choice.parse("int8a8_g128"))
@@ -144,8 +144,8 @@ def test_repeated_choices_are_searched_once() -> None:
 
 
 def test_kernels_are_measured_by_default_only_when_planning_for_this_machine() -> None:
-    from autoplan.search.preflight import measures_kernels
-    from autoplan.search.request import CostTable, SearchRequest
+    from autoplan.search import CostTable, SearchRequest
+    from autoplan.search.stages import measures_kernels
 
     local = SearchRequest(target="local")
     assert measures_kernels(local, "local", "onnxruntime")
@@ -165,7 +165,7 @@ def test_llama_cpp_decides_every_projection_on_its_own() -> None:
     one per fused group on ONNX Runtime; its formats are the exact GGUF types."""
     from autoplan.formats import Choice
     from autoplan.modelspec import ModelSpec
-    from autoplan.search.space import build_space
+    from autoplan.search import build_space
     from autoplan.targets import get_target
 
     spec = ModelSpec.from_config({"model_type": "llama", "hidden_size": 64,

@@ -11,10 +11,8 @@ from optuna.trial import TrialState
 
 from autoplan.cost.report import Objective
 from autoplan.errors import UserInputError
-from autoplan.search.owl import lagrangian_allocations
-from autoplan.search.storage import default_storage_url, open_storage, redact
-from autoplan.search.study import StudyConfig, run_study
-from autoplan.search.tables import Tables
+from autoplan.search.jobs import default_storage_url, open_storage, redact
+from autoplan.search.optimize import StudyConfig, Tables, lagrangian_allocations, run_study
 from tests.unit._tiny import llama_tables, random_tables
 
 
@@ -182,7 +180,7 @@ def test_journal_appends_are_read_at_once_and_synced_now_and_then(
         tmp_path, monkeypatch) -> None:  # noqa: ANN001
     import os
 
-    from autoplan.search import storage as st
+    from autoplan.search.jobs import _storage as st
 
     synced = []
     real = os.fsync

@@ -22,11 +22,10 @@ from optuna.trial import TrialState
 
 from autoplan.cost.report import Objective
 from autoplan.errors import UserInputError
-from autoplan.search.jobs import JobQueue, process_alive, worker_id
+from autoplan.search import SearchOutcome, SearchRequest, run_search
+from autoplan.search.jobs import JobQueue, open_storage, process_alive, retry_stale_job, worker_id
+from autoplan.search.optimize import RoundStudy, StudyConfig, run_batch, run_study, stored_by
 from autoplan.search.reporter import Reporter
-from autoplan.search.run import SearchOutcome, SearchRequest, run_search
-from autoplan.search.storage import open_storage, retry_stale_job
-from autoplan.search.study import RoundStudy, StudyConfig, run_batch, run_study, stored_by
 from tests.postgres import PostgresServer, why_not_available
 from tests.unit._tiny import FAST, WORKLOAD, llama_tables, one_torch_thread, tiny_model_dir  # noqa: F401
 

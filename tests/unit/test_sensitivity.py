@@ -15,7 +15,7 @@ from autoplan.compress import CompressionSettings, collect_stats, compressed_cop
 from autoplan.formats import Choice
 from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.text import load_text_dataset
-from autoplan.search.space import build_space
+from autoplan.search import build_space
 from autoplan.sensitivity import build_profile, cache_path, profile as profile_mod
 from autoplan.targets import get_target
 from tests.unit._tiny import one_torch_thread, tiny_llama, tiny_spec  # noqa: F401

@@ -16,7 +16,7 @@ from autoplan.errors import UserInputError
 from autoplan.export._prepare import prepare
 from autoplan.formats import Choice
 from autoplan.numerics import pinned_threads, signature
-from autoplan.search.request import SearchRequest
+from autoplan.search import SearchRequest
 from tests.unit.test_export_common import BASELINE, layer_names, make_plan, tiny_loaded
 
 SPARSE = "2:4+bf16"

@@ -17,7 +17,7 @@ from autoplan.formats import Choice
 from autoplan.modelspec import ModelSpec
 from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.text import load_text_dataset
-from autoplan.search.space import build_space
+from autoplan.search import build_space
 from autoplan.sensitivity import build_profile, profile as profile_mod
 from autoplan.streaming import ExecutionSettings, open_model, resolve_device
 from autoplan.streaming import estimate
@@ -280,8 +280,7 @@ def test_recovery_on_a_streamed_model_is_refused_before_measuring(
         case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     """No streamed recovery pass exists: a verifier asked to recover streamed candidates
     refuses in one line before it measures anything (the search refuses earlier still)."""
-    from autoplan.search.budget import QualityBudget
-    from autoplan.search.verify import Verifier
+    from autoplan.search import QualityBudget, Verifier
 
     class Stage:
         def measure(self, *_a: object) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoplan.errors import UserInputError
-from autoplan.search.run import SearchRequest, run_search
+from autoplan.search import SearchRequest, run_search
 from autoplan.streaming import ExecutionSettings
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, save_tiny_folder  # noqa: F401
 
@@ -62,7 +62,7 @@ def test_out_of_memory_while_verifying_is_one_line(tmp_path: Path, execution: st
         raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     target = ("autoplan.streaming.evaluate.StreamedEvaluator.evaluate_many"
-              if execution == "stream" else "autoplan.search.verify.compressed_copy")
+              if execution == "stream" else "autoplan.search.verify._verifier.compressed_copy")
     monkeypatch.setattr(target, oom)
     folder = save_tiny_folder(tmp_path / "model")
     with pytest.raises(AutoplanError) as err:
@@ -92,7 +92,7 @@ def test_device_without_a_gpu_is_refused_before_loading(tmp_path: Path,
 
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU refusal")
-    monkeypatch.setattr("autoplan.search.prepare.open_model",
+    monkeypatch.setattr("autoplan.search.stages._prepare.open_model",
                         lambda *a, **k: pytest.fail("loaded before refusing"))
     folder = save_tiny_folder(tmp_path / "model")
     with pytest.raises(UserInputError, match="no CUDA/ROCm GPU"):

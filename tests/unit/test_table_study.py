@@ -11,12 +11,16 @@ import pytest
 from optuna.trial import TrialState
 
 from autoplan.cost.report import Objective
-from autoplan.search.owl import lagrangian_allocations
-from autoplan.search.sampler import ExchangeSampler
-from autoplan.search.space import DecisionUnit
-from autoplan.search.storage import open_storage
-from autoplan.search.study import StudyConfig, _memory_study, _Objective, run_study
-from autoplan.search.table_study import TableStudy
+from autoplan.search import DecisionUnit
+from autoplan.search.jobs import open_storage
+from autoplan.search.optimize import (
+    ExchangeSampler,
+    StudyConfig,
+    TableStudy,
+    lagrangian_allocations,
+    run_study,
+)
+from autoplan.search.optimize._study import _memory_study, _Objective
 from tests.unit._tiny import llama_tables, random_tables
 
 

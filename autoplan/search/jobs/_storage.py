@@ -4,7 +4,7 @@ Trials are sampled on an in-memory study and each COMPLETED trial is copied to t
 persistent storage at once (`add_trial`), so an interruption loses at most the trial in
 flight (a journal reaches the disk at least every 10 s: `SyncedJournalFile`), and
 re-running the same command reloads every finished trial and continues.
-Several processes share one search through a job queue in the same storage (jobs.py); the
+Several processes share one search through a job queue in the same storage (_queue.py); the
 storages opened here record heartbeats for the jobs a process holds (Optuna's own for an
 RDB, a trial attribute in a journal file), so a killed process's job is retried.
 

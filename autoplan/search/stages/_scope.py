@@ -7,7 +7,7 @@ from autoplan.errors import UnsupportedFormatError
 from autoplan.formats import Choice
 from autoplan.modelspec import ModelSpec
 from autoplan.runtimes import get_runtime, runtime_names
-from autoplan.search.space import build_space
+from autoplan.search.optimize import build_space
 from autoplan.targets import Target
 
 

@@ -1,16 +1,16 @@
 """The Optuna study: one categorical parameter per decision unit (fixed choice list), the
 objective from the cost model, the quality limit as an Optuna constraint on the surrogate.
 
-Single-objective studies use ExchangeSampler (sampler.py), a randomized exchange local search
+Single-objective studies use ExchangeSampler (_sampler.py), a randomized exchange local search
 that makes every trial one move from the best feasible trial; `multi_objective` adds the
 surrogate as a second objective, samples with NSGA-II and returns the Pareto front.
-ExchangeSampler's trials run on TableStudy (table_study.py): the trials Optuna's in-memory
+ExchangeSampler's trials run on TableStudy (_table_study.py): the trials Optuna's in-memory
 study would run, without its per-parameter bookkeeping; any other sampler on Optuna's.
 Warm starts (uniform recipes, OWL allocations) are enqueued before sampling.
 
 With a storage, the study's trials are shared by every process of the search: each samples
 on an in-memory mirror of the stored trials (fast; the sampler sees everyone's), runs the
-batches of the job queue it claims (jobs.py), and stores each finished trial at once. A
+batches of the job queue it claims (search.jobs), and stores each finished trial at once. A
 stored trial is its value and ONE user attribute, `trial` (decisions as unit -> choice
 label, its attributes, who ran it, its batch), not 120 Optuna parameters and 3 attributes:
 an RDB writes a row per parameter and attribute, three queries each, inside the study's
@@ -35,11 +35,10 @@ from optuna.trial import FrozenTrial, TrialState
 from autoplan.cost.model import CostModel
 from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
-from autoplan.search.jobs import Job, JobQueue, drain, worker_id
-from autoplan.search.sampler import ExchangeSampler
-from autoplan.search.storage import load_or_create, open_storage
-from autoplan.search.table_study import TableStudy
-from autoplan.search.tables import Tables
+from autoplan.search.jobs import Job, JobQueue, drain, load_or_create, open_storage, worker_id
+from autoplan.search.optimize._sampler import ExchangeSampler
+from autoplan.search.optimize._table_study import TableStudy
+from autoplan.search.optimize._tables import Tables
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ def _objective(tables: Tables, cost: CostModel, cfg: StudyConfig, limit: float) 
 
 def _memory_study(cfg: StudyConfig, tables: Tables, limit: float) -> optuna.Study | TableStudy:
     """Where trials are sampled: TableStudy for the default ExchangeSampler (the same trials
-    without Optuna's per-parameter bookkeeping, table_study.py), else an Optuna study."""
+    without Optuna's per-parameter bookkeeping, _table_study.py), else an Optuna study."""
     sampler = _sampler(cfg, tables, limit)
     if type(sampler) is ExchangeSampler:
         return TableStudy(sampler, [u.name for u in tables.space.units], tables.labels)

@@ -26,9 +26,9 @@ from autoplan.plan.io import save_plan
 from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.quality.slices import build_slices
 from autoplan.recover import RecoverySettings, weights_path_for
-from autoplan.search.budget import QualityBudget
-from autoplan.search.recovery import plan_quality, recovery_text, run_key, run_pass
+from autoplan.search.recovery._stage import plan_quality, recovery_text, run_key, run_pass
 from autoplan.search.reporter import Reporter
+from autoplan.search.verify import QualityBudget, build_gates
 
 
 @dataclass(frozen=True)
@@ -55,14 +55,12 @@ def _budgets(plan: ps.Plan) -> tuple[QualityBudget, ...]:
 def _evaluator(plan: ps.Plan, loaded: Any, eval_tokens: Any, opts: RecoverOptions,
                budgets: tuple[QualityBudget, ...]) -> QualityEvaluator:
     from autoplan.quality.suite import load_suite
-    from autoplan.search.prepare import build_gates
-    from autoplan.search.request import SearchRequest
 
-    req = SearchRequest(budget=budgets[0], also=budgets[1:], lmeval_tasks=opts.lmeval_tasks,
-                        lmeval_limit=opts.lmeval_limit, seed=plan.search.seed)
     suite = load_suite(budgets[0].suite_file, loaded.tokenizer) if budgets[0].suite_file else None
+    gates = build_gates(budgets, loaded, seed=plan.search.seed, lmeval_tasks=opts.lmeval_tasks,
+                        lmeval_limit=opts.lmeval_limit)
     return QualityEvaluator(loaded.model, eval_tokens, suite=suite,
-                            slices=build_slices(loaded.tokenizer), gates=build_gates(req, loaded))
+                            slices=build_slices(loaded.tokenizer), gates=gates)
 
 
 def recover_plan(plan: ps.Plan, loaded: Any, opts: RecoverOptions,

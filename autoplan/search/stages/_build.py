@@ -12,11 +12,11 @@ from autoplan.cost.report import Objective
 from autoplan.numerics import signature
 from autoplan.plan import schema as ps
 from autoplan.runtimes import get_runtime
-from autoplan.search.choose import Chosen
-from autoplan.search.preflight import KERNEL_TABLES
-from autoplan.search.prepare import CALIB_BATCH, Prepared
 from autoplan.search.recovery import keep_weights, plan_quality
-from autoplan.search.rounds import Rounds
+from autoplan.search.stages._choose import Chosen
+from autoplan.search.stages._preflight import KERNEL_TABLES
+from autoplan.search.stages._prepare import CALIB_BATCH, Prepared
+from autoplan.search.stages._rounds import Rounds
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ storage. Every piece of work is a trial there, its kind and inputs in user attri
 
 Jobs are created WAITING and claimed by setting them RUNNING, which each Optuna storage does
 atomically (a journal's log order, a row lock in a database): one process per job. A held
-job records heartbeats (storage.py). A job whose heartbeat stops (its process killed, its
+job records heartbeats (_storage.py). A job whose heartbeat stops (its process killed, its
 machine gone) is failed after the grace period, or at once when its owner is a dead
 process on this machine, and re-queued with the same attributes (`retry_stale_job`).
 """
@@ -38,7 +38,7 @@ from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.errors import UserInputError
-from autoplan.search.storage import GRACE_S, load_or_create, retry_stale_job
+from autoplan.search.jobs._storage import GRACE_S, load_or_create, retry_stale_job
 
 BATCH = 25  # surrogate trials per job: few jobs to scan, little work redone after a kill
 POLL_S = 0.2  # how often a process with nothing to claim looks again
@@ -298,5 +298,5 @@ def drain(queue: JobQueue, finished: Callable[[], bool], accept: Callable[[Job],
         time.sleep(POLL_S)
 
 
-__all__ = ["BATCH", "Job", "JobQueue", "drain", "picks_key", "process_alive", "queue_name",
+__all__ = ["BATCH", "POLL_S", "Job", "JobQueue", "drain", "picks_key", "process_alive", "queue_name",
            "worker_id"]

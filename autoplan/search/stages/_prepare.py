@@ -25,14 +25,12 @@ from autoplan.models._cache import cache_root
 from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
-from autoplan.search.measurement_cache import measurement_store
-from autoplan.search.preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform, in_memory_only
+from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
-from autoplan.search.request import SearchRequest
-from autoplan.search.space import SearchSpace, build_space
-from autoplan.search.tables import Tables, build_tables
-from autoplan.search.verify import SharedMeasurements, Verifier
+from autoplan.search.stages._preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform, in_memory_only
+from autoplan.search.stages._request import SearchRequest
+from autoplan.search.verify import SharedMeasurements, Verifier, build_gates, measurement_store
 from autoplan.sensitivity import SensitivityProfile, calibration_key
 from autoplan.streaming import open_model
 from autoplan.streaming.runner import ModelRunner, workload_of
@@ -114,25 +112,9 @@ def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
         loaded, space, req.workload, threads=req.threads, progress=rep.note)
 
 
-def build_gates(req: SearchRequest, loaded: LoadedModel) -> list:
-    """The gates the budgets name (long-context check, lm-eval tasks), ready to score."""
-    gates, seen = [], set()
-    for b in req.budgets:
-        if b.metric != "gate" or b.name in seen:
-            continue
-        seen.add(b.name)
-        if b.name == "longctx":
-            from autoplan.quality.longctx import LongContextGate
-
-            gates.append(LongContextGate(loaded.tokenizer, loaded.model, max_len=b.max_len,
-                                         seed=req.seed))
-        else:
-            from autoplan.quality.lmeval import LmEvalGate
-
-            gates.append(LmEvalGate(b.name.removeprefix("lm-eval:"), loaded.tokenizer,
-                                    include_path=req.lmeval_tasks, limit=req.lmeval_limit,
-                                    seed=req.seed))
-    return gates
+def _gates(req: SearchRequest, loaded: LoadedModel) -> list:
+    return build_gates(req.budgets, loaded, seed=req.seed, lmeval_tasks=req.lmeval_tasks,
+                       lmeval_limit=req.lmeval_limit)
 
 
 @dataclass(frozen=True)
@@ -209,7 +191,7 @@ def profile_spaces(req: SearchRequest, runner: ModelRunner, calib: list[torch.Te
 def model_work(req: SearchRequest, runner: ModelRunner, data: TextDataset,
                rep: Reporter, gates: list | None = None) -> ModelWork:
     """The evaluator of the original model (measured once, with the KL slices and the
-    budgets' gates, `build_gates` unless given) with its verification cache: empty in memory,
+    budgets' gates unless given) with its verification cache: empty in memory,
     backed by the measurements of earlier runs on disk (`measurement_cache`)."""
     calib = list(data.calib.split(CALIB_BATCH))
     budget = req.budget
@@ -218,7 +200,7 @@ def model_work(req: SearchRequest, runner: ModelRunner, data: TextDataset,
     rep.stage("measuring the original model")
     wants_slices = req.slices or any(b.metric == "slice" for b in req.budgets)
     extra = {} if runner.execution == "stream" else {  # refused with gates in open_model_work
-        "gates": build_gates(req, loaded) if gates is None else gates,
+        "gates": _gates(req, loaded) if gates is None else gates,
         "slices": build_slices(loaded.tokenizer) if wants_slices else None}
     evaluator = runner.evaluator(data.eval, calib_batches=calib, suite=suite,
                                  cache_dir=cache_root() / "references", **extra)
@@ -265,7 +247,7 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter,
     space = platform_space(req, platform, runner.loaded)
     calib = list(data.calib.split(CALIB_BATCH))
     # a task whose data is not here, or too little recovery text, fails now, in seconds
-    gates = build_gates(req, runner.loaded)
+    gates = _gates(req, runner.loaded)
     text = recovery_text(req.recovery, runner.loaded.tokenizer) if req.recovery else None
     if profile is None:
         profile = profile_spaces(req, runner, calib, [space], rep)
@@ -273,6 +255,6 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter,
     return prepare_platform(req, platform, work, space, profile, rep, recovery=text)
 
 
-__all__ = ["CALIB_BATCH", "ModelWork", "Prepared", "build_gates", "model_work",
+__all__ = ["CALIB_BATCH", "ModelWork", "Prepared", "model_work",
            "open_model_work", "platform_space", "prepare", "prepare_platform", "profile_spaces",
            "study_name"]

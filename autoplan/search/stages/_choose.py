@@ -12,10 +12,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from autoplan.plan import schema as ps
-from autoplan.search.knapsack import solve_exact
-from autoplan.search.prepare import Prepared
+from autoplan.search.optimize import solve_exact
 from autoplan.search.reporter import Reporter
-from autoplan.search.rounds import Rounds
+from autoplan.search.stages._prepare import Prepared
+from autoplan.search.stages._rounds import Rounds
 from autoplan.search.verify import Measurement
 from autoplan.textenum import TextEnum
 

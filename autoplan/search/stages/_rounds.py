@@ -6,7 +6,7 @@ real model, and stops once the best passing measurement is the round's best sear
 measurement, the limit tightened, and a shorter study continues from the stored trials.
 
 With a job queue (any stored search), each round's batches and its candidates' measurements
-are jobs that `autoplan worker` processes claim too (jobs.py): this process runs what no
+are jobs that `autoplan worker` processes claim too (search.jobs): this process runs what no
 worker has claimed and waits for the rest, so the rounds' decisions are taken here, once.
 """
 
@@ -17,10 +17,16 @@ from dataclasses import asdict, dataclass, field
 
 from autoplan.quality.evaluator import QualityResult
 from autoplan.search.jobs import Job, JobQueue, drain
-from autoplan.search.owl import lagrangian_allocations, owl_allocations
-from autoplan.search.prepare import Prepared
+from autoplan.search.optimize import (
+    Candidate,
+    StudyConfig,
+    StudyResult,
+    lagrangian_allocations,
+    owl_allocations,
+    run_study,
+)
 from autoplan.search.reporter import Reporter
-from autoplan.search.study import Candidate, StudyConfig, StudyResult, run_study
+from autoplan.search.stages._prepare import Prepared
 from autoplan.search.verify import Measurement
 
 SAFETY = 0.9  # aim the surrogate limit 10% inside the calibrated budget

@@ -5,7 +5,7 @@ a slice's KL (`kl:numbers<=0.1`), the long-context check (`longctx>=-5`, or
 Each budget has a measured "badness" (0 for the original model, higher is worse) and a
 limit on it. The search constrains the additive surrogate (KL nats/token); the relation
 between surrogate and badness starts from a prior slope and is re-fitted from every real
-measurement (see calibration in run.py), so budgets in ppl or suite points work the same way.
+measurement (`stages._rounds`), so budgets in ppl or suite points work the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,9 @@ from autoplan.errors import UserInputError
 
 if TYPE_CHECKING:  # no torch for the CLI's budget parsing
     from autoplan.quality.evaluator import QualityResult
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 _KL = re.compile(r"^kl\s*<=\s*(?P<v>\d*\.?\d+(?:e-?\d+)?)$", re.I)
 _PPL = re.compile(r"^ppl\s*<=\s*\+?(?P<v>\d*\.?\d+)\s*(?P<pct>%?)$", re.I)
@@ -138,4 +142,25 @@ def parse_budgets(texts: str | tuple[str, ...] | list[str]) -> tuple[QualityBudg
     return tuple(b if isinstance(b, QualityBudget) else QualityBudget.parse(b) for b in items)
 
 
-__all__ = ["SLICE_NAMES", "QualityBudget", "parse_budgets"]
+def build_gates(budgets: tuple[QualityBudget, ...], loaded: LoadedModel, *, seed: int,
+                lmeval_tasks: str | None = None, lmeval_limit: int | None = None) -> list:
+    """The gates the budgets name (long-context check, lm-eval tasks), ready to score."""
+    gates, seen = [], set()
+    for b in budgets:
+        if b.metric != "gate" or b.name in seen:
+            continue
+        seen.add(b.name)
+        if b.name == "longctx":
+            from autoplan.quality.longctx import LongContextGate
+
+            gates.append(LongContextGate(loaded.tokenizer, loaded.model, max_len=b.max_len,
+                                         seed=seed))
+        else:
+            from autoplan.quality.lmeval import LmEvalGate
+
+            gates.append(LmEvalGate(b.name.removeprefix("lm-eval:"), loaded.tokenizer,
+                                    include_path=lmeval_tasks, limit=lmeval_limit, seed=seed))
+    return gates
+
+
+__all__ = ["SLICE_NAMES", "QualityBudget", "build_gates", "parse_budgets"]

@@ -23,7 +23,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autoplan.search.tables import Tables
+from autoplan.search.optimize._tables import Tables
 
 
 class ExchangeSampler(optuna.samplers.BaseSampler):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplan.search.tables import Tables
+from autoplan.search.optimize._tables import Tables
 from autoplan.sensitivity import SensitivityProfile
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autoplan.search.sampler import ExchangeSampler
+from autoplan.search.optimize._sampler import ExchangeSampler
 
 CONSTRAINT_KEY = "constraints:quality"  # where Trial.set_constraint("quality", v) puts v
 

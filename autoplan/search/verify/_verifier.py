@@ -23,10 +23,9 @@ from autoplan.compress import CompressionSettings, audit_digests, collect_stats,
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.quality.evaluator import QualityEvaluator, QualityResult, original_quality
-from autoplan.search.budget import QualityBudget
-from autoplan.search.measurement_cache import MeasurementStore
-from autoplan.search.space import SearchSpace
-from autoplan.search.tables import Tables
+from autoplan.search.optimize import SearchSpace, Tables
+from autoplan.search.verify._budget import QualityBudget
+from autoplan.search.verify._measurement_cache import MeasurementStore
 from autoplan.sensitivity.executor import Executor, SerialExecutor
 from autoplan.streaming.device import is_out_of_memory
 from autoplan.streaming.evaluate import StreamedCandidate, StreamedEvaluator, evaluate_group

@@ -1,8 +1,8 @@
 """`autoplan worker`: join a running search and take its jobs (trial batches, measurements).
 
 A worker is given the storage and the study name only. It waits for the search to record
-its request (record.py), rebuilds the same inputs (the driver's profile and kernel times,
-its own copy of the model, checked by hash), then claims jobs from the queue (jobs.py)
+its request (_record.py), rebuilds the same inputs (the driver's profile and kernel times,
+its own copy of the model, checked by hash), then claims jobs from the queue (search.jobs)
 until the search is done: batches of surrogate trials, each stored as it finishes, and
 candidates to measure on the real model. It never writes a plan. Killed, it loses only the
 trial it was running: its batch is re-queued (at once on this machine, after the grace
@@ -21,15 +21,27 @@ from optuna.storages import BaseStorage
 from autoplan.backends.registry import resolve_target
 from autoplan.errors import UserInputError
 from autoplan.runtimes import get_runtime
-from autoplan.search.jobs import POLL_S, Job, JobQueue, queue_name
-from autoplan.search.preflight import Platform, check_model
-from autoplan.search.prepare import Prepared, prepare
-from autoplan.search.record import check_same_inputs, request_from_record
+from autoplan.search.jobs import (
+    POLL_S,
+    Job,
+    JobQueue,
+    check_storage,
+    journal_path,
+    open_storage,
+    queue_name,
+    redact,
+)
+from autoplan.search.optimize import RoundStudy, StudyConfig, run_batch
 from autoplan.search.reporter import Reporter
-from autoplan.search.request import ExecutionSettings
-from autoplan.search.rounds import run_verify_jobs
-from autoplan.search.storage import check_storage, journal_path, open_storage, redact
-from autoplan.search.study import RoundStudy, StudyConfig, run_batch
+from autoplan.search.run._record import check_same_inputs, request_from_record
+from autoplan.search.stages import (
+    ExecutionSettings,
+    Platform,
+    Prepared,
+    check_model,
+    prepare,
+    run_verify_jobs,
+)
 from autoplan.streaming.device import resolve_device
 
 

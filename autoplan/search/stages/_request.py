@@ -24,7 +24,7 @@ from autoplan.cost.report import Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.recover.settings import RecoverySettings
-from autoplan.search.budget import QualityBudget, parse_budgets
+from autoplan.search.verify import QualityBudget, parse_budgets
 from autoplan.streaming.runner import ExecutionSettings
 from autoplan.workload import Workload
 

@@ -21,17 +21,19 @@ from dataclasses import dataclass, field
 
 from autoplan.plan import schema as ps
 from autoplan.plan.io import save_plan
-from autoplan.search.build import build_plan
-from autoplan.search.choose import certify, choose
-from autoplan.search.jobs import JobQueue
-from autoplan.search.preflight import KERNEL_TABLES, preflight
-from autoplan.search.prepare import prepare
-from autoplan.search.record import request_record
+from autoplan.search.jobs import JobQueue, open_storage
 from autoplan.search.recovery import work_dir_for
 from autoplan.search.reporter import Reporter
-from autoplan.search.request import CostTable, ExecutionSettings, SearchRequest, parse_choices
-from autoplan.search.rounds import run_rounds
-from autoplan.search.storage import open_storage
+from autoplan.search.run._record import request_record
+from autoplan.search.stages import (
+    SearchRequest,
+    build_plan,
+    certify,
+    choose,
+    preflight,
+    prepare,
+    run_rounds,
+)
 
 
 @dataclass
@@ -69,5 +71,4 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
     return SearchOutcome(plan, rounds.front)
 
 
-__all__ = ["KERNEL_TABLES", "CostTable", "ExecutionSettings", "Reporter", "SearchOutcome",
-           "SearchRequest", "parse_choices", "run_search"]
+__all__ = ["SearchOutcome", "run_search"]

@@ -2,7 +2,7 @@
 
 Everything the search evaluates per trial is a sum over units of entries of these tables,
 so a trial costs microseconds and the exact optimum of the additive problem is computable
-(knapsack.py). Times come from the cost model for the workload; quality costs from the
+(_knapsack.py). Times come from the cost model for the workload; quality costs from the
 sensitivity profile (KL nats per token). The baseline choice costs 0 by definition: it is
 the reference the plan's quality is measured against.
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from autoplan.cost.model import CostModel
 from autoplan.formats import Choice
-from autoplan.search.space import SearchSpace
+from autoplan.search.optimize._space import SearchSpace
 from autoplan.sensitivity import SensitivityProfile
 
 

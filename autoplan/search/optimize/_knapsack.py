@@ -17,7 +17,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 
 from autoplan.errors import AutoplanError
-from autoplan.search.tables import Tables
+from autoplan.search.optimize._tables import Tables
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from autoplan.cost.operating import OperatingPoint, resolve_operating_point
 from autoplan.errors import UserInputError
 from autoplan.quality.text import check_text_source
 from autoplan.runtimes import default_runtime, get_runtime
-from autoplan.search.request import SearchRequest
-from autoplan.search.storage import check_storage, default_storage_url, redact
+from autoplan.search.jobs import check_storage, default_storage_url, redact
+from autoplan.search.stages._request import SearchRequest
 from autoplan.search.writable import check_writable_file
 from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
@@ -89,7 +89,7 @@ def operating_point(req: SearchRequest, target: Target) -> OperatingPoint | None
     from autoplan.cost.model import CostModel
     from autoplan.formats import Choice
     from autoplan.models.loader import load_spec
-    from autoplan.search.space import load_space_file
+    from autoplan.search.optimize import load_space_file
 
     spec = load_spec(req.model)
     baseline = Choice.parse(load_space_file(target.platform).baseline)

@@ -1,0 +1,95 @@
+"""The stages of a search, each a function over typed values (see `autoplan.search`).
+
+    SearchRequest                                  request: every input, checked when built
+    preflight(req) -> Platform                     refusals before any work
+    prepare(req, platform, rep) -> Prepared        model, space, profile, cost, tables, verifier
+    run_rounds(prep, rep, queue) -> Rounds         study -> verify -> refit, round by round
+    choose(prep, rounds, rep) -> Chosen            the fallback policy
+    certify(prep, rounds, rep) -> Certificate      the exact optimum and the gap to it
+    build_plan(prep, rounds, chosen, cert, wall_s) -> Plan
+"""
+
+from __future__ import annotations
+
+from autoplan.search.stages._build import SpeedSource, build_plan
+from autoplan.search.stages._choose import Chosen, Outcome, best_uniform, choose, certify
+from autoplan.search.stages._preflight import (
+    KERNEL_TABLES,
+    Platform,
+    check_model,
+    in_memory_only,
+    measures_kernels,
+    operating_point,
+    preflight,
+)
+from autoplan.search.stages._prepare import (
+    CALIB_BATCH,
+    ModelWork,
+    Prepared,
+    model_work,
+    open_model_work,
+    platform_space,
+    prepare,
+    prepare_platform,
+    profile_spaces,
+    study_name,
+)
+from autoplan.search.stages._request import (
+    MAX_SEED,
+    CostTable,
+    ExecutionSettings,
+    SearchRequest,
+    at_least,
+    parse_choices,
+)
+from autoplan.search.stages._rounds import (
+    RECOVERED_SLOPE,
+    SAFETY,
+    Rounds,
+    measurement_result,
+    round_study_name,
+    run_rounds,
+    run_verify_jobs,
+)
+from autoplan.search.stages._scope import profile_scope
+
+__all__ = [
+    "CALIB_BATCH",
+    "Chosen",
+    "CostTable",
+    "ExecutionSettings",
+    "KERNEL_TABLES",
+    "MAX_SEED",
+    "ModelWork",
+    "Outcome",
+    "Platform",
+    "Prepared",
+    "RECOVERED_SLOPE",
+    "Rounds",
+    "SAFETY",
+    "SearchRequest",
+    "SpeedSource",
+    "at_least",
+    "best_uniform",
+    "build_plan",
+    "certify",
+    "check_model",
+    "choose",
+    "in_memory_only",
+    "measurement_result",
+    "measures_kernels",
+    "model_work",
+    "open_model_work",
+    "operating_point",
+    "parse_choices",
+    "platform_space",
+    "preflight",
+    "prepare",
+    "prepare_platform",
+    "profile_scope",
+    "profile_spaces",
+    "round_study_name",
+    "run_rounds",
+    "run_verify_jobs",
+    "study_name",
+]
