@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table
 
+from autoplan.cli._args import positive_int, seed_in_range
 from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
@@ -47,10 +48,12 @@ def _table(c: Comparison) -> Table:
         fits = "" if p.get("fits") else " [red]NO FIT[/red]"
         table.add_row(
             name, f"{r.batch:,}", _fmt(p.get("tokens_per_s"), ",.0f"),
-            _fmt(b.get("tokens_per_s"), ",.0f"), _fmt(p.get("ttft_s"), ",.2f", 1e3),
+            _fmt(b.get("tokens_per_s"), ",.0f") if b.get("fits", True)
+            else "[red]does not fit[/red]", _fmt(p.get("ttft_s"), ",.2f", 1e3),
             _fmt(p.get("tpot_s"), ",.3f", 1e3), _fmt(p.get("usd_per_1m_tokens"), ",.4f"),
             _fmt(p.get("energy_j_per_token"), ",.4f"), _fmt(p.get("memory_gb"), ",.2f") + fits,
-            _fmt(r.kl, ".4f"), _fmt(r.gain_over_baseline, ".3f") + "x",
+            _fmt(r.kl, ".4f"),
+            "-" if r.gain_over_baseline is None else _fmt(r.gain_over_baseline, ".3f") + "x",
             (_fmt(r.gain_over_best_uniform, ".3f") + "x") if r.gain_over_best_uniform else "-",
             summarize_refused(r.not_accelerated))
     return table
@@ -91,8 +94,13 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
             ttft_ms, tpot_ms, trials, seed, out, prune_score, quant_method, text, choices,
             device, execution, offload_dir, trust_remote_code, as_json, quiet) -> None:
     """Plan one model under one budget for several targets; rank them in one table."""
+    from autoplan.atomic import check_writable_dir
     from autoplan.backends.registry import resolve_target
     from autoplan.search import QualityBudget
+
+    check_writable_dir(out)  # run_compare checks it again, and that it is not a file
+    positive_int("trials", trials)
+    seed_in_range(seed)
 
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 32)
     parsed = QualityBudget.parse(budget)

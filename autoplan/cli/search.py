@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autoplan.cli._args import finite_non_negative
+from autoplan.cli._args import finite_non_negative, positive_int, seed_in_range
 from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._plan_view import render
@@ -82,13 +82,16 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
 
     from autoplan.backends.registry import resolve_target
     from autoplan.errors import UserInputError
-    from autoplan.search import QualityBudget
+    from autoplan.search import QualityBudget, check_writable_file
     from autoplan.workload import Workload
 
     # what the arguments alone show to be wrong, before the search stack is imported
     # (torch, transformers, Optuna: seconds); run_search checks all of it again
+    positive_int("trials", trials)
+    seed_in_range(seed)
     budget = QualityBudget.parse(budgets[0])
     resolve_target(target)
+    check_writable_file(out, "plan", "pass --out FILE in a writable folder")
 
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 32)
     try:  # a placeholder batch when it is resolved per target (max / SLO)

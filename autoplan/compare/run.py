@@ -20,7 +20,6 @@ from typing import Any
 
 from autoplan.atomic import check_writable_dir, write_json_atomic
 from autoplan.compare.request import CompareEntry, CompareRequest
-from autoplan.cost.model import CostModel
 from autoplan.cost.operating import NoOperatingPoint
 from autoplan.cost.report import DIRECTION
 from autoplan.errors import UserInputError
@@ -34,7 +33,6 @@ from autoplan.search import (
     build_plan,
     certify,
     choose,
-    load_space_file,
     preflight,
     run_rounds,
 )
@@ -121,32 +119,14 @@ class _Prefixed(Reporter):
         self.inner.note(f"{self.prefix}: {text}")
 
 
-def _fixed_fit(req: SearchRequest, platform: Platform) -> NoOperatingPoint | None:
-    """For a fixed batch: None when the uncompressed model fits, else why not (with bytes)."""
-    if platform.point is not None:
-        return None  # resolved by the operating point, which checked the memory
-    from autoplan.models.loader import load_spec
-
-    spec = load_spec(req.model)
-    baseline = Choice.parse(load_space_file(platform.target.platform).baseline)
-    cm = CostModel(spec, platform.target, req.workload, baseline=baseline)
-    mem = cm.memory(cm.resolve(None))
-    if mem.fits:
-        return None
-    return NoOperatingPoint(
-        f"at batch {req.workload.batch} the uncompressed model needs {mem.total_bytes / 1e9:,.2f}"
-        f" GB (weights {mem.weights_bytes / 1e9:,.2f}, KV cache {mem.kv_cache_bytes / 1e9:,.2f})"
-        f" but {mem.capacity_bytes / 1e9:,.2f} GB is usable", mem.total_bytes, mem.capacity_bytes)
-
-
 def _row_of(entry: CompareEntry, plan: ps.Plan, platform: Platform, dropped: dict[str, str],
             wall_s: float, file: str) -> Row:
     pred = plan.predicted
     counts: dict[str, int] = {}
     for c in plan.decisions.values():
         counts[c] = counts.get(c, 0) + 1
-    gain = None
-    if pred["baseline"].tokens_per_s > 0:
+    gain = None  # over a baseline that cannot run there: none
+    if pred["baseline"].fits and pred["baseline"].tokens_per_s > 0:
         gain = pred["plan"].tokens_per_s / pred["baseline"].tokens_per_s
     return Row(entry.target, entry.runtime, "ok", plan_file=file, batch=plan.workload["batch"],
                operating_point=platform.point.detail if platform.point else
@@ -184,9 +164,8 @@ def run_compare(req: CompareRequest, reporter: Reporter | None = None) -> Compar
     rows: list[Row] = []
     live: list[tuple[CompareEntry, SearchRequest, Platform]] = []
     for entry, sub in subs:  # every entry checked before the model is loaded
-        try:
-            platform = preflight(sub)
-            unfit = _fixed_fit(sub, platform)
+        try:  # a baseline that does not fit leaves the formats that do (Platform.unfit)
+            platform, unfit = preflight(sub), None
         except NoOperatingPoint as exc:
             platform, unfit = None, exc
         if unfit is not None:
@@ -215,6 +194,8 @@ def run_compare(req: CompareRequest, reporter: Reporter | None = None) -> Compar
         for (entry, sub, platform), space in zip(live, spaces, strict=True):
             t_entry = time.perf_counter()
             sub_rep = _Prefixed(rep, entry.name)
+            if platform.unfit is not None:
+                sub_rep.note(platform.unfit.describe(platform.target.name))
             prep = prepare_platform(sub, platform, work, space, profile, sub_rep)
             rounds = run_rounds(prep, sub_rep)
             chosen = choose(prep, rounds, sub_rep)

@@ -65,6 +65,11 @@ def run_search(req: SearchRequest, reporter: Reporter | None = None) -> SearchOu
         certificate = certify(prep, rounds, rep)
         plan = build_plan(prep, rounds, chosen, certificate, time.perf_counter() - t_start)
         save_plan(plan, req.out)
+        if platform.unfit is not None and not plan.predicted["plan"].fits:
+            rep.note(f"warning: the plan keeps layers at {platform.unfit.baseline} and needs "
+                     f"{plan.predicted['plan'].memory_gb:,.1f} GB, more than "
+                     f"{platform.unfit.usable_bytes / 1e9:,.1f} GB usable on {platform.target.name}"
+                     f": loosen the budget, or pass --choices without the 16-bit formats")
         if req.recovery is not None:  # the chosen pass's weights now lie beside the plan
             shutil.rmtree(work_dir_for(req.out), ignore_errors=True)
         queue.set_attr("done", True)  # workers stop

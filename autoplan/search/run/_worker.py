@@ -15,8 +15,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from optuna.storages import BaseStorage
+from typing import TYPE_CHECKING
 
 from autoplan.backends.registry import resolve_target
 from autoplan.errors import UserInputError
@@ -31,18 +30,14 @@ from autoplan.search.jobs import (
     queue_name,
     redact,
 )
-from autoplan.search.optimize import RoundStudy, StudyConfig, run_batch
 from autoplan.search.reporter import Reporter
-from autoplan.search.run._record import check_same_inputs, request_from_record
-from autoplan.search.stages import (
-    ExecutionSettings,
-    Platform,
-    Prepared,
-    check_model,
-    prepare,
-    run_verify_jobs,
-)
-from autoplan.streaming.device import resolve_device
+from autoplan.streaming.settings import ExecutionSettings
+
+if TYPE_CHECKING:  # the search stack (torch, the study) is imported once a search is found
+    from optuna.storages import BaseStorage
+
+    from autoplan.search.optimize import RoundStudy, StudyConfig
+    from autoplan.search.stages import Platform, Prepared
 
 
 @dataclass
@@ -77,6 +72,8 @@ def _wait_for_record(open_store: Callable[[], BaseStorage | None], study: str, l
                                  f"start `autoplan search --storage URL --study {study}` (the "
                                  "study name its plan and progress show), then the worker")
         if not waiting:  # said only when there is something to wait for
+            rep.note(f"no search named {study} in {label} yet: waiting up to {wait_s:g} s "
+                     "for it to start (--wait)")
             rep.stage(f"waiting for search {study}")
             waiting = True
         time.sleep(1.0)
@@ -97,6 +94,8 @@ def _opener(url: str) -> Callable[[], BaseStorage | None]:
 
 
 def _platform(rec: dict, storage: BaseStorage, label: str) -> Platform:
+    from autoplan.search.stages import Platform, check_model
+
     target = resolve_target(rec["target"])
     runtime = get_runtime(rec["runtime"]).name
     check_model(rec["model"], runtime)
@@ -114,6 +113,8 @@ def run_worker(storage: str | BaseStorage, study: str,
             `wait_s`, or this machine's model or text differ from the search's.
     """
     rep = reporter or Reporter()
+    from autoplan.streaming.device import resolve_device
+
     resolve_device((execution or ExecutionSettings()).device)  # before any waiting
     if isinstance(storage, str):
         check_storage(storage)
@@ -122,6 +123,10 @@ def run_worker(storage: str | BaseStorage, study: str,
         label, given = type(storage).__name__, storage
         open_store = lambda: given  # noqa: E731
     storage, queue, rec = _wait_for_record(open_store, study, label, wait_s, rep)
+    from autoplan.search.optimize import RoundStudy, run_batch
+    from autoplan.search.run._record import check_same_inputs, request_from_record
+    from autoplan.search.stages import prepare, run_verify_jobs
+
     req, profile = request_from_record(rec, storage, execution or ExecutionSettings())
     prep = prepare(req, _platform(rec, storage, label), rep, profile=profile)
     check_same_inputs(rec, prep)
@@ -167,6 +172,8 @@ def run_worker(storage: str | BaseStorage, study: str,
 def _config(prep: Prepared, name: str) -> StudyConfig:
     """The round study's config in a worker: the driver's objective, a sampler seeded for
     this process (workers sharing one seed would propose the same moves)."""
+    from autoplan.search.optimize import StudyConfig
+
     req = prep.req
     return StudyConfig(req.objective, req.trials, int.from_bytes(os.urandom(4), "little") >> 1,
                        name, None, req.multi_objective)

@@ -16,12 +16,13 @@ from autoplan.backends.registry import resolve_target as get_target
 from autoplan.cost.operating import OperatingPoint, resolve_operating_point
 from autoplan.errors import UserInputError
 from autoplan.quality.text import check_text_source
-from autoplan.runtimes import default_runtime, get_runtime
+from autoplan.runtimes import default_runtime, get_runtime, supports
 from autoplan.search.jobs import check_storage, default_storage_url, redact
 from autoplan.search.stages._request import SearchRequest
 from autoplan.search.writable import check_writable_file
 from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
+from autoplan.workload import Workload
 
 # Runtimes whose kernels --measure-kernels times on this machine, and what times them.
 KERNEL_TABLES = {"onnxruntime": ("ONNX Runtime", "autoplan.backends.cpu.predict"),
@@ -40,6 +41,25 @@ class Platform:
     storage: BaseStorage | str  # an Optuna storage object, or a URL checked and reachable
     storage_label: str  # for the plan: the URL without its password, or the object's type
     point: OperatingPoint | None = None  # the resolved `--batch max` / SLO operating point
+    unfit: UnfitBaseline | None = None  # the uncompressed model does not fit the target
+
+
+@dataclass(frozen=True)
+class UnfitBaseline:
+    """The uncompressed model does not fit the target (at batch 1, or at the fixed batch):
+    the search plans with the formats no larger than `reference`, the largest whose uniform
+    recipe (protected layers at the baseline) fits, at the batch where that recipe fits."""
+
+    baseline: str
+    needed_bytes: float
+    usable_bytes: float
+    reference: str
+
+    def describe(self, target: str) -> str:
+        return (f"the uncompressed model ({self.baseline}) does not fit on {target}: it needs "
+                f"{self.needed_bytes / 1e9:,.2f} GB, {self.usable_bytes / 1e9:,.2f} GB is "
+                f"usable; planning with formats no larger than {self.reference}, whose "
+                "uniform recipe fits")
 
 
 def measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:
@@ -80,24 +100,94 @@ def check_model(model: str, runtime: str) -> None:
     check_loadable(model)  # weights present and whole, a GGUF readable: headers only
 
 
-def operating_point(req: SearchRequest, target: Target) -> OperatingPoint | None:
-    """The request's `--batch max` / SLO operating point on this target, from the model's
-    config alone, for the uncompressed baseline of the target's search space (so every plan
-    fits there too); None when the workload's batch is fixed."""
-    if req.operating is None or req.operating.mode == "fixed":
-        return None
+def operating_point(req: SearchRequest, target: Target, runtime: str | None = None
+                    ) -> tuple[OperatingPoint | None, UnfitBaseline | None]:
+    """The request's `--batch max` / SLO operating point on this target (None when the batch
+    is fixed), from the model's config alone, for the uncompressed baseline of the target's
+    search space, so every plan fits there too.
+
+    When the baseline does not fit at all (at batch 1, or at the fixed batch), the point is
+    resolved for the largest format the runtime accelerates whose uniform recipe fits
+    (`UnfitBaseline` says which): the baseline never blocks the formats that fit.
+
+    Raises:
+        NoOperatingPoint: not even the smallest format fits, or nothing meets the SLO.
+    """
     from autoplan.cost.model import CostModel
+    from autoplan.cost.operating import NoOperatingPoint
     from autoplan.formats import Choice
     from autoplan.models.loader import load_spec
     from autoplan.search.optimize import load_space_file
 
+    fixed = req.operating is None or req.operating.mode == "fixed"
     spec = load_spec(req.model)
-    baseline = Choice.parse(load_space_file(target.platform).baseline)
+    sf = load_space_file(target.platform)
+    baseline = Choice.parse(sf.baseline)
     measured = req.cost_table.document if req.cost_table else None
-    return resolve_operating_point(
-        spec, target, None, req.operating,
-        model_for=lambda w: CostModel(spec, target, w, price_per_hour=req.price_per_hour,
-                                      measured=measured, baseline=baseline))
+
+    def model_for(w: Workload) -> CostModel:
+        return CostModel(spec, target, w, price_per_hour=req.price_per_hour,
+                         measured=measured, baseline=baseline)
+
+    def resolve(decisions: dict | None) -> OperatingPoint | None:
+        if fixed:  # a fixed batch: does it fit there?
+            cm = model_for(req.workload)
+            mem = cm.memory(cm.resolve(decisions))
+            if not mem.fits:
+                raise NoOperatingPoint(f"at batch {req.workload.batch} it needs "
+                                       f"{mem.total_bytes / 1e9:,.2f} GB",
+                                       mem.total_bytes, mem.capacity_bytes)
+            return None
+        return resolve_operating_point(spec, target, decisions, req.operating,
+                                       model_for=model_for)
+
+    try:
+        return resolve(None), None
+    except NoOperatingPoint as exc:
+        if exc.needed_bytes is None:  # memory is fine; the SLO is what no batch meets
+            raise
+        unfit = exc
+    pool = [Choice.parse(c) for c in sf.candidates] if req.choices is None else list(req.choices)
+    fitting = [c for c in pool if c != baseline and c.sparsity.kind == "dense"
+               and supports(target, runtime or default_runtime(target), c).ok]
+    fitting.sort(key=lambda c: -_weight_bits(c))
+    smallest: NoOperatingPoint | None = None
+    for choice in fitting:
+        decisions = {la.name: baseline if la.role in sf.protect_roles else choice
+                     for la in spec.layers}
+        try:
+            point = resolve(decisions)
+        except NoOperatingPoint as exc:
+            if exc.needed_bytes is None:
+                raise
+            smallest = exc
+            continue
+        return point, UnfitBaseline(str(baseline), unfit.needed_bytes, unfit.usable_bytes,
+                                    str(choice))
+    if smallest is None:
+        raise unfit
+    at = f"batch {req.workload.batch}" if fixed else "batch 1"
+    raise NoOperatingPoint(
+        f"nothing fits on {target.name} at {at}: the uncompressed model needs "
+        f"{unfit.needed_bytes / 1e9:,.2f} GB and even {fitting[-1]} everywhere "
+        f"{smallest.needed_bytes / 1e9:,.2f} GB, {unfit.usable_bytes / 1e9:,.2f} GB is "
+        "usable: shorten the lengths, lower --batch, or pick a target with more memory",
+        unfit.needed_bytes, unfit.usable_bytes)
+
+
+def _weight_bits(choice) -> float:  # noqa: ANN001 - a Choice
+    """Stored bits per weight of a dense format (values and scales)."""
+    info = choice.precision.info
+    return info.value_bits + info.scale_bits
+
+
+def fits_reference(choice, reference: str) -> bool:  # noqa: ANN001 - a Choice
+    """Whether `choice` stores a weight in no more bits than `reference` (pruned formats
+    store fewer values, counted by their density)."""
+    from autoplan.formats import Choice
+
+    return _weight_bits(choice) * choice.sparsity.density <= _weight_bits(
+        Choice.parse(reference)) + 1e-9
 
 
 def _check_onnx_exportable(model: str) -> None:
@@ -168,10 +258,11 @@ def preflight(req: SearchRequest) -> Platform:
     check_model(req.model, runtime)
     check_text_source(req.text)  # a missing calibration file, before the model loads
     _check_gates(req, measure)
-    point = operating_point(req, target)  # config only; "nothing fits" is refused here
+    # config only: "nothing fits" is refused here; a baseline that does not fit is not
+    point, unfit = operating_point(req, target, runtime)
     storage, label = _storage(req)  # last: opening an SQLite URL creates its file
-    return Platform(target, runtime, measure, storage, label, point)
+    return Platform(target, runtime, measure, storage, label, point, unfit)
 
 
-__all__ = ["KERNEL_TABLES", "Platform", "check_model", "in_memory_only", "measures_kernels",
-           "operating_point", "preflight"]
+__all__ = ["KERNEL_TABLES", "Platform", "UnfitBaseline", "check_model", "fits_reference",
+           "in_memory_only", "measures_kernels", "operating_point", "preflight"]

@@ -25,10 +25,11 @@ from autoplan.models._cache import cache_root
 from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
-from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables
+from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables, load_space_file
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._preflight import KERNEL_TABLES, ONNX_RUNTIME, Platform, in_memory_only
+from autoplan.search.stages._preflight import (KERNEL_TABLES, ONNX_RUNTIME, Platform,
+                                               fits_reference, in_memory_only)
 from autoplan.search.stages._request import SearchRequest
 from autoplan.search.verify import SharedMeasurements, Verifier, build_gates, measurement_store
 from autoplan.sensitivity import SensitivityProfile, calibration_key
@@ -159,10 +160,14 @@ def platform_space(req: SearchRequest, platform: Platform, loaded: LoadedModel) 
         from autoplan.backends.cpu.onnx_graph import check_supported
 
         check_supported(loaded.model.config)
+    candidates = list(req.choices) if req.choices else None
+    if platform.unfit is not None:  # only formats no larger than the one whose recipe fits
+        pool = candidates or [Choice.parse(c) for c in
+                              load_space_file(platform.target.platform).candidates]
+        candidates = [c for c in pool if fits_reference(c, platform.unfit.reference)]
     return build_space(loaded.spec, platform.target, platform.runtime,
                        protect_first_block=req.protect_first_block,
-                       protect_last_block=req.protect_last_block,
-                       candidates=list(req.choices) if req.choices else None)
+                       protect_last_block=req.protect_last_block, candidates=candidates)
 
 
 def profile_spaces(req: SearchRequest, runner: ModelRunner, calib: list[torch.Tensor],
@@ -243,6 +248,8 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter,
             profile: SensitivityProfile | None = None) -> Prepared:
     """Load, profile and time everything the study and the verifier need (a worker passes
     the search's `profile`, so its tables are the driver's to the last bit)."""
+    if platform.unfit is not None:
+        rep.note(platform.unfit.describe(platform.target.name))
     runner, data = open_model_work(req, rep, platform.measure_kernels)
     space = platform_space(req, platform, runner.loaded)
     calib = list(data.calib.split(CALIB_BATCH))

@@ -24,6 +24,7 @@ from autoplan.cost.report import Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.recover.settings import RecoverySettings
+from autoplan.search.seeds import MAX_SEED
 from autoplan.search.verify import QualityBudget, parse_budgets
 from autoplan.streaming.runner import ExecutionSettings
 from autoplan.workload import Workload
@@ -31,9 +32,6 @@ from autoplan.workload import Workload
 if TYPE_CHECKING:
     from autoplan.sensitivity.executor import Executor
 
-# Seeds reach torch, numpy (RandomState takes 0 <= seed < 2**32) and Optuna's samplers, and
-# each later round adds its index: a 31-bit range is valid for all of them.
-MAX_SEED = 2**31 - 1
 
 
 @dataclass(frozen=True)
