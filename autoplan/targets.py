@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoplan.errors import AutoplanError, UnknownNameError
+from autoplan.registry import Registry
 from autoplan.textenum import TextEnum
 
 MathDtype = Literal["fp32", "bf16", "fp8", "int8", "int4", "fp4"]
@@ -292,7 +293,7 @@ def _aliases(catalog: dict[str, Target]) -> dict[str, str]:
 
 # Targets a backend measures on this machine (the CPU backend: `local`), name -> factory.
 # Registered by autoplan.backends.registry.load_backends; the catalog imports no backend.
-_MEASURED: dict[str, Callable[[], Target]] = {}
+_MEASURED: Registry[Callable[[], Target]] = Registry("measured target", "rename one")
 
 
 def register_measured_target(name: str, factory: Callable[[], Target]) -> None:
@@ -301,20 +302,21 @@ def register_measured_target(name: str, factory: Callable[[], Target]) -> None:
     Raises:
         AutoplanError: the name is a catalog name or alias, or another factory holds it.
     """
-    key = name.strip().lower()
-    if key in _aliases(load_catalog()) or _MEASURED.get(key, factory) is not factory:
-        raise AutoplanError(f"measured target '{name}' is claimed twice; rename one")
-    _MEASURED[key] = factory
+    if _MEASURED.find(name) is factory:
+        return  # the same backend loaded again
+    if Registry.key(name) in _aliases(load_catalog()):
+        raise AutoplanError(f"measured target '{name}' is a catalog target too: rename one")
+    _MEASURED.register(name, factory)
 
 
 def measured_target_names() -> list[str]:
     """The names of the registered measured targets, sorted."""
-    return sorted(_MEASURED)
+    return _MEASURED.names()
 
 
 def target_names() -> list[str]:
     """Every target name users can pass: the catalog and the measured targets."""
-    return sorted([*load_catalog(), *_MEASURED])
+    return sorted([*load_catalog(), *_MEASURED.names()])
 
 
 def get_target(name: str) -> Target:
@@ -322,7 +324,7 @@ def get_target(name: str) -> Target:
     is measured by its backend on first use, then cached."""
     key = name.strip().lower()
     if key in _MEASURED:
-        return _MEASURED[key]()
+        return _MEASURED.get(key)()
     catalog = load_catalog()
     aliases = _aliases(catalog)
     if key in aliases:

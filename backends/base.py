@@ -5,12 +5,11 @@ A backend is a vendor adapter (nvidia, amd, cpu). Each one says, in one class:
 - ``probe()``: the hardware it finds; never raises (a missing driver is a reason, not an error);
 - ``measured_targets()``: targets it measures itself, registered into the catalog when the
   backend is loaded (the CPU backend yields ``local``);
-- ``supports(target, runtime, choice)``: the runtime matrix's answer (``autoplan.runtimes``),
-  implemented once here, restricted to the platforms the backend drives;
 - ``kernels``: an ordered list of kernels, each with requirement predicates; the first whose
   requirements all hold runs a choice (``select_kernel``), as compressed-tensors picks a
   compressor;
-- ``microbench(rows)``: times (m, n, k, choice) rows on its hardware into a cost table;
+- ``kernel_timer(runtime)``: how a search times its layer shapes with that runtime's own
+  kernels on this machine (a cost table the cost model reads), None when it cannot;
 - ``exporters`` and ``default_format``: the export formats its runtimes load; ``autoplan
   apply`` is ``autoplan export`` with ``default_format``.
 
@@ -21,13 +20,14 @@ nothing on a machine without its hardware.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from autoplan.errors import AutoplanError, UnknownNameError, UnsupportedFormatError
+from autoplan.backends.kernel_timers import KernelTimer, registered_timer
+from autoplan.errors import UnsupportedFormatError
 from autoplan.formats import Choice, format_spec
-from autoplan.runtimes import Support, supports
+from autoplan.registry import Registry
 from autoplan.targets import Target
 
 # (m tokens, n out features, k in features, choice): one GEMM a microbenchmark times.
@@ -115,18 +115,6 @@ class Backend(ABC):
         """Whether this backend runs ``target``'s hardware."""
         return target.platform in self.platforms
 
-    def supports(self, target: Target, runtime: str, choice: Choice) -> Support:
-        """Whether ``runtime`` accelerates ``choice`` on ``target``: the runtime matrix's
-        answer (``autoplan.runtimes.supports``), refused for targets of other platforms."""
-        if not self.drives(target):
-            return Support(
-                False,
-                f"the {self.name} backend drives {', '.join(self.platforms)} targets, not "
-                f"{target.name} ({target.platform}); use the matching backend",
-                f"target:{target.name}",
-            )
-        return supports(target, runtime, choice)
-
     def select_kernel(self, choice: Choice) -> KernelEntry:
         """The first kernel, in order, whose requirements all hold for ``choice``.
 
@@ -143,37 +131,27 @@ class Backend(ABC):
             f"the {self.name} backend has no kernel for {choice} "
             f"({'; '.join(reasons) or 'it lists no kernels'})")
 
-    def microbench(self, rows: Iterable[Row]) -> dict[str, Any]:
-        """Time ``rows`` on this backend's hardware: a cost table (backends/microbench.py's
-        schema: ``rows`` timed, ``skipped`` with one-line reasons). Without the hardware
-        every row is skipped with the probe's reason; nothing raises."""
-        from autoplan.backends.microbench import run_rows, unavailable_table
-
-        rows = list(rows)
-        probe = self.probe()
-        if not probe.available:
-            return unavailable_table(rows, f"{self.name}: {probe.reason}")
-        return run_rows(rows, device="cuda")
+    def kernel_timer(self, runtime: str) -> KernelTimer | None:
+        """How this backend times ``runtime``'s kernels on this machine for a search
+        (``--measure-kernels``), or None when it does not."""
+        return registered_timer(self.name, runtime)
 
 
-_REGISTRY: dict[str, Callable[[], Backend]] = {}
+_BACKENDS: Registry[type[Backend]] = Registry("backend")
 
 
 def register_backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
     """Class decorator: register a backend under a unique name."""
 
     def deco(cls: type[Backend]) -> type[Backend]:
-        if name in _REGISTRY:
-            raise AutoplanError(f"backend '{name}' is registered twice")
-        _REGISTRY[name] = cls
-        return cls
+        return _BACKENDS.register(name, cls)
 
     return deco
 
 
-def registered_backends() -> dict[str, Callable[[], Backend]]:
+def registered_backends() -> dict[str, type[Backend]]:
     """Every backend registered so far (name -> class); ``load_backends`` loads the vendors."""
-    return dict(_REGISTRY)
+    return dict(_BACKENDS.entries)
 
 
 def get_registered(name: str) -> Backend:
@@ -182,9 +160,7 @@ def get_registered(name: str) -> Backend:
     Raises:
         UnknownNameError: no such backend; lists the registered ones.
     """
-    if name not in _REGISTRY:
-        raise UnknownNameError("backend", name, sorted(_REGISTRY))
-    return _REGISTRY[name]()
+    return _BACKENDS.get(name)()
 
 
 __all__ = ["Backend", "KernelEntry", "ProbeResult", "Requirement", "Row", "get_registered",

@@ -19,6 +19,12 @@ def machine_info() -> dict:
             "platform": platform.platform()}
 
 
+def one_line(err: BaseException) -> str:
+    """An exception as one line for a results file: its type and first line, <= 300 chars."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
+
+
 def cpu_flags(wanted: tuple[str, ...] = ("avx2", "avx512f", "avx512bw", "avx512_vnni",
                                           "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
                                           "amx_bf16", "amx_fp16")) -> dict[str, bool]:

@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     info, command = start_run(args.seed, argv)
     from autoplan.engines.llamacpp_quality import llamacpp_quality, llamacpp_reference
     from autoplan.models import load_model
-    from autoplan.models._cache import cache_root
+    from autoplan.cache_dir import cache_root
     from autoplan.search import QualityBudget
 
     out = Path(args.out)

@@ -287,7 +287,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     from autoplan.engines.llamacpp_quality import llamacpp_quality, llamacpp_reference
     from autoplan.engines.serving import stop_on_signals
     from autoplan.models import load_model
-    from autoplan.models._cache import cache_root
+    from autoplan.cache_dir import cache_root
     from autoplan.search import QualityBudget
 
     stop_on_signals()  # SIGTERM / SIGHUP stop the servers like Ctrl-C does

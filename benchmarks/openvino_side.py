@@ -29,7 +29,8 @@ from _worker_client import WorkerGenerator, worker_side
 
 from autoplan.bench import Side
 from autoplan.errors import AutoplanError, UserInputError
-from autoplan.models._cache import atomic_dir, cache_root
+from autoplan.atomic import atomic_new_dir  # noqa: E402
+from autoplan.cache_dir import cache_root
 
 WORKER = Path(__file__).with_name("openvino_worker.py")
 CACHE_VERSION = 1  # bump when the conversion's arguments or layout change
@@ -46,18 +47,21 @@ def export_args(fmt: str, int4_group_size: int) -> list[str]:
 
 
 def convert(python: Path, hf_folder: Path, content_hash: str, fmt: str,
-            int4_group_size: int = 32) -> Path:
+            int4_group_size: int = 32, extra: tuple[str, ...] = ()) -> Path:
     """The OpenVINO IR folder of ``hf_folder`` compressed to ``fmt`` (converted once, cached).
+
+    Args:
+        extra: further optimum-cli arguments (e.g. NNCF's ``--ratio 0.8``), part of the key.
 
     Raises:
         AutoplanError: optimum-cli failed; the message holds its last lines.
     """
-    args = ["--task", "text-generation-with-past", *export_args(fmt, int4_group_size)]
+    args = ["--task", "text-generation-with-past", *export_args(fmt, int4_group_size), *extra]
     key = hashlib.sha256(json.dumps([CACHE_VERSION, content_hash, args]).encode()).hexdigest()
     dest = cache_root() / "openvino" / f"{hf_folder.name}-{fmt}-{key[:16]}"
     if (dest / "openvino_model.xml").is_file():
         return dest
-    with atomic_dir(dest) as tmp:
+    with atomic_new_dir(dest, complete=lambda d: (d / "config.json").is_file()) as tmp:
         cmd = [str(python), "-c", _CLI, "export", "openvino", "--model", str(hf_folder), *args,
                str(tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -49,7 +49,7 @@ def end_to_end(args: argparse.Namespace, info: dict, command: str) -> None:
     import tempfile
 
     from autoplan.models import load_model
-    from autoplan.models._cache import cache_root
+    from autoplan.cache_dir import cache_root
 
     load_model("smollm2-135m")  # converted once into the shared cache, outside any timing
     models = cache_root() / "models"

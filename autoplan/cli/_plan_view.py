@@ -27,9 +27,9 @@ _ROWS = (
 def summary_table(plan: Plan) -> Table:
     w = plan.workload
     table = Table(title=f"{plan.model.id} on {plan.target.name} ({plan.runtime.name} "
-                        f"{plan.runtime.version}), batch {w['batch']}, {w['input_len']} in / "
-                        f"{w['output_len']} out, objective {plan.objective}"
-                        + (f" ({plan.operating_point['detail']})" if plan.operating_point else ""))
+                        f"{plan.runtime.version}), batch {w.batch}, {w.input_len} in / "
+                        f"{w.output_len} out, objective {plan.objective}"
+                        + (f" ({plan.operating_point.detail})" if plan.operating_point else ""))
     cols = [k for k in ("plan", "baseline", "best_uniform") if k in plan.predicted]
     table.add_column("metric")
     for k in cols:

@@ -13,6 +13,7 @@ from autoplan.cli._args import positive_int, seed_in_range
 from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
+from autoplan.cli._recover_options import method_option, recover_options, recovery_settings
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
@@ -87,12 +88,16 @@ def _table(c: Comparison) -> Table:
               help="Comma-separated formats to search on every target (each keeps those its "
                    "runtime accelerates).")
 @execution_options
+@method_option(None)
+@recover_options
 @click.option("--trust-remote-code", is_flag=True, help="Run the model folder's own code.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def command(model, targets, runtimes, budget, objective, batch, input_len, output_len,  # noqa: ANN001, PLR0913
             ttft_ms, tpot_ms, trials, seed, out, prune_score, quant_method, text, choices,
-            device, execution, offload_dir, trust_remote_code, as_json, quiet) -> None:
+            device, execution, offload_dir, recover_method, recover_steps, recover_lr,
+            recover_rank, recover_text, recover_batch, recover_seq_len, recover_seed,
+            trust_remote_code, as_json, quiet) -> None:
     """Plan one model under one budget for several targets; rank them in one table."""
     from autoplan.atomic import check_writable_dir
     from autoplan.backends.registry import resolve_target
@@ -121,6 +126,8 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
         settings=CompressionSettings(prune_score, quant_method), text=text,
         execution=settings_from(device, execution, offload_dir),
         trust_remote_code=trust_remote_code,
+        recovery=recovery_settings(recover_method, recover_steps, recover_lr, recover_rank,
+                                   recover_text, recover_batch, recover_seq_len, recover_seed),
         choices=None if choices is None else parse_choices(
             tuple(c.strip() for c in choices.split(",") if c.strip())))
     req = CompareRequest(base, entries, out)

@@ -44,7 +44,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
             as_json, quiet, ray_address) -> None:
     """Profile every layer x choice (cached on disk, resumable) and show the table."""
     from autoplan.models import check_loadable
-    from autoplan.models._cache import cache_root
+    from autoplan.cache_dir import cache_root
     from autoplan.quality.text import check_text_source, load_text_dataset
     from autoplan.runtimes import get_runtime
     from autoplan.backends.registry import resolve_target as get_target

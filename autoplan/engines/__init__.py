@@ -26,9 +26,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from autoplan.errors import AutoplanError, UnknownNameError, UserInputError
-from autoplan.models._cache import cache_root
+from autoplan.backends.kernel_timers import KernelTimer, register_kernel_timer
+from autoplan.cache_dir import cache_root
+from autoplan.errors import AutoplanError, UserInputError
+from autoplan.registry import Registry
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
+    from autoplan.workload import Workload
 
 _MARKER = "autoplan-engine.json"  # written last: a venv without it is an interrupted install
 
@@ -76,15 +83,12 @@ class EngineSpec:
         return f"if the engine itself is broken, rebuild it: `{self.install_command} --force`"
 
 
-_ENGINES: dict[str, EngineSpec] = {}
+_ENGINES: Registry[EngineSpec] = Registry("engine")
 
 
 def register_engine(spec: EngineSpec) -> EngineSpec:
     """Add an engine; a second registration under the same name is a programming error."""
-    if spec.name in _ENGINES:
-        raise AutoplanError(f"engine '{spec.name}' is registered twice")
-    _ENGINES[spec.name] = spec
-    return spec
+    return _ENGINES.register(spec.name, spec)
 
 
 register_engine(EngineSpec(
@@ -126,9 +130,20 @@ register_engine(EngineSpec(
 ))
 
 
+def _time_ggml_kernels(loaded: LoadedModel, space: Any, workload: Workload,
+                       **kw: Any) -> dict[str, Any]:
+    from autoplan.engines.ggml_microbench import search_kernel_table
+
+    return search_kernel_table(loaded, space, workload, **kw)
+
+
+# llama.cpp's kernels are ggml's, run through this engine on the CPU backend's hardware
+register_kernel_timer("cpu", "llama.cpp", KernelTimer("llama.cpp (ggml)", _time_ggml_kernels))
+
+
 def engine_names() -> list[str]:
     """Every registered engine name, sorted."""
-    return sorted(_ENGINES)
+    return _ENGINES.names()
 
 
 def get_engine(name: str) -> EngineSpec:
@@ -137,10 +152,7 @@ def get_engine(name: str) -> EngineSpec:
     Raises:
         UnknownNameError: no such engine; lists the known ones.
     """
-    key = name.strip().lower()
-    if key not in _ENGINES:
-        raise UnknownNameError("engine", name, _ENGINES)
-    return _ENGINES[key]
+    return _ENGINES.get(name)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import statistics
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from autoplan.backends.cpu.ort_microbench import FLUSH_BYTES, ROTATE_BYTES
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice, Precision, registered_formats
 from autoplan.formats.gguf_blocks import gguf_type_name
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 SCHEMA_VERSION = 1
 METHOD = "ggml-backend-cpu+no-extra-bufts+rotate-copies+flush-96MB/v1"
@@ -111,7 +114,7 @@ def machine_key(threads: int | None = None) -> str:
 
 
 def cache_path(threads: int | None = None) -> Path:
-    from autoplan.models._cache import cache_root
+    from autoplan.cache_dir import cache_root
 
     return cache_root() / "cost_tables" / f"{machine_key(threads)}.json"
 
@@ -156,7 +159,7 @@ def measure_rows(wanted: Iterable[Row], threads: int | None = None, *,
             worker[0].close()
 
 
-def source_decisions(loaded: Any) -> dict[str, str]:
+def source_decisions(loaded: LoadedModel) -> dict[str, str]:
     """layer -> the row choice of the tensor its source GGUF stores (a tied lm_head runs the
     token embedding); planned precisions by name, other GGUF types as ``gguf:TYPE``."""
     from gguf import GGUFReader
@@ -204,7 +207,7 @@ def decode_step_seconds(gguf: Path, input_len: int, output_len: int,
     return statistics.median(runs)
 
 
-def non_gemm_decode(loaded: Any, workload: Any, threads: int | None = None,
+def non_gemm_decode(loaded: LoadedModel, workload: Any, threads: int | None = None,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measured non-GEMM seconds of a decode step: the source GGUF's decode step minus its
     own measured mul_mats (batch 1 only, like the ORT measurement)."""
@@ -228,7 +231,7 @@ def non_gemm_decode(loaded: Any, workload: Any, threads: int | None = None,
             "source_gguf": source_gguf(loaded).name, "source_load_avg_1m": load}
 
 
-def search_kernel_table(loaded: Any, space: Any, workload: Any, threads: int | None = None,
+def search_kernel_table(loaded: LoadedModel, space: Any, workload: Any, threads: int | None = None,
                         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measured ggml rows for every (layer, choice) a llama.cpp search may pick, at the
     workload's decode and prefill shapes (backends.cpu.predict.kernel_rows, unpacked), plus the

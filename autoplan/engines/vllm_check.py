@@ -53,19 +53,22 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from autoplan.models.graph import set_module
 
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
-def simulated_model(plan: Any, loaded: Any, *, stats: Any = None,
+
+def simulated_model(plan: Any, loaded: LoadedModel, *, stats: Any = None,
                     calibration: Any = None) -> nn.Module:
     """A copy of the model with every planned layer replaced by the layer the export holds."""
     from autoplan.export import get_exporter
-    from autoplan.export._prepare import prepare
+    from autoplan.export import prepare
 
     exporter = get_exporter("compressed-tensors")
     prep = prepare(plan, loaded, exporter.name, exporter.runtimes, stats=stats,

@@ -18,14 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
-from autoplan.errors import AutoplanError, UnknownNameError
-from autoplan.export._prepare import Prepared, needs_calibration, prepare
+from autoplan.export._prepare import Prepared, needs_calibration, pick_runtime, plan_settings, prepare
 from autoplan.plan.schema import Plan
 from autoplan.quant import HessianAccumulator
+from autoplan.registry import Registry
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
+    from autoplan.recover import RecoveredWeights
 
 
 class Exporter(Protocol):
@@ -45,7 +49,7 @@ class Exporter(Protocol):
         ...
 
 
-_REGISTRY: dict[str, Exporter] = {}
+_EXPORTERS: Registry[Exporter] = Registry("export format")
 
 
 def register_exporter(exporter: Exporter) -> Exporter:
@@ -54,16 +58,12 @@ def register_exporter(exporter: Exporter) -> Exporter:
     Raises:
         AutoplanError: an exporter with this name is already registered.
     """
-    if exporter.name in _REGISTRY:
-        raise AutoplanError(f"an exporter for format '{exporter.name}' is already registered "
-                            f"({type(_REGISTRY[exporter.name]).__name__})")
-    _REGISTRY[exporter.name] = exporter
-    return exporter
+    return _EXPORTERS.register(exporter.name, exporter)
 
 
 def exporter_names() -> list[str]:
     """Every registered format name, sorted."""
-    return sorted(_REGISTRY)
+    return _EXPORTERS.names()
 
 
 def get_exporter(fmt: str) -> Exporter:
@@ -72,16 +72,13 @@ def get_exporter(fmt: str) -> Exporter:
     Raises:
         UnknownNameError: no such format; lists the registered ones.
     """
-    key = fmt.strip().lower()
-    if key not in _REGISTRY:
-        raise UnknownNameError("export format", fmt, exporter_names())
-    return _REGISTRY[key]
+    return _EXPORTERS.get(fmt)
 
 
-def export_plan(plan: Plan, loaded_model: Any, fmt: str, out_dir: str | Path, *,
+def export_plan(plan: Plan, loaded_model: LoadedModel, fmt: str, out_dir: str | Path, *,
                 stats: Mapping[str, HessianAccumulator] | None = None,
                 calibration: Sequence[Tensor] | None = None,
-                allow_model_mismatch: bool = False, recovered: Any = None,
+                allow_model_mismatch: bool = False, recovered: RecoveredWeights | None = None,
                 unrecovered: bool = False) -> Path:
     """Export ``plan`` applied to ``loaded_model`` as ``fmt`` into ``out_dir``.
 
@@ -126,4 +123,4 @@ def _register_builtins() -> None:
 _register_builtins()
 
 __all__ = ["Exporter", "Prepared", "export_plan", "exporter_names", "get_exporter",
-           "needs_calibration", "register_exporter"]
+           "needs_calibration", "pick_runtime", "plan_settings", "prepare", "register_exporter"]

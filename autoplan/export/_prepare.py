@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -32,6 +32,9 @@ from autoplan.recover.weights import RecoveredWeights
 from autoplan.runtimes import get_runtime, listing, refused_layers
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.targets import Target
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 UNQUANTIZED = frozenset(s.precision for s in registered_formats() if not s.quantized)
 _SHOWN = 4  # offending layers named in a refusal before "and N more"
@@ -54,7 +57,7 @@ class Prepared:
     """
 
     plan: Plan
-    loaded: Any
+    loaded: LoadedModel
     target: Target
     runtime: str
     choices: dict[str, Choice]
@@ -75,7 +78,7 @@ def parse_decisions(plan: Plan) -> dict[str, Choice]:
     return {name: Choice.parse(text) for name, text in plan.decisions.items()}
 
 
-def check_model(plan: Plan, loaded: Any, allow_mismatch: bool) -> None:
+def check_model(plan: Plan, loaded: LoadedModel, allow_mismatch: bool) -> None:
     """Refuse a model whose weights are not the ones the plan was searched on."""
     if loaded.content_hash != plan.model.content_hash and not allow_mismatch:
         raise UserInputError(
@@ -102,7 +105,7 @@ def check_runtime(fmt: str, target: Target, runtime: str, choices: Mapping[str, 
             f"with --runtime {runtime} or pick another --format")
 
 
-def check_fused_groups(loaded: Any, choices: Mapping[str, Choice]) -> None:
+def check_fused_groups(loaded: LoadedModel, choices: Mapping[str, Choice]) -> None:
     """Refuse plans whose fused layers (one GEMM in the runtime) have different choices."""
     groups: dict[str, set[Choice]] = {}
     members: dict[str, list[str]] = {}
@@ -155,7 +158,7 @@ def _mismatch_cause(plan: Plan) -> str:
             "from the search's; export with the same calibration set")
 
 
-def apply_recovered(plan: Plan, loaded: Any, sims: dict[str, SimulatedLinear],
+def apply_recovered(plan: Plan, loaded: LoadedModel, sims: dict[str, SimulatedLinear],
                     recovered: RecoveredWeights,
                     stats: Mapping[str, HessianAccumulator] | None) -> dict[str, SimulatedLinear]:
     """The plan's layers with their recovered weights, each layer's format re-applied under
@@ -202,7 +205,7 @@ def needs_calibration(plan: Plan) -> bool:
     return _needs_stats(plan, choices) or bool(_calibrated_inputs(choices))
 
 
-def prepare(plan: Plan, loaded: Any, fmt: str, runtimes: Sequence[str], *,
+def prepare(plan: Plan, loaded: LoadedModel, fmt: str, runtimes: Sequence[str], *,
             stats: Mapping[str, HessianAccumulator] | None = None,
             calibration: Sequence[Tensor] | None = None,
             allow_model_mismatch: bool = False,

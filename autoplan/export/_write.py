@@ -16,7 +16,6 @@ from typing import Any
 from safetensors import safe_open
 
 from autoplan import __version__
-from autoplan.atomic import atomic_dir as _atomic_dir
 from autoplan.atomic import json_text
 from autoplan.compress import tensor_digest
 from autoplan.plan.schema import Plan
@@ -30,10 +29,10 @@ def _dump(path: Path, data: Any) -> None:
     path.write_text(json_text(data))  # inside the temp folder: the folder rename is atomic
 
 
-def atomic_dir(target: str | Path):  # noqa: ANN201 - a context manager
-    """A temp folder that replaces ``target`` only if the block succeeds (``autoplan.atomic``);
-    an existing ``target`` is replaced only when it is an autoplan export (holds the audit)."""
-    return _atomic_dir(target, is_ours=lambda d: (d / AUDIT_FILE).is_file())
+def is_export(folder: Path) -> bool:
+    """Whether a folder is an autoplan export (holds the audit): what ``atomic_dir`` may
+    replace."""
+    return (folder / AUDIT_FILE).is_file()
 
 
 def tensor_digests(folder: Path) -> dict[str, dict[str, str]]:
@@ -71,4 +70,4 @@ def write_sidecars(folder: Path, plan: Plan, fmt: str, runtime: str,
     })
 
 
-__all__ = ["AUDIT_FILE", "PLAN_FILE", "atomic_dir", "tensor_digests", "write_sidecars"]
+__all__ = ["AUDIT_FILE", "PLAN_FILE", "is_export", "tensor_digests", "write_sidecars"]

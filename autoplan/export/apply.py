@@ -10,7 +10,7 @@ weights, which need no calibration, and written by the same ONNX writer.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan.backends.registry import backend_for, resolve_target
 from autoplan.errors import PlanError, UnknownNameError, UnsupportedFormatError, UserInputError
@@ -21,6 +21,10 @@ from autoplan.models.registry import aliases
 from autoplan.plan.io import PlanInput
 from autoplan.plan.schema import Plan
 from autoplan.targets import Target
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
+    from autoplan.recover import RecoveredWeights
 
 BASELINE = Choice(DENSE, Precision.FP32)
 MINIMAL_FORMAT = "onnx"  # the one format a decisions-only plan can be written in
@@ -80,9 +84,9 @@ def runtime_note(plan: PlanInput, fmt: str) -> str | None:
             f"{exporter.runtimes[0]} runs: its predicted speed is {planned}'s; {how}")
 
 
-def apply_plan(loaded: Any, plan: PlanInput, out_dir: str | Path, *,
+def apply_plan(loaded: LoadedModel, plan: PlanInput, out_dir: str | Path, *,
                calibration: Any = None, allow_model_mismatch: bool = False,
-               recovered: Any = None) -> Path:
+               recovered: RecoveredWeights | None = None) -> Path:
     """Compress ``loaded`` by ``plan`` and write the default format's artifact to ``out_dir``.
 
     Args:
@@ -108,7 +112,7 @@ def apply_plan(loaded: Any, plan: PlanInput, out_dir: str | Path, *,
                            plan_text=plan.text)
 
 
-def _minimal_sims(loaded: Any, plan: PlanInput) -> dict[str, Any]:
+def _minimal_sims(loaded: LoadedModel, plan: PlanInput) -> dict[str, Any]:
     from autoplan.compress import CompressionSettings, compress_linear
     from autoplan.models.graph import get_linear
 
@@ -120,7 +124,8 @@ def _minimal_sims(loaded: Any, plan: PlanInput) -> dict[str, Any]:
             for name, choice in plan.decisions.items() if choice != BASELINE}
 
 
-def recovered_weights(plan: Plan, plan_path: str | Path, given: str | Path | None) -> Any:
+def recovered_weights(plan: Plan, plan_path: str | Path, given: str | Path | None
+                      ) -> RecoveredWeights | None:
     """A recovered plan's weights (the file it names beside it, or ``given``), checked
     against its sha256; None for a plan that was not recovered."""
     if plan.recovery is None:
@@ -162,7 +167,7 @@ def load_checked(model: str) -> Any:
     return load_model(model)
 
 
-def export_baseline(loaded: Any, out_dir: str | Path) -> Path:
+def export_baseline(loaded: LoadedModel, out_dir: str | Path) -> Path:
     """The dense fp32 ONNX export of the same model: the same-runtime baseline for bench."""
     from autoplan.backends.cpu.onnx_export import export_cpu_model
 

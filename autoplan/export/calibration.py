@@ -10,13 +10,16 @@ names autoplan's built-in text; a file is read only when the user passes it (``-
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from autoplan.errors import UserInputError
 from autoplan.export._prepare import needs_calibration
 from autoplan.plan.schema import Plan
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 BUILTIN_SOURCES = ("pydoc",)  # load_text_dataset's own text: no file is read
 
@@ -69,7 +72,7 @@ def check_calibration(plan: Plan, args: CalibrationArgs) -> None:
         _source(plan, args)
 
 
-def plan_calibration(plan: Plan, loaded: Any, args: CalibrationArgs | None = None
+def plan_calibration(plan: Plan, loaded: LoadedModel, args: CalibrationArgs | None = None
                      ) -> list[Tensor] | None:
     """The plan's calibration batches, or None when its weights do not depend on them.
 
@@ -82,7 +85,7 @@ def plan_calibration(plan: Plan, loaded: Any, args: CalibrationArgs | None = Non
     return list(ds.calib.split(batch))
 
 
-def plan_dataset(plan: Plan, loaded: Any, args: CalibrationArgs | None = None
+def plan_dataset(plan: Plan, loaded: LoadedModel, args: CalibrationArgs | None = None
                  ) -> tuple[Any, int]:
     """The plan's calibration and evaluation blocks (a ``TextDataset``, hash-checked) and
     its calibration batch size.

@@ -37,7 +37,8 @@ from torch import nn
 
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import Prepared
-from autoplan.export._write import atomic_dir, write_sidecars
+from autoplan.atomic import atomic_dir
+from autoplan.export._write import is_export, write_sidecars
 from autoplan.formats import CompressedTensorsName, Precision, format_spec
 from autoplan.models.graph import get_linear, is_tied
 from autoplan.quant import SimulatedLinear
@@ -209,7 +210,7 @@ class CompressedTensorsExporter:
             raise UnsupportedFormatError("the plan quantizes no layer; a compressed-tensors "
                                          "checkpoint would be the original model: serve that")
         model, compressor = _build(prep)  # refusals and verification happen before writing
-        with atomic_dir(out_dir) as tmp:
+        with atomic_dir(out_dir, is_ours=is_export) as tmp:
             model.save_pretrained(str(tmp))
             compressor.update_config(str(tmp))
             if prep.loaded.tokenizer is not None:

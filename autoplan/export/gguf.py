@@ -30,7 +30,7 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,10 +39,14 @@ from autoplan import __version__
 from autoplan.atomic import replace_files
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
 from autoplan.export._prepare import Prepared
-from autoplan.export._write import AUDIT_FILE, PLAN_FILE, atomic_dir, write_sidecars
+from autoplan.atomic import atomic_dir
+from autoplan.export._write import AUDIT_FILE, PLAN_FILE, is_export, write_sidecars
 from autoplan.formats import Precision, registered_formats
 from autoplan.formats.gguf_blocks import block_format, gguf_type_name, pack_blocks
 from autoplan.models.graph import get_linear
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 GGUF_FILE = "model.gguf"
 
@@ -61,7 +65,7 @@ def ggml_type_name(precision: Precision) -> str:
         f"GGUF has no type for {precision.value}: plan with --runtime llama.cpp ({stored})")
 
 
-def source_gguf(loaded: Any) -> Path:
+def source_gguf(loaded: LoadedModel) -> Path:
     """The GGUF file the model was converted from.
 
     Raises:
@@ -256,7 +260,7 @@ class GgufExporter:
         out = Path(out_dir)
         layers = {n: str(c) for n, c in sorted(prep.choices.items())}
         if out.suffix.lower() != ".gguf":
-            with atomic_dir(out) as tmp:
+            with atomic_dir(out, is_ours=is_export) as tmp:
                 audit = write_gguf(prep, tmp / GGUF_FILE)
                 write_sidecars(tmp, prep.plan, self.name, prep.runtime, layers,
                                {"gguf_tensors": audit})

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,10 +29,13 @@ from autoplan.errors import UserInputError
 from autoplan.plan.schema import Plan
 from autoplan.recover.weights import RecoveredWeights
 
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
+
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
-def write_lora_adapter(plan: Plan, loaded: Any, recovered: RecoveredWeights,
+def write_lora_adapter(plan: Plan, loaded: LoadedModel, recovered: RecoveredWeights,
                        out_dir: str | Path) -> Path:
     """Write the plan's adapter into ``out_dir`` (atomically); return the folder.
 

@@ -43,7 +43,8 @@ from torch import Tensor
 from autoplan import __version__
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import UNQUANTIZED, Prepared
-from autoplan.export._write import atomic_dir, write_sidecars
+from autoplan.atomic import atomic_dir
+from autoplan.export._write import is_export, write_sidecars
 from autoplan.formats import format_spec
 from autoplan.models.graph import get_linear, is_tied
 
@@ -131,7 +132,7 @@ class ModelOptExporter:
         if sparse:
             hf_quant["sparsity"] = {"layers": dict(sorted(sparse.items())),
                                     "build": "trtllm-build --weight_sparsity"}
-        with atomic_dir(out_dir) as tmp:
+        with atomic_dir(out_dir, is_ours=is_export) as tmp:
             config.save_pretrained(str(tmp))
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             (tmp / HF_QUANT_CONFIG).write_text(json.dumps(hf_quant, indent=4, sort_keys=True))

@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import AutoplanError
 from autoplan.export._prepare import Prepared
 from autoplan.export._write import AUDIT_FILE, PLAN_FILE
 from autoplan.formats import Choice, Precision
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 
 class OnnxExporter:
@@ -50,7 +53,7 @@ class OnnxExporter:
         return Path(out_dir)
 
 
-def write_decisions(loaded: Any, decisions: Mapping[str, Choice], out_dir: str | Path,
+def write_decisions(loaded: LoadedModel, decisions: Mapping[str, Choice], out_dir: str | Path,
                     sims: Mapping[str, Any], plan_text: str) -> Path:
     """Write a decisions-only plan (no Plan, no audit to check) with its compressed layers
     ``sims``; the plan file travels as ``plan.json`` in the same atomic rename."""

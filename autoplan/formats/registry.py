@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
-from autoplan.errors import AutoplanError, UnknownNameError, UnsupportedFormatError
+from autoplan.errors import UnknownNameError, UnsupportedFormatError
+from autoplan.registry import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -283,7 +284,8 @@ class FormatSpec:
         return named
 
 
-_REGISTRY: dict[Precision, FormatSpec] = {}
+_FORMATS: Registry[FormatSpec] = Registry(
+    "format", "each Precision has exactly one FormatSpec (edit the existing one)")
 
 
 def register_format(spec: FormatSpec) -> FormatSpec:
@@ -292,11 +294,7 @@ def register_format(spec: FormatSpec) -> FormatSpec:
     Raises:
         AutoplanError: the precision already has a spec (one format, one definition).
     """
-    if spec.precision in _REGISTRY:
-        raise AutoplanError(f"format {spec.name} is registered twice; each Precision has "
-                            "exactly one FormatSpec (edit the existing one)")
-    _REGISTRY[spec.precision] = spec
-    return spec
+    return _FORMATS.register(spec.precision.value, spec)
 
 
 def _load_builtin() -> None:
@@ -319,16 +317,17 @@ def format_spec(precision: Precision | str) -> FormatSpec:
             key = Precision.parse(precision)
         except UnknownNameError:
             key = None
-    if key is None or key not in _REGISTRY:
+    if key is None or key.value not in _FORMATS:
         raise UnknownNameError("format", str(getattr(precision, "value", precision)),
-                               [p.value for p in _REGISTRY])
-    return _REGISTRY[key]
+                               _FORMATS.names())
+    return _FORMATS.get(key.value)
 
 
 def registered_formats() -> tuple[FormatSpec, ...]:
     """Every registered FormatSpec, in Precision order."""
     _load_builtin()
-    return tuple(_REGISTRY[p] for p in Precision if p in _REGISTRY)
+    order = {p: i for i, p in enumerate(Precision)}
+    return tuple(sorted(_FORMATS.values(), key=lambda s: order[s.precision]))
 
 
 __all__ = [

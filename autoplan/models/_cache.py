@@ -8,18 +8,11 @@ never leaves a half file or half folder that a later run would trust.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from autoplan.atomic import atomic_new_dir
+from autoplan.cache_dir import cache_root
 from autoplan.atomic import write_json_atomic as write_json_atomic_
-
-
-def cache_root() -> Path:
-    """The autoplan cache folder (``$AUTOPLAN_CACHE`` or ``~/.cache/autoplan``)."""
-    env = os.environ.get("AUTOPLAN_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "autoplan"
 
 
 def models_dir() -> Path:
@@ -27,10 +20,9 @@ def models_dir() -> Path:
     return cache_root() / "models"
 
 
-def atomic_dir(dest: Path):  # noqa: ANN201 - a context manager
-    """A temp folder that becomes ``dest`` if the block finishes; if another process finished
-    the same folder first, ours is discarded (the name carries a content hash)."""
-    return atomic_new_dir(dest, complete=lambda d: (d / "config.json").is_file())
+def is_model_folder(folder: Path) -> bool:
+    """Whether a converted model folder is complete (the content-addressed cache's test)."""
+    return (folder / "config.json").is_file()
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -46,4 +38,4 @@ def read_json(path: Path) -> Any:
         return None
 
 
-__all__ = ["atomic_dir", "cache_root", "models_dir", "read_json", "write_json_atomic"]
+__all__ = ["cache_root", "is_model_folder", "models_dir", "read_json", "write_json_atomic"]

@@ -29,7 +29,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoplan.errors import AutoplanError, UserInputError
-from autoplan.models._cache import atomic_dir
+from autoplan.atomic import atomic_new_dir
+from autoplan.models._cache import is_model_folder
 from autoplan.modelspec import ModelSpec
 
 # GGUF block types whose values lie on a 4-bit grid per 32-weight block.
@@ -316,7 +317,7 @@ def _lock_dir(path: Path, *, wait: bool) -> int | None:
 def remove_stale_temps(dest: Path) -> list[Path]:
     """Delete the temp folders of conversions of ``dest`` that were killed.
 
-    A temp folder (``.NAME.*.tmp`` beside ``dest``, made by ``atomic_dir``) is stale when it
+    A temp folder (``.NAME.*.tmp`` beside ``dest``, made by ``atomic_new_dir``) is stale when it
     is older than this process and no live process holds its lock; a conversion holds the
     lock on its own temp folder from creation until after the rename. Returns what was
     removed.
@@ -376,7 +377,7 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
         remove_stale_temps(dest)
         lock = None
         try:
-            with atomic_dir(dest) as tmp:
+            with atomic_new_dir(dest, complete=is_model_folder) as tmp:
                 lock = _lock_dir(tmp, wait=True)  # held until after the rename
                 _convert_into(tmp, src, config, bar, step, t0)
         finally:

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Literal
 
 from autoplan.errors import UnknownNameError, UserInputError
+from autoplan.registry import Registry
 from autoplan.models.hub_cache import hub_snapshot, parse_repo_id
 
 SourceKind = Literal["alias", "hf", "gguf", "config"]
 
-_ALIASES: dict[str, tuple[Callable[[], Path], str]] = {}
+_ALIASES: Registry[tuple[Callable[[], Path], str]] = Registry("model alias")
 
 
 @dataclass(frozen=True)
@@ -47,17 +48,14 @@ def register_alias(name: str, locate: Callable[[], Path], description: str = "")
     """Register ``name`` as an alias whose weights file ``locate()`` returns (a GGUF path).
 
     Raises:
-        ValueError: the name is already registered (a programming error, not user input).
+        AutoplanError: the name is already registered (a programming error, not user input).
     """
-    key = name.lower()
-    if key in _ALIASES:
-        raise ValueError(f"model alias '{name}' is already registered")
-    _ALIASES[key] = (locate, description)
+    _ALIASES.register(name, (locate, description))
 
 
 def aliases() -> dict[str, str]:
     """Registered alias names and their one-line descriptions."""
-    return {name: desc for name, (_, desc) in sorted(_ALIASES.items())}
+    return {name: desc for name, (_, desc) in sorted(_ALIASES.entries.items())}
 
 
 def _embedded_smollm2() -> Path:
@@ -91,9 +89,9 @@ def resolve_model_arg(text: str) -> ModelSource:
         UserInputError: the path exists but is not a model folder, .gguf or .json file.
     """
     key = str(text).strip()
-    if key.lower() in _ALIASES:
-        locate, _ = _ALIASES[key.lower()]
-        return ModelSource("alias", locate(), key.lower())
+    alias = _ALIASES.find(key)
+    if alias is not None:
+        return ModelSource("alias", alias[0](), key.lower())
     path = Path(key).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -111,7 +109,7 @@ def resolve_model_arg(text: str) -> ModelSource:
     repo = parse_repo_id(key)
     if repo is not None:
         return ModelSource("hf", hub_snapshot(key), repo[0])
-    raise UnknownNameError("model (no such file, folder or alias)", key, _ALIASES)
+    raise UnknownNameError("model (no such file, folder or alias)", key, _ALIASES.names())
 
 
 __all__ = ["ModelSource", "aliases", "register_alias", "resolve_model_arg"]

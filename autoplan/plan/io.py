@@ -22,9 +22,17 @@ from autoplan.errors import PlanError, UserInputError
 from autoplan.formats import Choice
 from autoplan.plan.schema import SCHEMA_VERSION, Plan
 
-# from_version -> function upgrading a raw dict by one version. Empty until schema 2 exists;
-# load_plan applies them in order, so a v1 plan keeps loading after every future bump.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+def _v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 typed the rounds, points, workload and operating point that version 1 kept
+    as free-form dicts; their keys are the same (a front point's lower-bound flag, absent
+    in version 1, defaults to None)."""
+    return {**raw, "schema_version": 2}
+
+
+# from_version -> function upgrading a raw dict by one version; load_plan applies them in
+# order, so a v1 plan keeps loading after every future bump.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

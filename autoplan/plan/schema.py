@@ -7,11 +7,18 @@ message to upgrade. Every model forbids unknown keys, so a typo never passes sil
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+from autoplan.workload import Workload
+
+# 2: rounds, points and the operating point are typed models, outcome a Literal (a version 1
+# plan holds the same keys; autoplan/plan/io.py migrates it)
+SCHEMA_VERSION = 2
+
+Outcome = Literal["plan", "uniform-fallback", "baseline-fallback"]
+PointKind = Literal["baseline", "uniform", "candidate", "front", "plan"]
 
 
 class _Strict(BaseModel):
@@ -126,6 +133,49 @@ class Certificate(_Strict):
     surrogate_limit: float
 
 
+class VerifiedCandidate(_Strict):
+    """One candidate of a round measured on the real model."""
+
+    label: str
+    surrogate_kl: float
+    badness: float = Field(description="the budget's measured metric (0: the original)")
+    passed: bool
+
+
+class Round(_Strict):
+    """One round: a study under a surrogate limit, then its best candidates measured."""
+
+    round: int
+    surrogate_limit: float
+    trials: int
+    resumed_trials: int = Field(0, description="trials found in the storage, not rerun")
+    verified: list[VerifiedCandidate] = []
+
+
+class Point(_Strict):
+    """Objective (predicted) vs KL of one set of decisions: what `autoplan report` plots."""
+
+    kind: PointKind
+    label: str
+    objective: float
+    surrogate_kl: float
+    measured_kl: float | None = None
+    measured_kl_lower_bound: bool | None = Field(
+        None, description="the pass stopped once the budget was certain to be exceeded")
+    passed: bool | None = None
+
+
+class OperatingPoint(_Strict):
+    """How the workload's batch was chosen when it was not given (`--batch max`, an SLO)."""
+
+    mode: Literal["fixed", "max", "slo"]
+    batch: int
+    bound: str = Field(description="fixed | memory | ttft | tpot | batch cap")
+    detail: str
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+
+
 class SearchMeta(_Strict):
     sampler: str
     seed: int
@@ -134,16 +184,15 @@ class SearchMeta(_Strict):
     study: str
     storage: str = Field(description="storage URL with any password removed")
     real_evaluations: int
-    rounds: list[dict[str, Any]] = []
+    rounds: list[Round] = []
     certificate: Certificate | None = None
     gain_over_best_uniform: float | None = None
     best_uniform: str | None = None
     best_uniform_kl: float | None = Field(None, description="measured KL of the best uniform recipe")
-    outcome: str = Field(description="'plan' | 'uniform-fallback' | 'baseline-fallback'")
+    outcome: Outcome
     note: str = ""
-    # The objective vs KL of every uniform recipe and every measured candidate (and the
-    # study's Pareto front with --multi-objective): what `autoplan report` plots.
-    points: list[dict[str, Any]] = []
+    # Every uniform recipe and measured candidate (and the Pareto front, multi-objective)
+    points: list[Point] = []
 
 
 class CalibrationSettings(_Strict):
@@ -176,7 +225,7 @@ class Plan(_Strict):
     model: ModelRef
     target: TargetRef
     runtime: RuntimeRef
-    workload: dict[str, int]
+    workload: Workload
     objective: str
     budget: Budget
     compression: Compression
@@ -185,14 +234,13 @@ class Plan(_Strict):
     quality: Quality
     search: SearchMeta
     audit: Audit
-    # How the workload's batch was chosen when it was not given (`--batch max`, a TTFT/TPOT
-    # SLO): mode, batch, what bounds it, one line of detail (autoplan/cost/operating.py).
-    operating_point: dict[str, Any] | None = None
+    operating_point: OperatingPoint | None = None
     recovery: Recovery | None = None
 
 
 __all__ = [
     "SCHEMA_VERSION", "Audit", "Budget", "CalibrationSettings", "Certificate", "Compression",
-    "GateScore", "ModelRef", "Plan", "Predicted", "Quality", "Recovery", "RuntimeRef",
-    "SearchMeta", "TargetRef",
+    "GateScore", "ModelRef", "OperatingPoint", "Outcome", "Plan", "Point", "PointKind",
+    "Predicted", "Quality", "Recovery", "Round", "RuntimeRef", "SearchMeta", "TargetRef",
+    "VerifiedCandidate", "Workload",
 ]

@@ -100,12 +100,18 @@ class QualityResult:
         return None if g is None else g.delta
 
 
-def _module(model: Any) -> nn.Module:
-    # Accept a LoadedModel as well as the bare transformers model.
+def as_module(model: Any) -> nn.Module:
+    """The nn.Module of a model given as one or as a LoadedModel."""
     return getattr(model, "model", model) if not isinstance(model, nn.Module) else model
 
 
-def original_quality(evaluator: Any, *, slices: bool = True) -> QualityResult:
+class HasReference(Protocol):
+    """An evaluator of the original model: its reference log-probs, at least."""
+
+    reference: ReferenceLogprobs
+
+
+def original_quality(evaluator: HasReference, *, slices: bool = True) -> QualityResult:
     """What ``evaluator.evaluate`` returns for the original model itself, known without a
     pass: KL 0 (exactly, as a pass gives it: the same fp16 log-probs), the reference's
     perplexity, suite and gate scores, and KL 0 on every slice. For a ``QualityEvaluator``
@@ -142,7 +148,7 @@ class QualityEvaluator:
                  suite: PromptSuite | None = None, batch_size: int = 4,
                  max_new_tokens: int = 16, reference: ReferenceLogprobs | None = None,
                  slices: SliceSet | None = None, gates: Sequence[Gate] = ()) -> None:
-        model = _module(reference_model)
+        model = as_module(reference_model)
         self.batch_size = batch_size
         t0 = time.perf_counter()
         self.reference = reference or reference_pass(model, eval_tokens, batch_size=batch_size)
@@ -165,7 +171,7 @@ class QualityEvaluator:
     def slice_kl(self, model: Any) -> dict[str, float]:
         """KL per slice of ``model`` alone ({} without slices): what ``evaluate(model,
         slices=False)`` left out, for the one measurement that reports it."""
-        return slice_kl(_module(model), self.slice_reference) if self.slice_reference else {}
+        return slice_kl(as_module(model), self.slice_reference) if self.slice_reference else {}
 
     def evaluate(self, model: Any, *, slices: bool = True,
                  kl_limit: float | None = None) -> QualityResult:
@@ -173,7 +179,7 @@ class QualityEvaluator:
         (``slices=False``: without the KL slices, which cost about as much as the rest).
         ``kl_limit``: stop as soon as the KL is certain to exceed it
         (``metrics.bounded_compare_pass``; the result says ``stopped_early``)."""
-        m = _module(model)
+        m = as_module(model)
         t0 = time.perf_counter()
         nll, kl, blocks = bounded_compare_pass(m, self.reference, batch_size=self.batch_size,
                                                kl_limit=kl_limit)
@@ -197,4 +203,5 @@ class QualityEvaluator:
         )
 
 
-__all__ = ["Gate", "GateResult", "QualityEvaluator", "QualityResult", "original_quality"]
+__all__ = ["Gate", "GateResult", "HasReference", "QualityEvaluator", "QualityResult",
+           "as_module", "original_quality"]

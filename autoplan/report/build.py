@@ -62,15 +62,13 @@ def _estimates(plan: Plan, model: str | None):  # noqa: ANN202 - (plan, baseline
     from autoplan.formats import Choice
     from autoplan.models.loader import load_spec
     from autoplan.search import load_space_file
-    from autoplan.workload import Workload
-
     try:
         spec = load_spec(model or plan.model.id)
         target = resolve_target(plan.target.name)
     except AutoplanError:
         return None
     baseline = Choice.parse(load_space_file(target.platform).baseline)
-    cm = CostModel(spec, target, Workload(**plan.workload), baseline=baseline,
+    cm = CostModel(spec, target, plan.workload, baseline=baseline,
                    price_per_hour=plan.target.price_per_hour)
     try:
         return cm.evaluate(plan.decisions), cm.evaluate(None)
@@ -92,11 +90,11 @@ def _summary(plan: Plan) -> str:
             f"<td>{fmt.format(getattr(plan.predicted[k], attr) * scale)}</td>" for k in cols)
         + "</tr>" for label, attr, fmt, scale in rows)
     q, w = plan.quality, plan.workload
-    point = (plan.operating_point or {}).get("detail", f"batch {w['batch']}")
+    point = plan.operating_point.detail if plan.operating_point else f"batch {w.batch}"
     return (f"<table><tr><th>metric</th>{head}</tr>{body}</table>"
             f"<p class='note'>measured KL {q.kl:.5f} (budget {html.escape(plan.budget.text)}, "
             f"{'met' if q.budget_met else 'NOT met'}); outcome {plan.search.outcome}; "
-            f"{w['input_len']} in / {w['output_len']} out, {html.escape(point)}; "
+            f"{w.input_len} in / {w.output_len} out, {html.escape(point)}; "
             f"{html.escape(plan.search.note)}</p>")
 
 

@@ -52,28 +52,28 @@ def pareto_front(plan: Plan) -> bytes:
     styles = {"uniform": ("s", "tab:blue"), "candidate": ("o", "tab:orange"),
               "front": ("^", "tab:gray"), "baseline": ("D", "black"), "plan": ("*", "tab:red")}
     for kind, (marker, color) in styles.items():
-        sel = [p for p in points if p["kind"] == kind]
+        sel = [p for p in points if p.kind == kind]
         if not sel:
             continue
         for measured in (True, False):
-            part = [p for p in sel if (p["measured_kl"] is not None) == measured]
+            part = [p for p in sel if (p.measured_kl is not None) == measured]
             if not part:
                 continue
-            xs = [p["measured_kl"] if measured else p["surrogate_kl"] for p in part]
-            ax.scatter(xs, [p["objective"] for p in part], marker=marker,
+            xs = [p.measured_kl if measured else p.surrogate_kl for p in part]
+            ax.scatter(xs, [p.objective for p in part], marker=marker,
                        s=160 if kind == "plan" else 50,
                        facecolors=color if measured else "none", edgecolors=color,
                        label=f"{kind} ({'measured' if measured else 'surrogate'} KL)")
         if kind == "uniform":
             for p in sel:
-                kl = p["measured_kl"] if p["measured_kl"] is not None else p["surrogate_kl"]
-                bound = ">= " if p.get("measured_kl_lower_bound") else ""  # stopped early
-                ax.annotate(bound + p["label"].removeprefix("uniform ").removeprefix("dense+"),
-                            (kl, p["objective"]), fontsize=7, xytext=(4, 3),
+                kl = p.measured_kl if p.measured_kl is not None else p.surrogate_kl
+                bound = ">= " if p.measured_kl_lower_bound else ""  # stopped early
+                ax.annotate(bound + p.label.removeprefix("uniform ").removeprefix("dense+"),
+                            (kl, p.objective), fontsize=7, xytext=(4, 3),
                             textcoords="offset points")
-    front = sorted((p for p in points if p["kind"] == "front"), key=lambda p: p["surrogate_kl"])
+    front = sorted((p for p in points if p.kind == "front"), key=lambda p: p.surrogate_kl)
     if front:
-        ax.plot([p["surrogate_kl"] for p in front], [p["objective"] for p in front],
+        ax.plot([p.surrogate_kl for p in front], [p.objective for p in front],
                 color="tab:gray", lw=1)
     if plan.budget.metric == "kl":
         ax.axvline(plan.budget.limit, color="tab:red", ls="--", lw=1,
@@ -175,7 +175,7 @@ def cost_breakdown(plan: Plan, plan_est: Estimate, base_est: Estimate) -> bytes:
     ax.set_xlabel("block")
     ax.set_ylabel("decode step time, us (predicted)")
     ax.set_title(f"{plan.target.name}: where the decode step goes, batch "
-                 f"{plan.workload['batch']} (plan {plan_est.metrics.decode_s * 1e3:.3f} ms vs "
+                 f"{plan.workload.batch} (plan {plan_est.metrics.decode_s * 1e3:.3f} ms vs "
                  f"baseline {base_est.metrics.decode_s * 1e3:.3f} ms)")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(axis="y", alpha=0.3)

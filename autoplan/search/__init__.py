@@ -4,23 +4,29 @@ A search is a pipeline of stages, each a function over typed values (``stages/``
 
     SearchRequest(model, target, budget, ...)        every input, checked when it is built
     preflight(req) -> Platform                       bad input refused before any work
-    prepare(req, platform, rep) -> Prepared          model, SearchSpace, profile, cost model,
-                                                     Tables, Verifier, study name
+    prepare_shared(reqs, platforms, rep) -> SharedWork
+                                                     the model, one SearchSpace per platform,
+                                                     ONE profile, the original measured
+    prepare_platform(req, platform, shared, space, rep) -> Prepared
+                                                     cost model, Tables, Verifier, study name
     run_rounds(prep, rep, queue) -> Rounds           study on the surrogate -> verify the best
                                                      candidates -> refit, round by round
     choose(prep, rounds, rep) -> Chosen              the fallback policy (plan, uniform, baseline)
     certify(prep, rounds, rep) -> Certificate        the additive problem's exact optimum, the gap
     build_plan(prep, rounds, chosen, cert, wall_s) -> Plan
 
-``run_search(req) -> SearchOutcome`` runs them and writes the plan; ``run_worker`` joins a
-running search (``run/``). The subpackages, each importing only those above it here:
+``Pipeline(requests).run()`` runs them for one model on one or more platforms, each through
+its job queue, and writes the plans (yields ``Searched``, or ``Skipped`` for a platform the
+model does not fit); ``run_search(req)`` is the pipeline on one platform, ``autoplan compare``
+on several; ``run_worker`` joins a running search (``run/``). The subpackages, each
+importing only those listed before it:
 
     jobs/      the Optuna storage and the job queue processes share
     optimize/  SearchSpace, Tables, the Optuna study and sampler, the exact (MILP) solver
     verify/    QualityBudget, the Verifier measuring candidates on the real model, its cache
     recovery/  recovery passes (`--recover`, `autoplan recover PLAN`)
     stages/    the stages above
-    run/       run_search (the driver), run_worker, the record workers rebuild inputs from
+    run/       Pipeline, run_search (the driver), run_worker, the record workers read
 
 `reporter` (progress sink) and `writable` (can a file be written?) sit below all of them.
 docs/architecture.md, "Search pipeline", says what each stage does.
@@ -38,7 +44,10 @@ _EXPORTS = {
     "RecoverOptions": "autoplan.search.recovery",
     "recover_plan": "autoplan.search.recovery",
     "Reporter": "autoplan.search.reporter",
+    "Pipeline": "autoplan.search.run",
     "SearchOutcome": "autoplan.search.run",
+    "Searched": "autoplan.search.run",
+    "Skipped": "autoplan.search.run",
     "run_search": "autoplan.search.run",
     "run_worker": "autoplan.search.run",
     "Chosen": "autoplan.search.stages",
@@ -71,6 +80,7 @@ __all__ = [
     "ExecutionSettings",
     "Measurement",
     "Outcome",
+    "Pipeline",
     "Platform",
     "Prepared",
     "QualityBudget",
@@ -78,8 +88,10 @@ __all__ = [
     "Reporter",
     "Rounds",
     "SearchOutcome",
+    "Searched",
     "SearchRequest",
     "SearchSpace",
+    "Skipped",
     "Verifier",
     "build_plan",
     "build_space",

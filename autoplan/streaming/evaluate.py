@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,15 @@ import torch
 from torch import Tensor
 
 from autoplan.compress import CompressionSettings, audit_digests, compress_linear
-from autoplan.errors import UserInputError
+from autoplan.errors import AutoplanError, UserInputError
 from autoplan.formats import Choice
 from autoplan.models.graph import get_linear, set_module
 from autoplan.models.head import chunk_rows, head_chunks
 from autoplan.quality.evaluator import QualityResult
 from autoplan.quality.metrics import ReferenceLogprobs, block_terms, check_tokens
 from autoplan.quant import HessianAccumulator
+from autoplan.sensitivity.executor import Executor
+from autoplan.streaming.candidates import CandidateTask, Measured, Stats
 from autoplan.streaming.skeleton import StreamedModel
 
 
@@ -266,6 +269,37 @@ class StreamedEvaluator:
                 t.states = []
                 out.append((math.fsum(nlls), math.fsum(kls), dict(sorted(t.audit.items()))))
         return out
+
+    has_slices = False  # the slices' positions need whole-model passes
+    in_memory = False  # no streamed recovery pass exists
+
+    def measure(self, tasks: Sequence[CandidateTask], settings: CompressionSettings,
+                baseline: Choice, stats: Stats, executor: Executor | None
+                ) -> Iterator[Measured]:
+        """The `Evaluator` protocol: candidates compressed block by block on the fly, a group
+        of them per pass over the blocks (each block read once, its Hessians taken once; the
+        calibration statistics are taken here, per block, so `stats` is not used). In this
+        process: one group. On a distributed executor: one group per worker, each worker
+        streaming the checkpoint itself (the model is never shipped; the reference
+        log-probs are, once)."""
+        cands = [StreamedCandidate(t.decisions, t.use_stats) for t in tasks]
+        n = getattr(executor, "workers", 1) if executor is not None else 1
+        if executor is None or n <= 1 or len(cands) <= 1:
+            yield from enumerate(self.evaluate_many(cands, settings, baseline=baseline))
+            return
+        groups = [list(range(g, len(cands), n)) for g in range(min(n, len(cands)))]
+        done = executor.imap_unordered(partial(evaluate_group, self.context(settings, baseline)),
+                                       [[cands[i] for i in g] for g in groups])
+        for gi, results in done:
+            yield from zip(groups[gi], results, strict=True)
+
+    def measure_slices(self, task: CandidateTask, settings: CompressionSettings,
+                       baseline: Choice, stats: Stats) -> dict[str, float]:
+        raise AutoplanError("streamed execution measures no KL slices (has_slices is False)")
+
+    def evaluate(self, model: torch.nn.Module, *, slices: bool = True) -> QualityResult:
+        raise AutoplanError("a streamed evaluator measures decisions, not a model in memory: "
+                            "pass --execution memory")
 
     def evaluate_many(self, candidates: Sequence[StreamedCandidate],
                       settings: CompressionSettings, *, baseline: Choice | None = None

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -23,6 +23,10 @@ from autoplan.sensitivity.profile import LayerChoices, SensitivityProfile, build
 from autoplan.streaming import estimate
 from autoplan.streaming.device import device_memory, host_memory, is_out_of_memory, resolve_device
 from autoplan.streaming.settings import Execution, ExecutionSettings
+
+if TYPE_CHECKING:
+    from autoplan.quality.suite import PromptSuite
+    from autoplan.streaming.candidates import Evaluator
 
 
 def pick_execution(spec: ModelSpec, settings: ExecutionSettings, device: torch.device,
@@ -89,8 +93,9 @@ class ModelRunner:
                              device=self.device.type, batch_size=4)
 
     def evaluator(self, eval_tokens: Tensor, *, calib_batches: Sequence[Tensor] = (),
-                  suite: Any = None, cache_dir: Path | None = None, **extra: Any) -> Any:
-        """A QualityEvaluator (memory) or StreamedEvaluator (stream) of the original.
+                  suite: PromptSuite | None = None, cache_dir: Path | None = None,
+                  **extra: Any) -> Evaluator:
+        """A MemoryEvaluator (memory) or StreamedEvaluator (stream) of the original.
 
         `extra` (in memory only): further QualityEvaluator arguments (slices, gates).
 
@@ -116,12 +121,12 @@ class ModelRunner:
                 return StreamedEvaluator(self.loaded.model, eval_tokens,
                                          calib_batches=calib_batches, suite=suite,
                                          reference=ref)
-            from autoplan.quality.evaluator import QualityEvaluator
+            from autoplan.streaming.candidates import MemoryEvaluator
 
             tokens = eval_tokens.to(self.device)
             ref = reference(lambda: reference_pass(self.loaded.model, tokens, batch_size=4))
-            return QualityEvaluator(self.loaded.model, tokens, suite=suite, reference=ref,
-                                    **extra)
+            return MemoryEvaluator(self.loaded.model, tokens, suite=suite, reference=ref,
+                                   **extra)
         except (RuntimeError, MemoryError) as exc:
             if is_out_of_memory(exc):
                 raise self.out_of_memory("measuring the original model",

@@ -3,12 +3,17 @@ describes it as the `local` target. torch is imported only when measuring."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from autoplan.backends.base import Backend, KernelEntry, ProbeResult, Row, register_backend
+from autoplan.backends.base import Backend, KernelEntry, ProbeResult, register_backend
+from autoplan.backends.kernel_timers import KernelTimer, register_kernel_timer
 from autoplan.formats import Choice, OrtNode, format_spec
 from autoplan.targets import Target
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
+    from autoplan.workload import Workload
 
 
 def probe_cpu(refresh: bool = False) -> ProbeResult:
@@ -82,11 +87,15 @@ class CpuBackend(Backend):
         """`local`: this machine, measured on first use and cached (local_target.py)."""
         return {"local": _local}
 
-    def microbench(self, rows: Iterable[Row]) -> dict[str, Any]:
-        """Time GEMM rows in ONNX Runtime as the ONNX export runs them (cached per machine)."""
-        from autoplan.backends.cpu.ort_microbench import measure_rows
 
-        return measure_rows(list(rows))
+def _time_ort_kernels(loaded: LoadedModel, space: Any, workload: Workload,
+                      **kw: Any) -> dict[str, Any]:
+    from autoplan.backends.cpu.predict import search_kernel_table
+
+    return search_kernel_table(loaded, space, workload, **kw)
+
+
+register_kernel_timer("cpu", "onnxruntime", KernelTimer("ONNX Runtime", _time_ort_kernels))
 
 
 def _local() -> Target:

@@ -25,7 +25,7 @@ from autoplan.backends.cpu.probe import (
     measure_bandwidth,
     measure_matmul,
 )
-from autoplan.models._cache import cache_root
+from autoplan.cache_dir import cache_root
 from autoplan.targets import Figure, Target
 
 # Bump when the measurement or the Target schema changes, so old cache files are redone.

@@ -100,7 +100,9 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
                           fuse_gate_up=lambda i: _same_choice(decisions, i, "mlp", ("gate", "up")))
     records = quantize_graph(proto, decisions, quantized=quantized)
     manifest = _manifest(model, proto, records)
-    with _atomic_dir(Path(out_dir)) as tmp:
+    # an existing folder is replaced only when it is an autoplan artifact (holds a manifest)
+    with atomic_dir(Path(out_dir), is_ours=lambda d: (d / MANIFEST).is_file(),
+                    what="autoplan artifact") as tmp:
         onnx.save_model(proto, str(tmp / "model.onnx"), save_as_external_data=True,
                         all_tensors_to_one_file=True, location="model.onnx.data",
                         size_threshold=1024)
@@ -179,12 +181,6 @@ def _streamed_bytes(proto: onnx.ModelProto) -> int:
 def _init_bytes(tensor: onnx.TensorProto) -> int:
     itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     return int(np.prod(tensor.dims)) * itemsize
-
-
-def _atomic_dir(target: Path):  # noqa: ANN202 - a context manager
-    # An existing folder is replaced only when it is an autoplan artifact (holds a manifest).
-    return atomic_dir(target, is_ours=lambda d: (d / MANIFEST).is_file(),
-                      what="autoplan artifact")
 
 
 __all__ = ["CpuArtifact", "MANIFEST", "export_cpu_model"]

@@ -155,7 +155,7 @@ def machine_key(threads: int | None = None, spinning: bool = True) -> str:
 
 
 def cache_path(threads: int | None = None, spinning: bool = True) -> Path:
-    from autoplan.models._cache import cache_root
+    from autoplan.cache_dir import cache_root
 
     return cache_root() / "cost_tables" / f"{machine_key(threads, spinning)}.json"
 

@@ -25,9 +25,12 @@ analytic-only figure is kept next to it (`predicted_analytic`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan.formats import DENSE, Choice, Precision
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 FP32 = Choice(DENSE, Precision.FP32)
 
@@ -153,7 +156,7 @@ def prediction_block(spec: Any, target: Any, workload: Mapping[str, int],
     return out
 
 
-def search_kernel_table(loaded: Any, space: Any, workload: Any, threads: int | None = None,
+def search_kernel_table(loaded: LoadedModel, space: Any, workload: Any, threads: int | None = None,
                         spinning: bool = True, progress: Any = None) -> dict[str, Any]:
     """Measured ORT kernel rows for every (unit, choice) a CPU search may pick, plus the
     measured non-GEMM decode step: the CostModel(measured=...) of `autoplan search

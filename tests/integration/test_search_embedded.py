@@ -26,7 +26,7 @@ def test_search_h100_embedded(tmp_path):
     # A searched candidate that passed when measured, not a fallback (which also meets the
     # budget): the search compressed something and the cost model says it is faster.
     assert plan.search.outcome == "plan"
-    assert any(v["passed"] for r in plan.search.rounds for v in r["verified"])
+    assert any(v.passed for r in plan.search.rounds for v in r.verified)
     assert plan.model.id == "smollm2-135m" and len(plan.decisions) == 211
     assert plan.decisions["lm_head"] == "dense+bf16"  # protected on GPU spaces
     assert not any(c.startswith("2:4") for c in plan.decisions.values())  # vLLM has no 2:4

@@ -63,7 +63,7 @@ def _ok(args: list[str]) -> Result:
 
 def _check_compressed(plan, baseline: str) -> None:  # noqa: ANN001
     assert plan.search.outcome == "plan"
-    assert any(v["passed"] for r in plan.search.rounds for v in r["verified"])
+    assert any(v.passed for r in plan.search.rounds for v in r.verified)
     assert any(c != baseline for c in plan.decisions.values())
     assert plan.predicted["plan"].weight_gb < plan.predicted["baseline"].weight_gb
 

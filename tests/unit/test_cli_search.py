@@ -43,7 +43,7 @@ def _check_compressed_by_search(plan) -> None:  # noqa: ANN001
     a fallback to a uniform recipe or the baseline also meets the budget, so budget_met
     alone would pass if every searched candidate failed."""
     assert plan.search.outcome == "plan"
-    assert any(v["passed"] for r in plan.search.rounds for v in r["verified"])
+    assert any(v.passed for r in plan.search.rounds for v in r.verified)
     assert any(c != "dense+bf16" for c in plan.decisions.values())
     assert plan.audit.tensors  # a compressed layer's weights are audited
     assert plan.predicted["plan"].weight_gb < plan.predicted["baseline"].weight_gb

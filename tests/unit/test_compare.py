@@ -17,6 +17,7 @@ from autoplan.errors import UnknownNameError, UserInputError
 from autoplan.plan.io import load_plan
 from autoplan.quality.slices import SLICES
 from autoplan.search import SearchRequest
+from autoplan.search.jobs import JobQueue, open_storage
 from autoplan.streaming import runner as runner_module
 from autoplan.targets import _MEASURED, get_target
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
@@ -69,7 +70,7 @@ def test_rows_plans_and_shared_verification(compared) -> None:  # noqa: ANN001
         assert r.kl == plan.quality.kl and plan.quality.budget_met
         assert r.gain_over_baseline == pytest.approx(
             plan.predicted["plan"].tokens_per_s / plan.predicted["baseline"].tokens_per_s)
-        assert plan.search.points and plan.search.points[-1]["kind"] == "plan"
+        assert plan.search.points and plan.search.points[-1].kind == "plan"
         assert set(plan.quality.slices) == set(SLICES)  # measured for the chosen plan
     # h100 and h200 search the same choices: their uniform recipes and candidates coincide
     assert comparison.reused >= 1
@@ -79,13 +80,25 @@ def test_rows_plans_and_shared_verification(compared) -> None:  # noqa: ANN001
     assert [r["target"] for r in saved["rows"]] == [r.target for r in comparison.rows]
 
 
+def test_each_entry_is_driven_through_its_job_queue(compared) -> None:  # noqa: ANN001
+    """compare runs the search's pipeline: each entry's study has a job queue holding the
+    request record `autoplan worker` rebuilds from, marked done once its plan is written."""
+    comparison, _, out = compared
+    for r in comparison.rows:
+        plan = load_plan(out / r.plan_file)
+        queue = JobQueue(open_storage(plan.search.storage), plan.search.study)
+        assert queue.attr("done") is True and not queue.driver_alive()
+        record = queue.attr("request")
+        assert record["target"] == r.target and record["profile"]
+
+
 def test_a_target_that_cannot_hold_the_model_is_listed_with_its_bytes(
         model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = get_target("h100").model_copy(update={"name": "tiny-gpu", "aliases": ()})
     # A 1 kB device: the nominal figure shrunk and the nvidia-smi reading dropped (it wins).
     tiny = tiny.model_copy(update={"memory_gb": tiny.memory_gb.model_copy(
         update={"value": 1e-6}), "visible_memory_mib": None})
-    monkeypatch.setitem(_MEASURED, "tiny-gpu", lambda: tiny)
+    monkeypatch.setitem(_MEASURED.entries, "tiny-gpu", lambda: tiny)
     for operating in (None, OperatingRequest("max", 128, 32)):
         base = _base(model_dir, operating=operating)
         comparison = run_compare(CompareRequest(base, parse_entries("tiny-gpu"), tmp_path / "o"))
@@ -144,9 +157,9 @@ def test_batch_max_is_resolved_per_target_and_recorded(model_dir: Path, tmp_path
     batches = {}
     for row in comparison.rows:
         plan = load_plan(tmp_path / "o" / row.plan_file)
-        assert plan.operating_point["mode"] == "max" and plan.operating_point["bound"]
-        assert plan.workload["batch"] == row.batch == plan.operating_point["batch"] > 8
-        assert plan.operating_point["bound"] == "memory"
+        assert plan.operating_point.mode == "max" and plan.operating_point.bound
+        assert plan.workload.batch == row.batch == plan.operating_point.batch > 8
+        assert plan.operating_point.bound == "memory"
         assert plan.predicted["baseline"].fits and plan.predicted["plan"].fits
         batches[row.target] = row.batch
     assert batches["h200"] > batches["l40s"]  # 141 GB hold more sequences than 48 GB

@@ -16,7 +16,8 @@ import torch
 from autoplan.compress import CompressionSettings, audit_digests, compressed_copy
 from autoplan.errors import AutoplanError, UnknownNameError, UnsupportedFormatError, UserInputError
 from autoplan.export import export_plan, exporter_names, get_exporter, register_exporter
-from autoplan.export._write import AUDIT_FILE, PLAN_FILE, atomic_dir
+from autoplan.atomic import atomic_dir
+from autoplan.export._write import AUDIT_FILE, PLAN_FILE, is_export
 from autoplan.formats import Choice
 from autoplan.models import LoadedModel
 from autoplan.models.hashing import weights_hash
@@ -94,7 +95,7 @@ def loaded(tmp_path):
 
 def test_registry_lists_builtins_and_refuses_duplicates():
     assert {"compressed-tensors", "gguf", "modelopt", "onnx"} <= set(exporter_names())
-    with pytest.raises(AutoplanError, match="already registered"):
+    with pytest.raises(AutoplanError, match="registered twice"):
         register_exporter(get_exporter("modelopt"))
     with pytest.raises(UnknownNameError, match="compressed-tensors, gguf, modelopt, onnx"):
         get_exporter("tflite")
@@ -164,10 +165,10 @@ def test_a_format_with_calibrated_inputs_needs_the_calibration_set(loaded, tmp_p
 
 def test_atomic_dir_keeps_old_export_on_failure(tmp_path):
     target = tmp_path / "exp"
-    with atomic_dir(target) as tmp:
+    with atomic_dir(target, is_ours=is_export) as tmp:
         (tmp / AUDIT_FILE).write_text("{}")
         (tmp / "a").write_text("old")
-    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:
+    with pytest.raises(RuntimeError), atomic_dir(target, is_ours=is_export) as tmp:
         (tmp / "a").write_text("half")
         raise RuntimeError("crash")
     assert (target / "a").read_text() == "old"
@@ -175,7 +176,7 @@ def test_atomic_dir_keeps_old_export_on_failure(tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x").write_text("user data")
     with pytest.raises(UserInputError, match="not an autoplan export"), \
-            atomic_dir(tmp_path / "other"):
+            atomic_dir(tmp_path / "other", is_ours=is_export):
         pass
 
 

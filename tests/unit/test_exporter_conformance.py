@@ -15,7 +15,8 @@ import pytest
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export import exporter_names, get_exporter
 from autoplan.export._prepare import prepare
-from autoplan.export._write import AUDIT_FILE, PLAN_FILE, atomic_dir, write_sidecars
+from autoplan.atomic import atomic_dir
+from autoplan.export._write import AUDIT_FILE, PLAN_FILE, is_export, write_sidecars
 from tests.unit.test_export_common import BASELINE, layer_names, make_plan, tiny_loaded
 
 pytest.importorskip("transformers")
@@ -30,7 +31,7 @@ class FakeExporter:
     def write(self, prep, out_dir):  # noqa: ANN001, ANN201
         from safetensors.torch import save_file
 
-        with atomic_dir(out_dir) as tmp:
+        with atomic_dir(out_dir, is_ours=is_export) as tmp:
             save_file({n: s.weight.contiguous() for n, s in prep.sims.items()},
                       str(tmp / "model.safetensors"))
             write_sidecars(tmp, prep.plan, self.name, prep.runtime,

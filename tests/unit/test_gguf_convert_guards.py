@@ -15,7 +15,8 @@ import pytest
 
 from autoplan.errors import UserInputError
 from autoplan.models import gguf_convert
-from autoplan.models._cache import atomic_dir
+from autoplan.atomic import atomic_new_dir
+from autoplan.models._cache import is_model_folder
 
 
 def test_an_architecture_without_a_name_map_is_named():
@@ -80,8 +81,9 @@ _HOLDER = """
 import sys, time
 from pathlib import Path
 from autoplan.models import gguf_convert
-from autoplan.models._cache import atomic_dir
-with atomic_dir(Path(sys.argv[1])) as tmp:
+from autoplan.atomic import atomic_new_dir
+from autoplan.models._cache import is_model_folder
+with atomic_new_dir(Path(sys.argv[1]), complete=is_model_folder) as tmp:
     gguf_convert._lock_dir(tmp, wait=True)
     (tmp / "part.safetensors").write_bytes(b"x" * 4096)
     print(tmp, flush=True)
@@ -121,7 +123,7 @@ def test_a_killed_conversion_is_cleaned_by_the_next_run(tmp_path):
 
 def test_atomic_dir_still_publishes(tmp_path):
     dest = tmp_path / "m"
-    with atomic_dir(dest) as tmp:
+    with atomic_new_dir(dest, complete=is_model_folder) as tmp:
         fd = gguf_convert._lock_dir(tmp, wait=True)
         (tmp / "config.json").write_text("{}")
     os.close(fd)

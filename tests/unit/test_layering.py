@@ -172,3 +172,59 @@ def test_search_is_used_through_its_public_api() -> None:
                 if private_module or (public is not None and alias.name not in public):
                     bad.append(f"{path.relative_to(ROOT)}: from {node.module} import {alias.name}")
     assert not bad, "import these through autoplan.search's public API:\n" + "\n".join(bad)
+
+
+def climb_backs(sources: list[str]) -> list[str]:
+    """The calls in these modules into the search's stages: each is a point where following
+    a request means going down into the search, coming back up here and going down again.
+
+    A call counts when its callee was imported from ``autoplan.search`` (any subpackage) or
+    ``autoplan.plan.io``, or is a method of an object such a call returned
+    (``pipeline = Pipeline(...)`` then ``pipeline.run()``). Attribute reads and the
+    progress sink (``Reporter()``) do not count.
+    """
+    calls: list[str] = []
+    for text in sources:
+        tree = ast.parse(text)
+        imported = {a.asname or a.name for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom)
+                    and (node.module or "").startswith(("autoplan.search", "autoplan.plan.io"))
+                    for a in node.names} - {"Reporter"}
+        made = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                and node.value.func.id in imported for t in node.targets
+                if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Name) and f.id in imported:
+                calls.append(f"{f.id}() line {node.lineno}")
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+                    and f.value.id in made:
+                calls.append(f"{f.value.id}.{f.attr}() line {node.lineno}")
+    return calls
+
+
+def test_following_a_compare_request_climbs_back_at_most_3_times() -> None:
+    """compare runs the search's Pipeline instead of sequencing the stages itself (it
+    called 12 of them by hand: preflight, open_model_work, ... build_plan, save_plan)."""
+    sources = [p.read_text() for p in sorted((ROOT / "autoplan" / "compare").glob("*.py"))]
+    calls = climb_backs(sources)
+    assert len(calls) <= 3, calls
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    """A private module (``_name``) or name is its package's own; others use its public API."""
+    bad = []
+    for path in [*(ROOT / "autoplan").rglob("*.py"), *(ROOT / "backends").rglob("*.py")]:
+        module = _module(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                    "autoplan.") or _package(node.module) == _package(module):
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_")
+                       and not a.name.startswith("__")]
+            if any(p.startswith("_") for p in node.module.split(".")[1:]) or private:
+                bad.append(f"{module} -> {node.module} {[a.name for a in node.names]}")
+    assert not bad, "import through the package's public API:\n" + "\n".join(bad)

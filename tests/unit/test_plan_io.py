@@ -35,7 +35,7 @@ def sample_plan(**changes) -> ps.Plan:  # noqa: ANN003 - field overrides
         search=ps.SearchMeta(
             sampler="ExchangeSampler (optuna)", seed=0, trials=200, wall_time_s=1.0,
             study="autoplan-x", storage="journal:p.optuna.journal", real_evaluations=3,
-            rounds=[{"round": 1, "trials": 200}],
+            rounds=[{"round": 1, "surrogate_limit": 0.045, "trials": 200}],
             certificate=ps.Certificate(solver="milp", optimum_objective=1.0,
                                        search_objective=1.0, gap=0.0, surrogate_limit=0.045),
             outcome="plan"),
@@ -138,6 +138,7 @@ def test_migrations_applied_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyP
     save_plan(sample_plan(), path)
     raw = _raw(path)
     raw["goal"] = raw.pop("objective")  # v1 called it 'goal' in this imaginary history
+    raw["schema_version"] = 1
     path.write_text(json.dumps(raw))
     calls: list[int] = []
 
@@ -170,3 +171,36 @@ def test_missing_migration_step_is_named(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_current_version_needs_no_migration() -> None:
     raw = {"schema_version": ps.SCHEMA_VERSION, "x": 1}
     assert migrate(raw) == raw
+
+
+OLD_PLAN = Path(__file__).resolve().parents[1] / "data" / "plan_v1.json"
+
+
+def test_a_version_1_plan_is_read_into_the_typed_schema(tmp_path: Path) -> None:
+    """tests/data/plan_v1.json was written by `run_search` at schema_version 1 (the tiny
+    Llama, h100-sxm / vLLM): its free-form rounds, points and workload load as models."""
+    raw = _raw(OLD_PLAN)
+    assert raw["schema_version"] == 1 and isinstance(raw["search"]["rounds"][0], dict)
+    plan = load_plan(OLD_PLAN)
+    assert plan.schema_version == ps.SCHEMA_VERSION
+    assert plan.workload.batch == raw["workload"]["batch"]
+    assert plan.search.outcome == raw["search"]["outcome"]
+    rounds = raw["search"]["rounds"]
+    assert [r.trials for r in plan.search.rounds] == [r["trials"] for r in rounds]
+    assert [v.passed for r in plan.search.rounds for v in r.verified] == \
+        [v["passed"] for r in rounds for v in r["verified"]]
+    assert [p.kind for p in plan.search.points] == [p["kind"] for p in raw["search"]["points"]]
+    assert plan.decisions == raw["decisions"]
+    save_plan(plan, tmp_path / "v2.json")  # written at the current version, read back equal
+    assert _raw(tmp_path / "v2.json")["schema_version"] == ps.SCHEMA_VERSION
+    assert load_plan(tmp_path / "v2.json") == plan
+
+
+def test_an_unknown_outcome_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    save_plan(sample_plan(), path)
+    raw = _raw(path)
+    raw["search"]["outcome"] = "maybe"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(PlanError, match=r"search\.outcome"):
+        load_plan(path)

@@ -12,7 +12,6 @@ from autoplan.backends.amd import probe as amd_probe
 from autoplan.backends.registry import backend_names, get_backend
 from autoplan.backends.cpu import local_target as lt
 from autoplan.cli import cli
-from autoplan.formats import Choice
 from autoplan.targets import get_target
 
 
@@ -136,15 +135,6 @@ def test_corrupt_cache_is_measured_again(cached_env, monkeypatch):
     monkeypatch.setattr(lt, "measure_bandwidth", lambda: (7.0, "fake"))
     monkeypatch.setattr(lt, "measure_matmul", lambda kind: (0.25, 64))
     assert lt.local_target().bandwidth_gbps.value == 7.0
-
-
-def test_backend_supports_delegates_to_the_runtime_matrix():
-    h100, spr = get_target("h100"), get_target("spr")
-    assert get_backend("nvidia").supports(h100, "vllm", Choice.parse("fp8")).ok
-    assert not get_backend("nvidia").supports(h100, "vllm", Choice.parse("2:4+fp8")).ok
-    assert not get_backend("amd").supports(h100, "vllm", Choice.parse("bf16")).ok
-    assert get_backend("cpu").supports(spr, "onnxruntime", Choice.parse("int8a8_g128")).ok
-    assert not get_backend("cpu").supports(spr, "onnxruntime", Choice.parse("int8")).ok
 
 
 def test_cli_probe_json(cached_env, measured):

@@ -23,7 +23,7 @@ import torch
 from autoplan.compress import CompressionSettings
 from autoplan.cost.model import CostModel
 from autoplan.errors import AutoplanError, UserInputError
-from autoplan.quality.evaluator import QualityEvaluator
+from autoplan.streaming.candidates import MemoryEvaluator
 from autoplan.quality.text import load_text_dataset
 from autoplan.search import QualityBudget, Verifier, build_space
 from autoplan.search.optimize import build_tables
@@ -212,7 +212,7 @@ def test_verification_on_ray_equals_the_serial_measurements(s: Setup,
     assert len(candidates) == 3
 
     def verifier() -> Verifier:
-        return Verifier(s.model, space, tables, QualityEvaluator(s.model, s.data.eval),
+        return Verifier(s.model, space, tables, MemoryEvaluator(s.model, s.data.eval),
                         QualityBudget.parse("kl<=0.05"), SETTINGS, s.calib)
 
     serial, sharded = _serial_and_sharded(verifier, candidates, executor)

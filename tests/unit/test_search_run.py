@@ -15,6 +15,7 @@ from optuna.storages.journal import JournalFileBackend
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.modelspec import ModelSpec
+from autoplan.plan import schema as ps
 from autoplan.plan.io import load_plan
 from autoplan.quality.slices import SLICES
 from autoplan.search import (
@@ -33,7 +34,7 @@ from autoplan.search import (
 from autoplan.search.jobs import redact
 from autoplan.search.optimize import Candidate
 from autoplan.search.reporter import Reporter
-from autoplan.search.verify import CandidateContext, evaluate_candidate
+from autoplan.streaming.candidates import CandidateContext, evaluate_candidate
 from autoplan.targets import get_target
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
 
@@ -78,7 +79,7 @@ def test_h100_plan_round_trips_and_meets_budget(h100: SearchOutcome, model_dir: 
     _check_plan_file(h100, out)
     assert plan.search.outcome == "plan"
     assert plan.quality.budget_met and plan.quality.kl <= 0.05
-    assert plan.search.trials == 200 and plan.search.rounds[0]["resumed_trials"] == 0
+    assert plan.search.trials == 200 and plan.search.rounds[0].resumed_trials == 0
     assert plan.target.name == "h100-sxm" and plan.runtime.name == "vllm"
     assert plan.budget.metric == "kl" and plan.budget.limit == 0.05
     # every linear decided, lm_head kept, fused q/k/v and gate/up share one choice
@@ -103,10 +104,10 @@ def test_h100_audit_and_predictions(h100: SearchOutcome) -> None:
     assert cert is not None and -1e-9 <= cert.gap <= 0.01
     # every verified candidate was measured and its verdict matches the budget
     for rnd in plan.search.rounds:
-        for v in rnd["verified"]:
-            assert v["passed"] == (v["badness"] <= 0.05)
+        for v in rnd.verified:
+            assert v.passed == (v.badness <= 0.05)
         # measured one at a time, best first: a round stops at its first passing candidate
-        assert all(not v["passed"] for v in rnd["verified"][:-1])
+        assert all(not v.passed for v in rnd.verified[:-1])
     assert plan.quality.surrogate_kl <= cert.surrogate_limit
 
 
@@ -114,8 +115,8 @@ def test_rerun_resumes_every_trial(h100: SearchOutcome, model_dir: Path) -> None
     out = Path(h100.plan.search.storage.removeprefix("journal:")).with_name("plan.json")
     again = run_search(_request(model_dir, out))
     assert again.plan.search.study == h100.plan.search.study
-    assert again.plan.search.rounds[0]["resumed_trials"] == 200
-    assert again.plan.search.rounds[0]["trials"] == 200  # none new
+    assert again.plan.search.rounds[0].resumed_trials == 200
+    assert again.plan.search.rounds[0].trials == 200  # none new
     assert again.plan.decisions == h100.plan.decisions
 
 
@@ -163,9 +164,9 @@ def test_failing_candidates_fall_back_to_a_passing_uniform(model_dir: Path,
     assert not failed.passed
     rounds = Rounds(limit=1e-4, chosen=None, trials=10,
                     best_searched=Candidate(harsh, prep.value(harsh), failed.surrogate, 0),
-                    log=[{"round": 1, "surrogate_limit": 1e-4, "trials": 10,
-                          "resumed_trials": 0, "verified": [{"label": failed.label,
-                                                             "passed": False}]}])
+                    log=[ps.Round(round=1, surrogate_limit=1e-4, trials=10, verified=[
+                        ps.VerifiedCandidate(label=failed.label, surrogate_kl=failed.surrogate,
+                                             badness=failed.badness, passed=False)])])
     chosen = choose(prep, rounds, Reporter())
     assert chosen.outcome is Outcome.UNIFORM and chosen.measurement.passed
     _check_slices_of_the_chosen_only(prep, chosen.measurement)
@@ -229,7 +230,7 @@ def test_ppl_budget_with_a_sampler_and_storage_passed_in(model_dir: Path, tmp_pa
     assert plan.search.sampler == "RandomSampler (passed in)"
     assert plan.search.storage == "JournalStorage (passed in)"
     study = optuna.load_study(study_name=plan.search.study, storage=storage)
-    assert len(study.trials) == plan.search.rounds[0]["trials"] == 200  # kept in OUR storage
+    assert len(study.trials) == plan.search.rounds[0].trials == 200  # kept in OUR storage
     assert not out.with_name("p.optuna.journal").exists()  # and in no default journal
     assert plan.search.outcome == "plan" and plan.quality.budget_met
     assert plan.budget.metric == "ppl"

@@ -84,12 +84,12 @@ def _check_exact(storage, outcome: SearchOutcome) -> None:  # noqa: ANN001
     for name, logged in zip(names, outcome.plan.search.rounds, strict=True):
         trials = _stored(storage, name)
         assert {t.state for t in trials} == {TrialState.COMPLETE}
-        assert len(trials) == logged["trials"]  # exact: not one more, not one less
+        assert len(trials) == logged.trials  # exact: not one more, not one less
         numbers = Counter(t.number for t in trials)
         assert max(numbers.values()) == 1 and sorted(numbers) == list(range(len(trials)))
         # every batch holds exactly its size, whoever ran it and however often it was retried
         per_batch = Counter(stored_by(t)[1] for t in trials)
-        assert sum(per_batch.values()) == logged["trials"]
+        assert sum(per_batch.values()) == logged.trials
         for batch, n in per_batch.items():
             assert n <= 25, batch
 
@@ -149,7 +149,7 @@ def _shared_search(url: str, model_dir: Path, tmp_path: Path, n_workers: int) ->
             assert len(batch) == held.user_attrs["size"]  # its running trial alone was redone
     # the plan was written once, by the search; the workers wrote none
     assert out.exists() and sorted(p.name for p in tmp_path.glob("*.json")) == ["plan.json"]
-    assert outcome.plan.search.trials == sum(r["trials"] for r in outcome.plan.search.rounds)
+    assert outcome.plan.search.trials == sum(r.trials for r in outcome.plan.search.rounds)
 
 
 def test_three_postgres_workers_one_search_one_killed(postgres: str, model_dir: Path,

@@ -35,7 +35,7 @@ def test_streamed_search_gives_the_in_memory_plan(tmp_path: Path,
     assert st.audit.tensors == mem.audit.tensors
     # in memory a round's candidates are measured one at a time until one settles the
     # rounds; streamed, together in one pass over the blocks: the same verdicts, in order
-    verdicts = [[(v["label"], v["passed"]) for r in p.search.rounds for v in r["verified"]]
+    verdicts = [[(v.label, v.passed) for r in p.search.rounds for v in r.verified]
                 for p in (mem, st)]
     assert verdicts[1][:len(verdicts[0])] == verdicts[0]
     assert st.search.real_evaluations >= mem.search.real_evaluations
@@ -62,7 +62,7 @@ def test_out_of_memory_while_verifying_is_one_line(tmp_path: Path, execution: st
         raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     target = ("autoplan.streaming.evaluate.StreamedEvaluator.evaluate_many"
-              if execution == "stream" else "autoplan.search.verify._verifier.compressed_copy")
+              if execution == "stream" else "autoplan.streaming.candidates.compressed_copy")
     monkeypatch.setattr(target, oom)
     folder = save_tiny_folder(tmp_path / "model")
     with pytest.raises(AutoplanError) as err:

@@ -298,5 +298,5 @@ def drain(queue: JobQueue, finished: Callable[[], bool], accept: Callable[[Job],
         time.sleep(POLL_S)
 
 
-__all__ = ["BATCH", "POLL_S", "Job", "JobQueue", "drain", "picks_key", "process_alive", "queue_name",
-           "worker_id"]
+__all__ = ["BATCH", "POLL_S", "Job", "JobQueue", "drain", "picks_key", "process_alive",
+           "queue_name", "worker_id"]

@@ -1,11 +1,12 @@
 """The surrogate problem and its optimizers.
 
-    build_space(spec, target, runtime) -> SearchSpace    decision units and their choices
-    build_tables(space, cost, profile) -> Tables         time and surrogate quality per unit x choice
-    run_study(tables, StudyConfig) -> StudyResult        Optuna study (ExchangeSampler on TableStudy;
-                                                         NSGA-II for a Pareto front)
-    solve_exact(tables, limit) -> KnapsackSolution       the additive problem's exact optimum
-    owl_allocations / lagrangian_allocations             warm starts
+    build_space(spec, target, runtime) -> SearchSpace   decision units and their choices
+    build_tables(space, cost, profile) -> Tables        time and surrogate KL per unit x choice
+    run_study(tables, limit, cost, StudyConfig, warm) -> StudyResult
+                                                        Optuna study (ExchangeSampler on
+                                                        TableStudy; NSGA-II for a front)
+    solve_exact(tables, limit) -> KnapsackSolution      the additive problem's exact optimum
+    owl_allocations / lagrangian_allocations            warm starts
 """
 
 from autoplan.lazy import lazy_exports

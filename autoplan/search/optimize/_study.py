@@ -108,10 +108,6 @@ class _Objective:
         return values if self.cfg.multi_objective else values[0]
 
 
-def _objective(tables: Tables, cost: CostModel, cfg: StudyConfig, limit: float) -> _Objective:
-    return _Objective(tables, cost, cfg, limit)
-
-
 def _memory_study(cfg: StudyConfig, tables: Tables, limit: float) -> optuna.Study | TableStudy:
     """Where trials are sampled: TableStudy for the default ExchangeSampler (the same trials
     without Optuna's per-parameter bookkeeping, _table_study.py), else an Optuna study."""
@@ -141,7 +137,7 @@ class RoundStudy:
         self.memory = _memory_study(cfg, tables, limit)
         # who stored a trial: this process, and this mirror (a process may open a study twice)
         self.worker = f"{worker_id()}/{uuid.uuid4().hex[:8]}"
-        self._objective = _objective(tables, cost, cfg, limit)
+        self._objective = _Objective(tables, cost, cfg, limit)
         self._mirrored: set[int] = set()
         self.stored_here = 0  # trials this mirror stored
         self.sync()
@@ -159,11 +155,7 @@ class RoundStudy:
                     self.memory.add_trial(_unpacked(t, self.tables, self.cfg.study_name))
 
     def enqueue(self, warm_starts: Sequence[Sequence[int]]) -> None:
-        units, labels = self.tables.space.units, self.tables.labels
-        for picks in warm_starts:
-            self.memory.enqueue_trial({u.name: labels[i][c]
-                                       for i, (u, c) in enumerate(zip(units, picks, strict=True))},
-                                      skip_if_exists=True)
+        _enqueue(self.memory, self.tables, warm_starts)
 
     def run(self, n: int, batch: str, still_mine: Callable[[], bool] = lambda: True,
             on_trial: Callable[[int, int], None] | None = None, total: int = 0) -> bool:
@@ -188,6 +180,16 @@ class RoundStudy:
 
     def complete(self) -> list[FrozenTrial]:
         return self.memory.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def _enqueue(memory: optuna.Study | TableStudy, tables: Tables,
+             warm_starts: Sequence[Sequence[int]]) -> None:
+    """Warm starts as enqueued trials (they bypass the sampler; a repeated one is skipped)."""
+    units, labels = tables.space.units, tables.labels
+    for picks in warm_starts:
+        memory.enqueue_trial({u.name: labels[i][c]
+                              for i, (u, c) in enumerate(zip(units, picks, strict=True))},
+                             skip_if_exists=True)
 
 
 def _packed(trial: FrozenTrial, tables: Tables, worker: str, batch: str) -> FrozenTrial:
@@ -278,13 +280,9 @@ def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
     if on_trial:
         on_trial(resumed, total)
     if study is None:
-        for picks in warm_starts:
-            memory.enqueue_trial({u.name: tables.labels[i][c]
-                                  for i, (u, c) in enumerate(zip(tables.space.units, picks,
-                                                                 strict=True))},
-                                 skip_if_exists=True)
+        _enqueue(memory, tables, warm_starts)
         if total:
-            memory.optimize(_objective(tables, cost, cfg, limit), n_trials=total, callbacks=[
+            memory.optimize(_Objective(tables, cost, cfg, limit), n_trials=total, callbacks=[
                 lambda s, t: on_trial(t.number + 1, total)] if on_trial else [])
     else:
         name = cfg.study_name

@@ -10,7 +10,6 @@ from __future__ import annotations
 from autoplan.search.recovery._recover_plan import RecoverOptions, default_out, recover_plan
 from autoplan.search.recovery._stage import (
     PassOutput,
-    RecoveredCandidate,
     RecoveryStage,
     RecoveryText,
     keep_weights,
@@ -25,7 +24,6 @@ from autoplan.search.recovery._stage import (
 __all__ = [
     "PassOutput",
     "RecoverOptions",
-    "RecoveredCandidate",
     "RecoveryStage",
     "RecoveryText",
     "default_out",

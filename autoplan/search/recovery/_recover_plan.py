@@ -15,10 +15,10 @@ import copy
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import UserInputError
-from autoplan.export._prepare import pick_runtime, plan_settings, prepare
+from autoplan.export import pick_runtime, plan_settings, prepare
 from autoplan.export.calibration import CalibrationArgs, plan_dataset
 from autoplan.models.graph import set_module
 from autoplan.plan import schema as ps
@@ -29,6 +29,9 @@ from autoplan.recover import RecoverySettings, weights_path_for
 from autoplan.search.recovery._stage import plan_quality, recovery_text, run_key, run_pass
 from autoplan.search.reporter import Reporter
 from autoplan.search.verify import QualityBudget, build_gates
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ def _budgets(plan: ps.Plan) -> tuple[QualityBudget, ...]:
     return tuple(QualityBudget.parse(t) for t in texts)
 
 
-def _evaluator(plan: ps.Plan, loaded: Any, eval_tokens: Any, opts: RecoverOptions,
+def _evaluator(plan: ps.Plan, loaded: LoadedModel, eval_tokens: Any, opts: RecoverOptions,
                budgets: tuple[QualityBudget, ...]) -> QualityEvaluator:
     from autoplan.quality.suite import load_suite
 
@@ -63,7 +66,7 @@ def _evaluator(plan: ps.Plan, loaded: Any, eval_tokens: Any, opts: RecoverOption
                             slices=build_slices(loaded.tokenizer), gates=gates)
 
 
-def recover_plan(plan: ps.Plan, loaded: Any, opts: RecoverOptions,
+def recover_plan(plan: ps.Plan, loaded: LoadedModel, opts: RecoverOptions,
                  reporter: Reporter | None = None) -> ps.Plan:
     """Recover ``plan``'s compressed layers; write and return the recovered plan.
 

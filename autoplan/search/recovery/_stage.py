@@ -48,7 +48,7 @@ from autoplan.recover import (
 )
 from autoplan.recover.weights import file_sha256
 from autoplan.search.reporter import Reporter
-from autoplan.search.verify import Measurement, Verifier
+from autoplan.search.verify import Measurement, RecoveredCandidate, Verifier
 
 
 @dataclass(frozen=True)
@@ -89,14 +89,6 @@ def run_key(model_hash: str, decisions: dict[str, Choice], compression: Any,
                                       str(compression.quant_method)],
                       "settings": settings.key(), "text": text_hash}, sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:24]
-
-
-@dataclass(frozen=True)
-class RecoveredCandidate:
-    """A recovered measurement's record: the plan's `recovery` section, its weights file."""
-
-    record: ps.Recovery
-    weights_file: Path
 
 
 def plan_quality(q: QualityResult, surrogate: float, passed: bool) -> ps.Quality:
@@ -243,7 +235,7 @@ def run_pass(model: torch.nn.Module, compressed: torch.nn.Module,
 def keep_weights(m: Measurement, out: Path) -> ps.Recovery | None:
     """Move a chosen recovered candidate's weights beside the plan; its record, or None."""
     cand = m.recovery
-    if not isinstance(cand, RecoveredCandidate):
+    if cand is None:
         return None
     dest = weights_path_for(out)
     tmp = dest.with_name(f".{dest.name}.tmp")
@@ -256,6 +248,6 @@ def work_dir_for(out: Path) -> Path:
     return out.with_name(out.name + ".recovery")
 
 
-__all__ = ["PassOutput", "RecoveredCandidate", "RecoveryStage", "RecoveryText", "keep_weights",
+__all__ = ["PassOutput", "RecoveryStage", "RecoveryText", "keep_weights",
            "plan_quality", "recovered_model", "recovery_text", "run_key", "run_pass",
            "work_dir_for"]

@@ -1,6 +1,7 @@
-"""The processes that run the stages: `run_search` drives a search and writes its plan;
-`run_worker` joins one through its storage, rebuilding the driver's inputs from the record
-the driver leaves in the job queue.
+"""What runs the stages: `Pipeline` (one model, one or more platforms: `autoplan search`
+and `autoplan compare` both run it), `run_search` (the pipeline on one platform) and
+`run_worker` (joins a running search through its storage, rebuilding the driver's inputs
+from the record the driver leaves in the job queue).
 """
 
 from autoplan.lazy import lazy_exports
@@ -8,6 +9,9 @@ from autoplan.lazy import lazy_exports
 # each name's module is imported on first use (autoplan/lazy.py): a worker waits for its
 # search before importing the stack
 _EXPORTS = {
+    "Pipeline": "autoplan.search.run._pipeline",
+    "Searched": "autoplan.search.run._pipeline",
+    "Skipped": "autoplan.search.run._pipeline",
     "RECORD_VERSION": "autoplan.search.run._record",
     "check_same_inputs": "autoplan.search.run._record",
     "request_from_record": "autoplan.search.run._record",
@@ -20,8 +24,11 @@ _EXPORTS = {
 __getattr__ = lazy_exports(globals(), _EXPORTS)
 
 __all__ = [
+    "Pipeline",
     "RECORD_VERSION",
     "SearchOutcome",
+    "Searched",
+    "Skipped",
     "WorkerReport",
     "check_same_inputs",
     "request_from_record",

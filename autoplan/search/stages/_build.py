@@ -14,7 +14,7 @@ from autoplan.plan import schema as ps
 from autoplan.runtimes import get_runtime
 from autoplan.search.recovery import keep_weights, plan_quality
 from autoplan.search.stages._choose import Chosen
-from autoplan.search.stages._preflight import KERNEL_TABLES
+from autoplan.search.stages._preflight import kernel_timer
 from autoplan.search.stages._prepare import CALIB_BATCH, Prepared
 from autoplan.search.stages._rounds import Rounds
 
@@ -30,7 +30,8 @@ class SpeedSource:
     @classmethod
     def of(cls, prep: Prepared) -> SpeedSource:
         if prep.platform.measure_kernels:
-            return cls(kernels=KERNEL_TABLES[prep.platform.runtime][0],
+            timer = kernel_timer(prep.platform.target.name, prep.platform.runtime)
+            return cls(kernels=timer.label if timer else None,
                        non_gemm_decode=bool((prep.kernel_times or {}).get("non_gemm_decode_s")))
         return cls(cost_table=prep.req.cost_table.source if prep.req.cost_table else None)
 
@@ -69,20 +70,19 @@ def _predictions(prep: Prepared, chosen: Chosen) -> tuple[dict[str, ps.Predicted
     return preds, gain
 
 
-def _points(prep: Prepared, rounds: Rounds, chosen: Chosen) -> list[dict]:
+def _points(prep: Prepared, rounds: Rounds, chosen: Chosen) -> list[ps.Point]:
     """Objective (predicted) vs KL (surrogate; measured where measured) of every uniform
     recipe, every measured candidate, and the study's Pareto front when there is one."""
     measured = prep.verifier.measured
     out = []
 
-    def point(kind: str, label: str, picks) -> dict:  # noqa: ANN001 - any pick sequence
+    def point(kind: ps.PointKind, label: str, picks) -> ps.Point:  # noqa: ANN001 - any picks
         m = measured.get(tuple(picks))
-        return {"kind": kind, "label": label, "objective": prep.value(picks),
-                "surrogate_kl": prep.tables.surrogate(picks),
-                "measured_kl": m.quality.kl if m else None,
-                # a pass stopped once the budget was certain to be exceeded: a lower bound
-                "measured_kl_lower_bound": m.quality.stopped_early if m else None,
-                "passed": m.passed if m else None}
+        return ps.Point(kind=kind, label=label, objective=prep.value(picks),
+                        surrogate_kl=prep.tables.surrogate(picks),
+                        measured_kl=m.quality.kl if m else None,
+                        measured_kl_lower_bound=m.quality.stopped_early if m else None,
+                        passed=m.passed if m else None)
 
     out.append(point("baseline", "baseline", prep.baseline_picks))
     for name, picks in prep.uniform.items():
@@ -92,8 +92,8 @@ def _points(prep: Prepared, rounds: Rounds, chosen: Chosen) -> list[dict]:
         if key not in uniform:
             out.append(point("candidate", m.label, key))
     for f in rounds.front:
-        out.append({"kind": "front", "label": "front", "objective": f["value"],
-                    "surrogate_kl": f["surrogate_kl"], "measured_kl": None, "passed": None})
+        out.append(ps.Point(kind="front", label="front", objective=f["value"],
+                            surrogate_kl=f["surrogate_kl"]))
     out.append(point("plan", "plan", chosen.measurement.picks))
     return out
 
@@ -140,7 +140,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
                             price_source="user" if req.price_per_hour is not None
                             else target.price_per_hour.source),
         runtime=ps.RuntimeRef(name=rt.name, version=rt.version),
-        workload=req.workload.model_dump(), objective=req.objective.value,
+        workload=req.workload, objective=req.objective.value,
         budget=ps.Budget(text=budget.text, metric=budget.metric, limit=budget.limit,
                          suite_file=str(budget.suite_file) if budget.suite_file else None,
                          name=budget.name, also=[b.text for b in req.also]),
@@ -156,7 +156,8 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
                            seq_len=req.seq_len, n_calib=req.calib_blocks,
                            n_eval=req.eval_blocks, seed=req.seed, batch_size=CALIB_BATCH),
                        tensors=m.audit, **solver_audit(req.settings)),
-        operating_point=prep.platform.point.to_json() if prep.platform.point else None,
+        operating_point=ps.OperatingPoint(**prep.platform.point.to_json())
+        if prep.platform.point else None,
         recovery=keep_weights(m, req.out),
     )
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from optuna.storages import BaseStorage
 
+from autoplan.backends.kernel_timers import KernelTimer
+from autoplan.backends.registry import backend_names, get_backend
 from autoplan.backends.registry import resolve_target as get_target
-from autoplan.cost.operating import OperatingPoint, resolve_operating_point
+from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UserInputError
 from autoplan.quality.text import check_text_source
 from autoplan.runtimes import default_runtime, get_runtime, supports
@@ -24,9 +26,6 @@ from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
 from autoplan.workload import Workload
 
-# Runtimes whose kernels --measure-kernels times on this machine, and what times them.
-KERNEL_TABLES = {"onnxruntime": ("ONNX Runtime", "autoplan.backends.cpu.predict"),
-                 "llama.cpp": ("llama.cpp (ggml)", "autoplan.engines.ggml_microbench")}
 # Plans for this runtime become artifacts through autoplan's own ONNX export (`apply`).
 ONNX_RUNTIME = "onnxruntime"
 
@@ -62,15 +61,27 @@ class UnfitBaseline:
                 "uniform recipe fits")
 
 
+def kernel_timer(target: str, runtime: str) -> KernelTimer | None:
+    """How `runtime`'s kernels are timed on `target`: asked of the backend that measures
+    that target on this machine (the CPU backend's `local`); None elsewhere."""
+    import autoplan.engines  # noqa: F401 - the llama.cpp engine registers ggml's timer
+
+    for name in backend_names():
+        backend = get_backend(name)
+        if target in backend.measured_targets():
+            return backend.kernel_timer(runtime)
+    return None
+
+
 def measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:
     """Whether this machine's kernels are timed: as asked, else exactly when planning for it."""
     if req.measure_kernels is not None:
         return req.measure_kernels
-    return target == "local" and runtime in KERNEL_TABLES and req.cost_table is None
+    return req.cost_table is None and kernel_timer(target, runtime) is not None
 
 
 def _check_kernel_timing(target: Target, runtime: str) -> None:
-    if target.name != "local" or runtime not in KERNEL_TABLES:
+    if kernel_timer(target.name, runtime) is None:
         raise UserInputError("--measure-kernels times this machine's kernels: use it with "
                              "--target local and --runtime onnxruntime or llama.cpp")
     if runtime == "llama.cpp":
@@ -264,5 +275,5 @@ def preflight(req: SearchRequest) -> Platform:
     return Platform(target, runtime, measure, storage, label, point, unfit)
 
 
-__all__ = ["KERNEL_TABLES", "Platform", "UnfitBaseline", "check_model", "fits_reference",
-           "in_memory_only", "measures_kernels", "operating_point", "preflight"]
+__all__ = ["Platform", "UnfitBaseline", "check_model", "fits_reference", "in_memory_only",
+           "kernel_timer", "measures_kernels", "operating_point", "preflight"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -21,19 +21,25 @@ from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.models import LoadedModel
-from autoplan.models._cache import cache_root
+from autoplan.cache_dir import cache_root
 from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables, load_space_file
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._preflight import (KERNEL_TABLES, ONNX_RUNTIME, Platform,
-                                               fits_reference, in_memory_only)
+from autoplan.search.stages._preflight import (
+    ONNX_RUNTIME,
+    Platform,
+    fits_reference,
+    in_memory_only,
+    kernel_timer,
+)
 from autoplan.search.stages._request import SearchRequest
 from autoplan.search.verify import SharedMeasurements, Verifier, build_gates, measurement_store
 from autoplan.sensitivity import SensitivityProfile, calibration_key
 from autoplan.streaming import open_model
+from autoplan.streaming.candidates import Evaluator
 from autoplan.streaming.runner import ModelRunner, workload_of
 
 CALIB_BATCH = 2  # calibration blocks per forward pass (part of the audit: it changes rounding)
@@ -107,10 +113,10 @@ def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
                   space: SearchSpace, rep: Reporter) -> dict[str, Any] | None:
     if not platform.measure_kernels:
         return req.cost_table.document if req.cost_table else None
-    label, module = KERNEL_TABLES[platform.runtime]
-    rep.stage(f"timing {label} kernels")
-    return importlib.import_module(module).search_kernel_table(
-        loaded, space, req.workload, threads=req.threads, progress=rep.note)
+    timer = kernel_timer(platform.target.name, platform.runtime)
+    assert timer is not None  # preflight refused --measure-kernels without one
+    rep.stage(f"timing {timer.label} kernels")
+    return timer.time(loaded, space, req.workload, threads=req.threads, progress=rep.note)
 
 
 def _gates(req: SearchRequest, loaded: LoadedModel) -> list:
@@ -126,7 +132,7 @@ class ModelWork:
     runner: ModelRunner
     data: TextDataset
     calib: list[torch.Tensor]
-    evaluator: Any
+    evaluator: Evaluator
     shared: SharedMeasurements
 
     @property
@@ -216,13 +222,49 @@ def model_work(req: SearchRequest, runner: ModelRunner, data: TextDataset,
     return ModelWork(runner, data, calib, evaluator, SharedMeasurements(store=store))
 
 
-def prepare_platform(req: SearchRequest, platform: Platform, work: ModelWork,
-                     space: SearchSpace, profile: SensitivityProfile,
-                     rep: Reporter, recovery: RecoveryText | None = None) -> Prepared:
-    """The cost model, tables and verifier of one platform, on the shared model work (with
-    `--recover`, its recovery stage, on `recovery`'s text when already tokenized)."""
+@dataclass(frozen=True)
+class SharedWork:
+    """What the platforms searched for one model share (stage 1a): the model work, one
+    decision space per platform, ONE profile over their union, the recovery text."""
+
+    work: ModelWork
+    spaces: tuple[SearchSpace, ...]
+    profile: SensitivityProfile
+    recovery: RecoveryText | None  # tokenized once, with --recover
+    profile_s: float  # the profile's wall time (0 when it was given)
+
+
+def prepare_shared(reqs: list[SearchRequest], platforms: list[Platform], rep: Reporter,
+                   profile: SensitivityProfile | None = None) -> SharedWork:
+    """Load the model and its tokens once, build each platform's space, profile their union
+    (unless `profile` is given: a worker passes its driver's, so its tables are the driver's
+    to the last bit) and measure the original. `reqs[0]` holds what they share (model,
+    text, seed, budget, settings)."""
+    req = reqs[0]
+    runner, data = open_model_work(req, rep, any(p.measure_kernels for p in platforms))
+    spaces = tuple(platform_space(r, p, runner.loaded)
+                   for r, p in zip(reqs, platforms, strict=True))
+    calib = list(data.calib.split(CALIB_BATCH))
+    # a task whose data is not here, or too little recovery text, fails now, in seconds
+    gates = _gates(req, runner.loaded)
+    text = recovery_text(req.recovery, runner.loaded.tokenizer) if req.recovery else None
+    t_profile = time.perf_counter()
+    if profile is None:
+        profile = profile_spaces(req, runner, calib, list(spaces), rep)
+        profile_s = time.perf_counter() - t_profile
+    else:
+        profile_s = 0.0
+    work = model_work(req, runner, data, rep, gates=gates)
+    return SharedWork(work, spaces, profile, text, profile_s)
+
+
+def prepare_platform(req: SearchRequest, platform: Platform, shared: SharedWork,
+                     space: SearchSpace, rep: Reporter) -> Prepared:
+    """Stage 1b: the cost model, tables and verifier of one platform, on the shared work
+    (with `--recover`, its recovery stage)."""
     if platform.point is not None:  # `--batch max` / SLO: plan for the resolved batch
         req = dataclasses.replace(req, workload=platform.point.workload)
+    work, profile = shared.work, shared.profile
     loaded = work.loaded
     kernel_times = _kernel_times(req, platform, loaded, space, rep)
     cost = CostModel(loaded.spec, platform.target, req.workload,
@@ -233,7 +275,7 @@ def prepare_platform(req: SearchRequest, platform: Platform, work: ModelWork,
     calib_tokens = sum(b.numel() for b in work.calib)
     stage = None
     if req.recovery is not None:
-        text = recovery or recovery_text(req.recovery, loaded.tokenizer)
+        text = shared.recovery or recovery_text(req.recovery, loaded.tokenizer)
         stage = RecoveryStage(req.recovery, text, loaded.content_hash, work_dir_for(req.out), rep)
     verifier = Verifier(loaded.model, space, tables, work.evaluator, req.budget, req.settings,
                         work.calib, shared=work.shared,
@@ -246,22 +288,11 @@ def prepare_platform(req: SearchRequest, platform: Platform, work: ModelWork,
 
 def prepare(req: SearchRequest, platform: Platform, rep: Reporter,
             profile: SensitivityProfile | None = None) -> Prepared:
-    """Load, profile and time everything the study and the verifier need (a worker passes
-    the search's `profile`, so its tables are the driver's to the last bit)."""
-    if platform.unfit is not None:
-        rep.note(platform.unfit.describe(platform.target.name))
-    runner, data = open_model_work(req, rep, platform.measure_kernels)
-    space = platform_space(req, platform, runner.loaded)
-    calib = list(data.calib.split(CALIB_BATCH))
-    # a task whose data is not here, or too little recovery text, fails now, in seconds
-    gates = _gates(req, runner.loaded)
-    text = recovery_text(req.recovery, runner.loaded.tokenizer) if req.recovery else None
-    if profile is None:
-        profile = profile_spaces(req, runner, calib, [space], rep)
-    work = model_work(req, runner, data, rep, gates=gates)
-    return prepare_platform(req, platform, work, space, profile, rep, recovery=text)
+    """Stage 1 for one platform: `prepare_shared`, then `prepare_platform`."""
+    shared = prepare_shared([req], [platform], rep, profile)
+    return prepare_platform(req, platform, shared, shared.spaces[0], rep)
 
 
-__all__ = ["CALIB_BATCH", "ModelWork", "Prepared", "model_work",
-           "open_model_work", "platform_space", "prepare", "prepare_platform", "profile_spaces",
-           "study_name"]
+__all__ = ["CALIB_BATCH", "ModelWork", "Prepared", "SharedWork", "model_work",
+           "open_model_work", "platform_space", "prepare", "prepare_platform", "prepare_shared",
+           "profile_spaces", "study_name"]

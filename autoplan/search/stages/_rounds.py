@@ -15,6 +15,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
+from autoplan.plan import schema as ps
 from autoplan.quality.evaluator import QualityResult
 from autoplan.search.jobs import Job, JobQueue, drain
 from autoplan.search.optimize import (
@@ -44,7 +45,7 @@ class Rounds:
     chosen: Measurement | None  # the best measured candidate that passed, if any
     best_searched: Candidate | None  # the last round's best surrogate-feasible trial
     trials: int  # trials over all rounds
-    log: list[dict] = field(default_factory=list)  # per round: limit, trials, verified
+    log: list[ps.Round] = field(default_factory=list)  # per round: limit, trials, verified
     front: list[dict] = field(default_factory=list)  # Pareto front (multi-objective)
 
 
@@ -180,7 +181,7 @@ def run_rounds(prep: Prepared, rep: Reporter, queue: JobQueue | None = None) -> 
     budget, verifier, sign = prep.req.budget, prep.verifier, prep.sign
     prior = budget.prior_slope * (RECOVERED_SLOPE if prep.req.recovery is not None else 1.0)
     limit = budget.limit / prior * SAFETY
-    log: list[dict] = []
+    log: list[ps.Round] = []
     front: list[dict] = []
     chosen: Measurement | None = None
     best: Candidate | None = None
@@ -197,10 +198,11 @@ def run_rounds(prep: Prepared, rep: Reporter, queue: JobQueue | None = None) -> 
         best = result.candidates[0] if result.candidates else None
         rep.stage(f"verifying round {k + 1}")
         checked = _verify(prep, result, k, rep, queue)
-        log.append({"round": k + 1, "surrogate_limit": limit, "trials": result.n_trials,
-                    "resumed_trials": result.resumed,
-                    "verified": [{"label": m.label, "surrogate_kl": m.surrogate,
-                                  "badness": m.badness, "passed": m.passed} for m in checked]})
+        log.append(ps.Round(round=k + 1, surrogate_limit=limit, trials=result.n_trials,
+                            resumed_trials=result.resumed,
+                            verified=[ps.VerifiedCandidate(label=m.label, surrogate_kl=m.surrogate,
+                                                           badness=m.badness, passed=m.passed)
+                                      for m in checked]))
         settled = _settled(prep, best)
         passing = [m for m in verifier.measured.values() if m.passed]
         if passing:

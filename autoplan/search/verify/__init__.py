@@ -1,14 +1,16 @@
 """Measuring candidates on the real model under the quality budgets.
 
     QualityBudget.parse(text)                            `kl<=0.05`, `ppl<=+2%`, gates, slices
-    Verifier(model, space, tables, evaluator, budget, ...).measure_many(picks) -> [Measurement]
+    Verifier(model, space, tables, evaluator: Evaluator, budget, ...).measure_many(picks)
+        -> [Measurement]                                 through the evaluator (in memory or
+                                                         streamed: autoplan.streaming)
     measurement_store(...) -> MeasurementStore           measurements kept on disk across runs
 """
 
 from autoplan.lazy import lazy_exports
 
 # each name's module is imported on first use (autoplan/lazy.py), so reading a budget
-# or a space file does not import torch and Optuna
+# does not import torch
 _EXPORTS = {
     "SLICE_NAMES": "autoplan.search.verify._budget",
     "QualityBudget": "autoplan.search.verify._budget",
@@ -17,29 +19,27 @@ _EXPORTS = {
     "CACHE_VERSION": "autoplan.search.verify._measurement_cache",
     "MeasurementStore": "autoplan.search.verify._measurement_cache",
     "measurement_store": "autoplan.search.verify._measurement_cache",
-    "CandidateContext": "autoplan.search.verify._verifier",
-    "CandidateTask": "autoplan.search.verify._verifier",
     "Measurement": "autoplan.search.verify._verifier",
+    "RecoveredCandidate": "autoplan.search.verify._verifier",
+    "RecoveryHook": "autoplan.search.verify._verifier",
     "SharedMeasurements": "autoplan.search.verify._verifier",
     "Verifier": "autoplan.search.verify._verifier",
     "decisions_key": "autoplan.search.verify._verifier",
-    "evaluate_candidate": "autoplan.search.verify._verifier",
 }
 __getattr__ = lazy_exports(globals(), _EXPORTS)
 
 __all__ = [
     "CACHE_VERSION",
-    "CandidateContext",
-    "CandidateTask",
     "Measurement",
     "MeasurementStore",
     "QualityBudget",
     "SLICE_NAMES",
+    "RecoveredCandidate",
+    "RecoveryHook",
     "SharedMeasurements",
     "Verifier",
     "build_gates",
     "decisions_key",
-    "evaluate_candidate",
     "measurement_store",
     "parse_budgets",
 ]

@@ -27,6 +27,7 @@ from autoplan.atomic import write_text_atomic
 from autoplan.compress import CompressionSettings
 from autoplan.numerics import signature
 from autoplan.quality.evaluator import QualityResult
+from autoplan.streaming.candidates import Evaluator
 
 CACHE_VERSION = 1
 
@@ -60,7 +61,8 @@ class MeasurementStore:
 
 
 def measurement_store(cache_dir: Path, *, reference_key: str, calib_hash: str,
-                      settings: CompressionSettings, evaluator: Any) -> MeasurementStore | None:
+                      settings: CompressionSettings, evaluator: Evaluator
+                      ) -> MeasurementStore | None:
     """The store of one measurement context under ``cache_dir``; None for an evaluator whose
     results the key cannot pin down (a prompt suite or gates)."""
     if getattr(evaluator, "suite_reference", None) is not None or \

@@ -15,20 +15,30 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from pathlib import Path
+from typing import Protocol
 
 import torch
 
-from autoplan.compress import CompressionSettings, audit_digests, collect_stats, compressed_copy
+from autoplan.compress import CompressionSettings, collect_stats
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
-from autoplan.quality.evaluator import QualityEvaluator, QualityResult, original_quality
+from autoplan.plan import schema as ps
+from autoplan.quality.evaluator import QualityResult, original_quality
 from autoplan.search.optimize import SearchSpace, Tables
 from autoplan.search.verify._budget import QualityBudget
 from autoplan.search.verify._measurement_cache import MeasurementStore
-from autoplan.sensitivity.executor import Executor, SerialExecutor
+from autoplan.sensitivity.executor import Executor
+from autoplan.streaming.candidates import CandidateTask, Evaluator, Measured
 from autoplan.streaming.device import is_out_of_memory
-from autoplan.streaming.evaluate import StreamedCandidate, StreamedEvaluator, evaluate_group
+
+
+@dataclass(frozen=True)
+class RecoveredCandidate:
+    """A recovered measurement's record: the plan's `recovery` section, its weights file."""
+
+    record: ps.Recovery
+    weights_file: Path
 
 
 @dataclass(frozen=True)
@@ -40,45 +50,7 @@ class Measurement:
     badness: float
     passed: bool
     audit: dict[str, dict[str, str]]
-    # --recover: what the recovery pass did (search.recovery.RecoveredCandidate), else None
-    recovery: object | None = None
-
-
-@dataclass(frozen=True)
-class CandidateContext:
-    """What every candidate's evaluation shares (a distributed executor ships it once)."""
-
-    model: torch.nn.Module
-    evaluator: QualityEvaluator
-    stats: dict | None
-    settings: CompressionSettings
-    baseline: Choice
-
-
-@dataclass(frozen=True)
-class CandidateTask:
-    decisions: dict[str, Choice]
-    use_stats: bool
-    slices: bool = True  # measure the KL slices too (when the evaluator has them)
-    # stop the pass once the KL is certain to exceed this (QualityEvaluator.evaluate)
-    kl_limit: float | None = None
-
-
-def compressed_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple:
-    """A copy of the model compressed to one candidate's decisions, and its swapped layers."""
-    return compressed_copy(ctx.model, task.decisions, ctx.stats if task.use_stats else None,
-                           ctx.settings, baseline=ctx.baseline)
-
-
-def evaluate_candidate(ctx: CandidateContext, task: CandidateTask) -> tuple[QualityResult, dict]:
-    """Compress a copy of the model to one candidate's decisions and measure it: a pure
-    function of its arguments, so it can run on any worker."""
-    compressed, swapped = compressed_candidate(ctx, task)
-    with torch.no_grad():
-        quality = ctx.evaluator.evaluate(compressed, slices=task.slices,
-                                         kl_limit=task.kl_limit)
-    # a candidate certain to fail is never planned: its weights need no audit
-    return quality, {} if quality.stopped_early else audit_digests(swapped)
+    recovery: RecoveredCandidate | None = None  # --recover: what the recovery pass did
 
 
 def decisions_key(decisions: dict[str, Choice], baseline: Choice) -> tuple:
@@ -117,12 +89,19 @@ class SharedMeasurements:
             self.store.put(key, quality, audit)
 
 
+class RecoveryHook(Protocol):
+    """What `--recover` plugs into the Verifier (search.recovery.RecoveryStage)."""
+
+    def measure(self, verifier: Verifier, m: Measurement) -> Measurement:
+        """``m``'s candidate measured again after its recovery pass."""
+
+
 @dataclass
 class Verifier:
     model: torch.nn.Module
     space: SearchSpace
     tables: Tables
-    evaluator: QualityEvaluator | StreamedEvaluator
+    evaluator: Evaluator
     budget: QualityBudget
     settings: CompressionSettings
     calib_batches: Sequence[torch.Tensor]
@@ -130,8 +109,7 @@ class Verifier:
     # what to raise when a measurement runs out of memory (ModelRunner.out_of_memory)
     out_of_memory: Callable[[str], Exception] | None = None
     shared: SharedMeasurements | None = None
-    # --recover: re-measures a candidate after a recovery pass (search.recovery.RecoveryStage)
-    recovery: object | None = None
+    recovery: RecoveryHook | None = None  # --recover: re-measures after a recovery pass
     # further budgets every passing candidate must also meet (the search steers on `budget`)
     also: tuple[QualityBudget, ...] = ()
     _stats: dict | None = None
@@ -175,32 +153,10 @@ class Verifier:
                              self.kl_limit if bounded else None)
 
     def _results(self, tasks: list[CandidateTask], executor: Executor | None
-                 ) -> Iterator[tuple[int, tuple[QualityResult, dict]]]:
+                 ) -> Iterator[Measured]:
         """(task index, (quality, audit)) per task, in completion order."""
-        if isinstance(self.evaluator, StreamedEvaluator):
-            # Streamed: candidates are compressed block by block on the fly, a group of them
-            # per pass over the blocks (each block read once, its Hessians taken once). In
-            # this process: one group. On a distributed executor: one group per worker, each
-            # worker streaming the checkpoint itself (the model is never shipped; the
-            # reference log-probs are, once).
-            cands = [StreamedCandidate(t.decisions, t.use_stats) for t in tasks]
-            n = getattr(executor, "workers", 1) if executor is not None else 1
-            if n <= 1 or len(cands) <= 1:
-                yield from enumerate(self.evaluator.evaluate_many(
-                    cands, self.settings, baseline=self.space.baseline))
-                return
-            groups = [list(range(g, len(cands), n)) for g in range(min(n, len(cands)))]
-            ctx = self.evaluator.context(self.settings, self.space.baseline)
-            done = executor.imap_unordered(partial(evaluate_group, ctx),
-                                           [[cands[i] for i in g] for g in groups])
-            for gi, results in done:
-                yield from zip(groups[gi], results, strict=True)
-            return
-        stats = self._calibration_stats() if any(t.use_stats for t in tasks) else None
-        ctx = CandidateContext(self.model, self.evaluator, stats, self.settings,
-                               self.space.baseline)
-        yield from (executor or SerialExecutor()).imap_unordered(
-            partial(evaluate_candidate, ctx), tasks)
+        return self.evaluator.measure(tasks, self.settings, self.space.baseline,
+                                      self._calibration_stats, executor)
 
     def measure(self, picks: Sequence[int], label: str, *, bounded: bool = False
                 ) -> Measurement:
@@ -270,7 +226,7 @@ class Verifier:
         """Refuse a recovery stage on a streamed model: a pass trains the whole compressed
         model beside the original in memory, and no streamed pass exists (the search refuses
         --recover with --execution stream before loading; this guards every other caller)."""
-        if self.recovery is not None and isinstance(self.evaluator, StreamedEvaluator):
+        if self.recovery is not None and not self.evaluator.in_memory:
             raise UserInputError("--recover needs the model in memory (a streamed recovery "
                                  "pass is not implemented): pass --execution memory")
 
@@ -290,9 +246,7 @@ class Verifier:
         same decisions does not measure them again. ``m`` itself when it has them, when the
         evaluator has no slices (``--no-slices``, streamed) or after a recovery pass (its
         measurement already ran on the recovered model, slices included)."""
-        streamed = isinstance(self.evaluator, StreamedEvaluator)  # has no slices
-        if m.quality.slices or m.recovery is not None or streamed \
-                or not self.evaluator.has_slices:
+        if m.quality.slices or m.recovery is not None or not self.evaluator.has_slices:
             return m
         shared = self.shared.get(self._shared_key(m.picks))[0] if self.shared else None
         if shared is not None and shared[0].slices:  # another platform's plan: measured
@@ -311,12 +265,10 @@ class Verifier:
         task = self._task(m.picks, slices=True)
         t0 = time.perf_counter()
         try:
-            stats = self._calibration_stats() if task.use_stats else None
-            ctx = CandidateContext(self.model, self.evaluator, stats, self.settings,
-                                   self.space.baseline)
-            compressed, _ = compressed_candidate(ctx, task)  # the same weights as measured
-            with torch.no_grad():
-                per_slice = self.evaluator.slice_kl(compressed)
+            # the same decisions, statistics and settings: the weights it measured
+            per_slice = self.evaluator.measure_slices(task, self.settings,
+                                                      self.space.baseline,
+                                                      self._calibration_stats)
         except (RuntimeError, MemoryError) as exc:
             if self.out_of_memory is None or not is_out_of_memory(exc):
                 raise
@@ -355,5 +307,5 @@ class Verifier:
         return max(ratios) if ratios else prior
 
 
-__all__ = ["CandidateContext", "CandidateTask", "Measurement", "SharedMeasurements", "Verifier",
-           "decisions_key", "evaluate_candidate"]
+__all__ = ["Measurement", "RecoveredCandidate", "RecoveryHook", "SharedMeasurements",
+           "Verifier", "decisions_key"]
