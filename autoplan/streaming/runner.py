@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from autoplan.compress import CompressionSettings
-from autoplan.errors import AutoplanError, UserInputError
+from autoplan.errors import AutoplanError
 from autoplan.models.loader import LoadedModel, load_model, open_checkpoint
 from autoplan.modelspec import ModelSpec
 from autoplan.sensitivity.executor import Executor

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from autoplan.models.head import block_logits, chunk_rows, selected_logits, split_lm
 from autoplan.quality.metrics import compare_pass, kl_sum, nll_sum, reference_pass
 from autoplan.recover.train import distill, distillation_loss
-from autoplan.sensitivity.capture import capture, fisher_loss
+from autoplan.sensitivity.capture import capture
 from tests.unit._tiny import one_torch_thread, tiny_config, tiny_llama  # noqa: F401
 from tests.unit._tiny_archs import ARCHS, VOCAB, tiny_arch_model
 

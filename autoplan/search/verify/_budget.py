@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from typing import TYPE_CHECKING
-
 from autoplan.errors import UserInputError
 
 if TYPE_CHECKING:  # no torch for the CLI's budget parsing
