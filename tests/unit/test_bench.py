@@ -157,7 +157,7 @@ def test_summarize_percentiles_weight_requests_by_batch():
 
 
 def test_fleet_cli_shows_arithmetic_json(tmp_path):
-    # int8a8_g128: what ONNX Runtime, the xeon node's runtime, runs (fleet refuses `int8`)
+    # a format ONNX Runtime runs as verified on a Xeon (plain int8 is refused there)
     plan = _write(tmp_path, {"decisions": {"lm_head": "int8a8_g128"}})
     result = CliRunner().invoke(cli, ["fleet", "--plan", str(plan), "--model", "smollm2-135m",
                                       "--node", "xeon-8480", "--qps", "20", "--p99-ms", "3000",
