@@ -20,7 +20,7 @@ timed on its own; what is compared is the part Ray shards, the per-layer scoring
 Runs are interleaved (serial, x1, x2, serial, ...) and each records the load average, since
 the machine is shared. Every run's profile must equal the serial one bit for bit. The
 cluster's start and the workers' first task (importing torch) are one-off and reported apart.
-Results: benchmarks/results/ray_overhead.json (and a table for docs/benchmarks.md).
+Results: benchmarks/results/ray_overhead.json (and a table for docs/lab/benchmarks.md).
 """
 
 from __future__ import annotations

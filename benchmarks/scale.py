@@ -11,7 +11,7 @@ point is time and memory.
 
 Each command runs in a fresh child process whose peak RSS (and, on a GPU, peak allocated GPU
 memory) is read when it exits; the load average is recorded before and after every run.
-Results: benchmarks/results/scale.json (and a section of docs/benchmarks.md).
+Results: benchmarks/results/scale.json (and a section of docs/lab/benchmarks.md).
 """
 
 from __future__ import annotations

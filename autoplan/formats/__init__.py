@@ -14,7 +14,10 @@ Layout (imports point down only):
     builtin.py    one FormatSpec per Precision (registered on the first spec lookup: its
                   schemes import torch, which naming a format must not pay for)
 
-How to add a precision: see the docstring of autoplan/formats/registry.py.
+How to add a precision: see the docstring of autoplan/formats/registry.py. A format may live
+in a module of its own (examples/formats/int8_g128.py): it calls ``Precision.define`` and
+``register_format``, and loads with autoplan when its package lists the module in the
+``autoplan.formats`` entry-point group.
 """
 
 from autoplan.formats.choice import DENSE, Choice, Sparsity
@@ -31,6 +34,11 @@ from autoplan.formats.registry import (
     register_format,
     registered_formats,
 )
+from autoplan.formats.plugins import load_plugins  # noqa: E402,I001
+
+# formats other packages register (entry-point group "autoplan.formats"): at import, so the
+# CLI knows their names; the built-in specs register on the first spec lookup instead
+load_plugins()
 
 __all__ = [
     "DENSE",

@@ -55,7 +55,7 @@ def _elements() -> ModuleType:
 
 
 class KvFormat(str, Enum):
-    """KV-cache formats, by their canonical text (a closed vocabulary, like Precision)."""
+    """KV-cache formats, by their canonical text (a closed vocabulary)."""
 
     FP32 = "fp32"
     BF16 = "bf16"

@@ -10,35 +10,19 @@ a format asks ``format_spec(precision)``; nothing else keeps a per-format table 
 The registry behaves like compressed-tensors' compressor registry: registering a precision
 twice raises, and a failed lookup lists every registered name.
 
-How to add a precision (docs/architecture.md, "Adding a precision", lists the files the
-fp8_b128 addition touched -- this module's enum, schemes.py, builtin.py, data rows, tests):
-1. add its member to ``Precision`` (below) -- the closed vocabulary the CLI, pydantic and
-   type checkers see;
-2. register one ``FormatSpec`` for it (in builtin.py, or in a module of your own imported
-   by autoplan/formats/__init__.py): its ``PrecisionInfo`` (bits, math, scale groups and,
-   for a 2-D block format, ``block_rows``); ``weight`` and ``activation`` scheme factories
-   (reuse a scheme from schemes.py, or add a ``Scheme`` subclass that matches the engine's
-   rounding bit for bit); for each of compressed-tensors, modelopt and onnx either its name
-   (``CompressedTensorsName``, ``ModelOptName``, ``OrtNode``) or ``Refused("why")``; the
-   microbenchmark ``kernels`` per sparsity token; other exporters in ``other`` (e.g.
-   ``other={"gguf": "Q4_0"}``); registering the same precision twice raises;
-3. say where engines accelerate it in autoplan/data/runtimes.toml (and offer it in a
-   search_spaces/*.toml);
-4. tests: tests/unit/test_format_registry.py walks every spec (schemes, bits, exporter
-   names) and round-trips every quantized one; add a test of its numerics against the
-   engine's own quantizer, bit for bit, and read back each export that holds it.
-Everything else (RTN, GPTQ, the simulation, cost model, search's fit check, exporters,
-kernels) asks the registry, so nothing else needs an edit.
+How to add a precision: docs/architecture.md, "Adding a precision" (a format may live in a
+module of its own: ``Precision.define`` its name, ``register_format`` its spec; see
+examples/formats/int8_g128.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING, Any, Literal
+import re
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from autoplan.errors import UnknownNameError, UnsupportedFormatError
+from autoplan.errors import AutoplanError, UnknownNameError, UnsupportedFormatError
 from autoplan.registry import Registry
 
 if TYPE_CHECKING:
@@ -48,49 +32,72 @@ if TYPE_CHECKING:
     from autoplan.formats.schemes import Scheme
 
 
-class Precision(str, Enum):
-    """Number formats, by their canonical text. Each member has one registered FormatSpec.
+class _Vocabulary(type):
+    """Iterating ``Precision`` gives every defined precision, in definition order."""
 
-    It stays a closed ``str`` Enum (not a registry-built type) so that click.Choice,
-    pydantic, type checkers and ``Precision.NVFP4`` in code all see one fixed vocabulary;
-    a test proves the enum and the registry list the same formats.
-    """
+    def __iter__(cls) -> Iterator[Precision]:
+        return iter(list(cls._defined.values()))  # type: ignore[attr-defined]
 
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP8_E4M3 = "fp8_e4m3"  # W8A8 FP8, per-channel weight scales, dynamic per-token activations
-    FP8_E5M2 = "fp8_e5m2"
-    INT8 = "int8"  # W8A8 INT8, per-channel symmetric weights, dynamic per-token activations
-    INT8_WO = "int8_wo"  # W8A16
-    INT4_G32 = "int4_g32"  # W4A16 group-wise, symmetric
-    INT4_G64 = "int4_g64"
-    INT4_G128 = "int4_g128"
-    UINT4_G32 = "uint4_g32"  # W4A16 group-wise, asymmetric (codes 0..15, scale and zero point)
-    UINT4_G64 = "uint4_g64"
-    UINT4_G128 = "uint4_g128"
-    NVFP4 = "nvfp4"  # E2M1 values, E4M3 scale per 16, FP32 tensor scale (W4A4)
-    MXFP4 = "mxfp4"  # E2M1 values, E8M0 scale per 32 (W4A4)
-    # DeepSeek-V3 block FP8: E4M3 weights with an FP32 scale per 128 x 128 block, E4M3 inputs
-    # with a dynamic scale per token per 128 inputs (vLLM's per_token_group_quant_fp8).
-    FP8_B128 = "fp8_b128"
-    # ONNX Runtime MatMulNBits at accuracy_level 4: int4/int8 block weights x activations
-    # rounded to int8 per block along K at run time (see the FormatSpecs in builtin.py).
-    INT4A8_G32 = "int4a8_g32"
-    INT4A8_G64 = "int4a8_g64"
-    INT4A8_G128 = "int4a8_g128"
-    UINT4A8_G32 = "uint4a8_g32"
-    UINT4A8_G64 = "uint4a8_g64"
-    UINT4A8_G128 = "uint4a8_g128"
-    INT8A8_G128 = "int8a8_g128"
-    # llama.cpp's GGUF block types (blocks of 32 along K, fp16 scale, *_1 also an fp16 min),
-    # with activations quantized per block of 32 to Q8_0 (Q8_1 for the *_1 types) as
-    # llama.cpp's CPU matmul does: autoplan/formats/gguf_blocks.py.
-    Q8_0 = "q8_0"
-    Q4_0 = "q4_0"
-    Q4_1 = "q4_1"
-    Q5_0 = "q5_0"
-    Q5_1 = "q5_1"
+    def __len__(cls) -> int:
+        return len(cls._defined)  # type: ignore[attr-defined]
+
+
+class Precision(str, metaclass=_Vocabulary):
+    """A number format, by its canonical text: an open vocabulary. The built-in formats are
+    class attributes (``Precision.NVFP4``); a format of your own is defined where it is
+    registered (``Precision.define("int3_g64")`` next to its ``register_format``), so the core
+    needs no edit. Each defined precision is one interned object: ``is`` compares them, and
+    ``Precision("fp8_e4m3")`` returns the one ``Precision.FP8_E4M3``."""
+
+    _defined: ClassVar[dict[str, Precision]] = {}
+    name: str
+
+    def __new__(cls, value: str) -> Precision:
+        try:
+            return cls._defined[value]
+        except KeyError:
+            raise ValueError(f"{value!r} is not a defined Precision") from None
+
+    @classmethod
+    def define(cls, value: str) -> Precision:
+        """Define a new precision named ``value`` (lowercase text) and return it.
+
+        Raises:
+            AutoplanError: the name is defined already, or is not lowercase text.
+        """
+        if value in cls._defined or not re.fullmatch(r"[a-z0-9_]+", value):
+            raise AutoplanError(f"precision '{value}' is defined twice or is not lowercase "
+                                "[a-z0-9_] text: pick another name")
+        obj = str.__new__(cls, value)
+        obj.name = value.upper()
+        cls._defined[value] = obj
+        if not hasattr(cls, obj.name):
+            setattr(cls, obj.name, obj)
+        return obj
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"Precision.{self.name}"
+
+    def __reduce__(self) -> tuple:
+        return (Precision, (self.value,))
+
+    def __copy__(self) -> Precision:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> Precision:
+        return self
+
+    @classmethod
+    def values(cls) -> list[str]:
+        """Every defined precision's text, in definition order (click.Choice, messages)."""
+        return list(cls._defined)
 
     @classmethod
     def parse(cls, text: str) -> Precision:
@@ -113,6 +120,48 @@ class Precision(str, Enum):
     def info(self) -> PrecisionInfo:
         """How the format is stored and computed (its FormatSpec's info)."""
         return format_spec(self).info
+
+
+# The built-in formats, defined in this order (a module of your own defines more with
+# ``Precision.define``, next to the FormatSpec it registers).
+for _name in (
+    "fp32",
+    "bf16",
+    "fp16",
+    "fp8_e4m3",  # W8A8 FP8, per-channel weight scales, dynamic per-token activations
+    "fp8_e5m2",
+    "int8",  # W8A8 INT8, per-channel symmetric weights, dynamic per-token activations
+    "int8_wo",  # W8A16
+    "int4_g32",  # W4A16 group-wise, symmetric
+    "int4_g64",
+    "int4_g128",
+    "uint4_g32",  # W4A16 group-wise, asymmetric (codes 0..15, scale and zero point)
+    "uint4_g64",
+    "uint4_g128",
+    "nvfp4",  # E2M1 values, E4M3 scale per 16, FP32 tensor scale (W4A4)
+    "mxfp4",  # E2M1 values, E8M0 scale per 32 (W4A4)
+    # DeepSeek-V3 block FP8: E4M3 weights with an FP32 scale per 128 x 128 block, E4M3 inputs
+    # with a dynamic scale per token per 128 inputs (vLLM's per_token_group_quant_fp8).
+    "fp8_b128",
+    # ONNX Runtime MatMulNBits at accuracy_level 4: int4/int8 block weights x activations
+    # rounded to int8 per block along K at run time (see the FormatSpecs in builtin.py).
+    "int4a8_g32",
+    "int4a8_g64",
+    "int4a8_g128",
+    "uint4a8_g32",
+    "uint4a8_g64",
+    "uint4a8_g128",
+    "int8a8_g128",
+    # llama.cpp's GGUF block types (blocks of 32 along K, fp16 scale, *_1 also an fp16 min),
+    # with activations quantized per block of 32 to Q8_0 (Q8_1 for the *_1 types) as
+    # llama.cpp's CPU matmul does: autoplan/formats/gguf_blocks.py.
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+):
+    Precision.define(_name)
 
 
 @dataclass(frozen=True)

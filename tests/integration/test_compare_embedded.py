@@ -49,8 +49,11 @@ def test_compare_and_report_embedded(tmp_path):
                 offered.setdefault(la.name, set()).update(c for c in u.choices
                                                           if c != sp.baseline)
     union = {c for cs in offered.values() for c in cs}
-    assert len(offered) == 210 and len(union) >= 5
-    assert comparison.profile_entries >= sum(len(cs) for cs in offered.values()) == 870
+    # every decoder linear is searched (lm_head is protected on GPU spaces), on >= 5 formats
+    spec = load_spec("smollm2-135m")
+    assert set(offered) == {la.name for la in spec.layers if la.role != "lm_head"}
+    assert len(union) >= 5
+    assert comparison.profile_entries >= sum(len(cs) for cs in offered.values())
     page = render_report(tmp_path)
     assert re.findall(r'data-plot="([a-z-]+)"', page) == (
         ["compare"] + ["pareto", "choice-map", "cost-breakdown"] * 2)

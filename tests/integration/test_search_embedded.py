@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from autoplan.compress import tensor_digest
+from autoplan.formats import Choice, format_spec
+from autoplan.models import load_model, load_spec
 from autoplan.plan.io import load_plan
 from autoplan.search import SearchRequest, run_search
 from tests.integration._embedded import needs_embedded
@@ -27,7 +30,8 @@ def test_search_h100_embedded(tmp_path):
     # budget): the search compressed something and the cost model says it is faster.
     assert plan.search.outcome == "plan"
     assert any(v.passed for r in plan.search.rounds for v in r.verified)
-    assert plan.model.id == "smollm2-135m" and len(plan.decisions) == 211
+    assert plan.model.id == "smollm2-135m"
+    assert len(plan.decisions) == len(load_spec("smollm2-135m").layers)
     assert plan.decisions["lm_head"] == "dense+bf16"  # protected on GPU spaces
     assert not any(c.startswith("2:4") for c in plan.decisions.values())  # vLLM has no 2:4
     assert plan.search.certificate is not None and plan.search.certificate.gap <= 0.01
@@ -36,3 +40,13 @@ def test_search_h100_embedded(tmp_path):
     assert plan.predicted["plan"].weight_gb < plan.predicted["baseline"].weight_gb
     assert plan.predicted["plan"].tokens_per_s > plan.predicted["baseline"].tokens_per_s
     assert plan.search.real_evaluations >= 1
+    # the measurement is of a compressed model: a no-op compression measures KL 0 and the
+    # reference's perplexity, and leaves every audited weight equal to the original's
+    assert plan.quality.kl > 0 and plan.quality.ppl != plan.quality.ppl_ref
+    model = load_model("smollm2-135m").model
+    quantized = [n for n in compressed if format_spec(Choice.parse(plan.decisions[n])
+                                                      .precision).quantized]
+    assert quantized
+    for name in quantized:
+        original = tensor_digest(model.get_submodule(name).weight.detach().float())
+        assert plan.audit.tensors[name]["weight"] != original, name

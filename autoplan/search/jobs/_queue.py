@@ -1,20 +1,8 @@
-"""The work queue that processes share for one search: each job is a trial of an Optuna study.
-
-Beside its round studies (S, S-r1, ...), a search keeps a queue study `S.jobs` in the same
-storage. Every piece of work is a trial there, its kind and inputs in user attributes:
-
-- "trials": a batch of `size` surrogate trials for one round study (`study`) under that
-  round's surrogate `limit`;
-- "verify": one candidate (`picks`) to measure on the real model; the measurement is
-  written back as the job's `result`;
-- "driver": held by the `autoplan search` process while it runs, so a second search on the
-  same study is refused and workers know the search is alive.
-
-Jobs are created WAITING and claimed by setting them RUNNING, which each Optuna storage does
-atomically (a journal's log order, a row lock in a database): one process per job. A held
-job records heartbeats (_storage.py). A job whose heartbeat stops (its process killed, its
-machine gone) is failed after the grace period, or at once when its owner is a dead
-process on this machine, and re-queued with the same attributes (`retry_stale_job`).
+"""The job queue the processes of one search share: each job is a trial of the study
+`S.jobs` beside the round studies in the same Optuna storage ("trials": a batch of surrogate
+trials, "verify": one candidate to measure, "driver": held by the search while it runs).
+Claiming is Optuna's atomic WAITING -> RUNNING; a job whose heartbeat stops is re-queued.
+docs/architecture.md, "Many workers, one search", says how.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Optuna storage for a search: a file beside the plan by default, or any Optuna URL.
-
-Trials are sampled on an in-memory study and each COMPLETED trial is copied to the
-persistent storage at once (`add_trial`), so an interruption loses at most the trial in
-flight (a journal reaches the disk at least every 10 s: `SyncedJournalFile`), and
-re-running the same command reloads every finished trial and continues.
-Several processes share one search through a job queue in the same storage (_queue.py); the
-storages opened here record heartbeats for the jobs a process holds (Optuna's own for an
-RDB, a trial attribute in a journal file), so a killed process's job is retried.
-
-Default: an Optuna journal file (`<plan>.optuna.journal`). SQLite (`sqlite:///file.db`) and
-any RDB URL (PostgreSQL for many workers) are accepted. Persisting one 120-parameter trial
-costs about 17x more in SQLite than in the journal file on the 2-core reference machine
-(benchmarks/storage_speed.py, docs/benchmarks.md), which decides whether 2,000 trials fit
-in the search's time goal.
+"""The Optuna storage a search keeps its trials and job queue in: a journal file beside the
+plan by default (fsynced at most every 10 s), or any Optuna URL (SQLite, PostgreSQL); the
+storages opened here record heartbeats for the jobs a process holds, so a killed process's
+job is retried. Costs per trial: benchmarks/storage_speed.py.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""An Optuna sampler for the per-layer choice problem: randomized exchange local search.
-
-Generic samplers see only trial values; on a 120-unit categorical problem under a budget
-they stall at their warm starts (measured: NSGA-II left a 1.7% gap to the exact optimum
-after 2,000 trials; docs/benchmarks.md). This sampler knows the problem's tables and makes
-each trial one meaningful move from the best feasible trial so far:
-
-1. change one random unit to another random choice;
-2. if the move breaks the quality limit, repair it: move other units to cheaper-in-quality
-   choices, best time-per-quality exchange first (among a random subset), until feasible;
-3. occasionally (restart_prob) start from a random elite instead of the incumbent.
-
-Optuna still owns the study: storage, resume, constraints, warm starts (enqueued trials
-bypass the sampler), and the record of every trial.
+"""ExchangeSampler: an Optuna sampler for the per-layer choice problem that makes each trial one
+move from the best feasible trial (change a random unit; repair a broken quality limit by
+the best time-per-quality exchanges; now and then restart from an elite). Generic samplers
+stall at their warm starts here; docs/architecture.md, "The optimizers".
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""The Optuna study: one categorical parameter per decision unit (fixed choice list), the
-objective from the cost model, the quality limit as an Optuna constraint on the surrogate.
-
-Single-objective studies use ExchangeSampler (_sampler.py), a randomized exchange local search
-that makes every trial one move from the best feasible trial; `multi_objective` adds the
-surrogate as a second objective, samples with NSGA-II and returns the Pareto front.
-ExchangeSampler's trials run on TableStudy (_table_study.py): the trials Optuna's in-memory
-study would run, without its per-parameter bookkeeping; any other sampler on Optuna's.
-Warm starts (uniform recipes, OWL allocations) are enqueued before sampling.
-
-With a storage, the study's trials are shared by every process of the search: each samples
-on an in-memory mirror of the stored trials (fast; the sampler sees everyone's), runs the
-batches of the job queue it claims (search.jobs), and stores each finished trial at once. A
-stored trial is its value and ONE user attribute, `trial` (decisions as unit -> choice
-label, its attributes, who ran it, its batch), not 120 Optuna parameters and 3 attributes:
-an RDB writes a row per parameter and attribute, three queries each, inside the study's
-lock (371 queries per trial on PostgreSQL), which made parallel workers slower than one
-(docs/benchmarks.md, "Study storage under parallel workers").
+"""The Optuna study of a round: one categorical parameter per decision unit, the objective
+from the cost model, the quality limit as a constraint on the surrogate (ExchangeSampler on
+TableStudy, or NSGA-II for a Pareto front). With a storage, each process samples on a mirror
+of the stored trials and stores each trial as ONE user attribute (decisions, attributes,
+worker, batch): docs/architecture.md, "Many workers, one search".
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
-"""An in-memory study for the default sampler that runs the trials Optuna would, faster.
-
-Optuna's in-memory study spends ~5 ms of bookkeeping per trial on a 120-unit space: each
-`suggest_categorical` builds a distribution, compares it twice with earlier ones choice by
-choice, and copies the trial's parameter dict (measured: most of a search's surrogate
-trials, ~30 % of a warm `autoplan compare`). The trial itself costs microseconds (sums over
-tables). `TableStudy` keeps the same trials as FrozenTrials built once, and runs
-ExchangeSampler through the same protocol calls in the same order as `Study.optimize`:
-
-* WAITING (enqueued) trials run first, in number order, their fixed parameters as given;
-* a unit with one choice takes it without asking the sampler;
-* `sample_relative` is asked once per trial, at its first unit that is neither fixed nor
-  single, and `sample_independent` for every such unit it left out, in unit order;
-* numbers, parameters, values, user and system attributes (fixed_params, the constraint)
-  are Optuna's, so the sampler, the stored journal and `_collect` see the same trials
-  (tests/unit/test_table_study.py runs both on one problem and compares every trial).
-
-Only ExchangeSampler is run this way (it reads nothing from the study but completed
-trials' parameters); any other sampler keeps Optuna's own study.
+"""An in-memory study that runs the trials Optuna's own in-memory study runs with
+ExchangeSampler, without its per-parameter bookkeeping (8x less CPU per trial, measured in
+benchmarks/optimizer_roles.py; docs/architecture.md, "The optimizers").
 """
 
 from __future__ import annotations
@@ -38,7 +22,17 @@ CONSTRAINT_KEY = "constraints:quality"  # where Trial.set_constraint("quality", 
 
 class TableStudy:
     """The subset of `optuna.Study` a search uses: enqueue_trial, add_trial, optimize,
-    get_trials. `evaluate(picks)` gives (values, surrogate, constraint) of a trial."""
+    get_trials. `evaluate(picks)` gives (values, surrogate, constraint) of a trial.
+
+    It keeps the trials as FrozenTrials built once and runs ExchangeSampler through the
+    same protocol calls, in the same order, as `Study.optimize`: WAITING (enqueued) trials
+    first, in number order, with their fixed parameters; a unit with one choice takes it
+    without asking the sampler; `sample_relative` once per trial, at its first unit that is
+    neither fixed nor single, then `sample_independent` for each such unit it left out, in
+    unit order; numbers, parameters, values and attributes (fixed_params, the constraint)
+    are Optuna's, so the sampler, the journal and `_collect` see the same trials
+    (tests/unit/test_table_study.py compares every trial). Only ExchangeSampler runs here: it
+    reads nothing from the study but completed trials' parameters."""
 
     def __init__(self, sampler: ExchangeSampler, names: Sequence[str],
                  labels: Sequence[Sequence[str]]) -> None:

@@ -1,18 +1,7 @@
-"""`--recover`: finalists measured after a recovery pass, and `autoplan recover plan.json`.
-
-For each candidate: compress (the candidate's masks and formats), train towards the original
-(``autoplan.recover``), re-apply every trained layer's format to its recovered weight under
-its mask (``compress.recompress_linear``: scales recomputed), then measure that model -- the
-one export will write -- with the search's evaluator. The recovered weights go to a work
-folder beside the plan (``<out>.recovery/``, one safetensors per candidate, with the
-pass's checkpoints), so a rerun of the same search reuses finished passes and resumes an
-interrupted one; the chosen plan's file becomes ``<plan stem>.recovered.safetensors``.
-
-A pass that diverges in a search is retried once at a quarter of its rate (its record holds
-the rate that ran); one that diverges again keeps the candidate's unrecovered measurement
-(the search goes on, with a note); the standalone command stops with the one-line message
-and leaves the plan as it was. Streamed execution is refused before any work: a pass needs
-the whole model (and the original beside it) in memory.
+"""`--recover`: finalists measured after a recovery pass (compress, train towards the original,
+re-apply each layer's format under its mask, measure the model export will write), with the
+passes' weights in a work folder beside the plan so a rerun reuses them. A diverging pass is
+retried once at a quarter of its rate. docs/architecture.md, "Recovery and quality gates".
 """
 
 from __future__ import annotations

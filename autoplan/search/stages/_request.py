@@ -101,7 +101,7 @@ class SearchRequest:
     # Time this machine's kernels (ONNX Runtime's, or ggml's for llama.cpp) for every
     # candidate and plan with them. None: yes exactly when planning for this machine
     # (--target local with --runtime onnxruntime or llama.cpp), where the analytic model is
-    # 1.1-1.9x pessimistic (docs/benchmarks.md, CPU section).
+    # 1.1-1.9x pessimistic (docs/lab/benchmarks.md, CPU section).
     measure_kernels: bool | None = None
     choices: tuple[Choice, ...] | None = None  # candidate formats (default: the space file's)
     execution: ExecutionSettings = field(default_factory=ExecutionSettings)

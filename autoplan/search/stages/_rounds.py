@@ -32,7 +32,7 @@ from autoplan.search.verify import Measurement
 
 SAFETY = 0.9  # aim the surrogate limit 10% inside the calibrated budget
 # With --recover, finalists are measured after a recovery pass, which removed about two
-# thirds of uniform 2:4's KL on SmolLM2-135M (docs/benchmarks.md, "Recovery"): the first
+# thirds of uniform 2:4's KL on SmolLM2-135M (docs/lab/benchmarks.md, "Recovery"): the first
 # round aims at a 3x looser surrogate limit, and the measurements refit it from there.
 RECOVERED_SLOPE = 1 / 3
 

@@ -35,7 +35,7 @@ SLICE_NAMES = ("numbers", "names", "non-english")  # autoplan.quality.slices.SLI
 # Prior slope (badness per surrogate nat) before any measurement. KL and ln(ppl ratio) are
 # both in nats, but the diagonal-Fisher surrogate under-predicts measured KL by 1.0-2.0x
 # (median 1.29x, least-squares 1.45x over 32 mixed plans on SmolLM2-135M,
-# docs/benchmarks.md), so the prior starts at 1.5 and the first measurement refits it.
+# docs/lab/benchmarks.md), so the prior starts at 1.5 and the first measurement refits it.
 # Suite points per nat is a guess that the first measurement replaces.
 # A slice's KL starts at 3x (names and numbers move more than the mean), a gate's points
 # at the suite's guess; the first measurement replaces both.

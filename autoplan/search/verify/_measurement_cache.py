@@ -1,17 +1,8 @@
-"""Real-model measurements cached on disk, so a rerun (another budget, target set or
-operating point over the same model) does not measure the same candidate again.
-
-A measurement is a pure function of what its key holds: the reference it is compared with
-(`reference_cache.reference_key`: the model's content, the evaluation tokens, execution,
-device, torch version and thread count), the calibration tokens (Wanda/SparseGPT masks,
-GPTQ), the compression settings and the solvers' numerics (`autoplan.numerics`), the KL
-slices' tokens, and the candidate's compressed layers (`verify.decisions_key`). Nothing else
-can change its bits, so a stored one is the one a new pass would give. Evaluators with a
-prompt suite or gates (lm-eval, long context) are not cached: their scores depend on task
-files and code outside that key.
-
-One JSON file per measurement (no pickle), written atomically; a file that cannot be read,
-or whose stored decisions are not the ones asked for, is measured again.
+"""Real-model measurements cached on disk (one JSON file each, written atomically), keyed by
+everything a measurement depends on (the reference, calibration tokens, compression
+settings and solver numerics, slices' tokens, the compressed layers), so a rerun over the
+same model measures no candidate twice. Evaluators with a prompt suite or gates are not
+cached. docs/architecture.md, "Compare and report".
 """
 
 from __future__ import annotations
