@@ -1,13 +1,7 @@
 """Calibration statistics shared by quantization and pruning: layer Hessians for GPTQ and
 SparseGPT, H = 2 X^T X / n from calibration inputs.
 
-They live below both `autoplan.quant` and `autoplan.prune` so neither imports the other to
-get them.
-
-The profiler streams calibration batches through a layer; ``HessianAccumulator`` keeps the
-running mean the way the GPTQ reference does, so the result does not depend on how the
-tokens were batched. ``inverse_hessian_cholesky`` is the shared, dampened factorization that
-both OBS-style algorithms consume.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

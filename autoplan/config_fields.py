@@ -1,12 +1,7 @@
 """The numeric fields of a model's config.json that autoplan (or transformers, loading the
 model) divides by or allocates from, each with its rule, checked before anything uses them.
 
-A config is user input: `num_attention_heads: 0` must be one line naming the field, not a
-ZeroDivisionError from the cost model or from transformers' own config class. Fields come in
-sets (`FieldSet`): the dense decoder's, and one per optional feature a config may carry
-(sliding windows, soft-caps, mixture-of-experts routing); a set applies when its `applies`
-predicate holds, so a new architecture adds its set with `register_field_set`. Rules between
-fields (heads divisible by KV heads, an even rotary dimension) are `CrossRule`s of a set.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """Fleet sizing: how many nodes serve a request rate under a p99 latency SLA, and what it costs.
 
-A pure function of its inputs (the CLI feeds it cost-model service times), every step
-recorded so the report can print the arithmetic:
-
-1. per-replica memory  = weights + batch x (input + output) x KV bytes per token
-2. replicas per domain = min(floor(usable memory of one memory domain / per-replica
-   memory), max_replicas); replicas per node = domains x that. A GPU node here is one
-   device (one domain); a two-socket CPU node run one replica per socket has two domains,
-   each with its socket's memory and bandwidth (autoplan/nodes.py)
-3. replicas in one domain share its memory bandwidth and cores, so each one's TTFT and TPOT
-   are the single-replica figures x replicas per domain (decode is bandwidth-bound: R
-   copies each stream their own weights through one memory bus)
-4. service time S      = TTFT + (output_len - 1) x TPOT; servers per node c = replicas x batch
-   (each batch slot serves one request at a time)
-5. queueing: the fleet is one M/M/k queue, k = nodes x c, service rate mu = 1/S, arrivals
-   lambda = qps (a load balancer hands each request to the first free slot). Erlang C gives
-   P(wait > 0) = C(k, a) with a = lambda/mu, and P(wait > t) = C exp(-(k mu - lambda) t), so
-   the p-quantile of the wait is ln(C / (1 - p)) / (k mu - lambda) when C > 1 - p, else 0.
-   p99 latency = S + wait_p99. Exponential service is pessimistic for LLM requests of fixed
-   length (near-deterministic service): the M/M/k wait is an upper bound on M/D/k's.
-6. nodes = the smallest count with lambda < k mu and p99 latency <= SLA
-7. $/month = nodes x $/hour x 730; $/1M tokens = nodes x $/hour / (qps x output_len x 3600)
-   x 1e6, counting generated tokens.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -111,7 +90,7 @@ def size_fleet(*, weight_bytes: float, kv_bytes_per_token: float, node_memory_by
                qps: float, p99_s: float, price_per_hour: float, usable_fraction: float = 0.9,
                max_replicas: int | None = 1, quantile: float = 0.99,
                domains: int = 1) -> FleetSizing:
-    """Size a fleet (see the module docstring for the model); all figures in SI units.
+    """Size a fleet (docs/modules.md has the model); all figures in SI units.
 
     Args:
         weight_bytes: model weights as stored, bytes.

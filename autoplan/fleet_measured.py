@@ -1,34 +1,6 @@
 """Fleet sizing from a measured capacity curve instead of the analytic queue.
 
-The analytic sizing (autoplan/fleet.py) predicts service times with the cost model and
-queueing with M/M/k. A serving benchmark measures what one node does instead: one server on
-one machine, driven by `vllm bench serve` with Poisson arrivals at several request rates,
-records per rate the achieved request throughput and the TTFT, TPOT and end-to-end latency
-percentiles. This module reads that curve (benchmarks/serve_bench.py's
-``sides[NAME].points`` or benchmarks/llamacpp_serve.py's ``serving[NAME].points``) and
-sizes a fleet of such nodes:
-
-1. p99 latency at rate r = the measured p99 end-to-end latency (``e2el_p99_ms``) when the
-   result has it, else TTFT p99 + (output_len - 1) x TPOT p99 (no faster than the p99
-   request could be if its prefill and its decode steps were both p99: an upper bound).
-2. a rate holds when its p99 latency is within the SLA and the node kept up with it
-   (achieved throughput >= ``sustained`` (0.8) x offered; at rate ``inf`` it is the
-   throughput);
-   node capacity r* = the highest measured rate that holds. Only measured rates count: no
-   interpolation, no extrapolation past the curve.
-3. nodes n = ceil(qps / r*): a load balancer that sends each request to a node picked at
-   random splits a Poisson stream of qps into n Poisson streams of qps / n <= r*, which is
-   what the benchmark measured at r* (latency rising with rate, qps / n does no worse).
-4. $/month and $/1M output tokens as in the analytic sizing.
-
-A curve is one engine on one machine: it sizes a plan only when the plan runs on that
-engine and the node is that machine (`check_curve_applies`), never another one's nodes.
-
-Public API:
-    MeasuredPoint, MeasuredCurves, MeasuredSizing
-    read_capacity_curves(path) -> MeasuredCurves
-    check_curve_applies(curves, node, runtime)
-    size_fleet_measured(points, *, qps, p99_s, output_len, price_per_hour, ...) -> MeasuredSizing
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -210,7 +182,7 @@ def size_fleet_measured(points: tuple[MeasuredPoint, ...] | list[MeasuredPoint],
                         p99_s: float, output_len: int, price_per_hour: float,
                         sustained: float = SUSTAINED) -> MeasuredSizing:
     """Nodes for ``qps`` under a p99 request-latency SLA from one node's measured curve
-    (the module docstring has the rule).
+    (docs/modules.md has the rule).
 
     Raises:
         UserInputError: qps or the SLA is not a finite positive number, or no points.

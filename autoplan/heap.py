@@ -1,23 +1,6 @@
 """glibc's heap policy for this process: give large frees back, or keep them for reuse.
 
-glibc serves allocations above its mmap threshold from fresh mappings and unmaps them when
-freed; below it, from the heap, whose free top is trimmed back to the OS above the trim
-threshold. Both thresholds are dynamic by default (each unmapped block raises the mmap
-threshold to its size, up to 32 MiB on 64-bit). Two workloads want opposite fixed values:
-
-* **Streamed runs** allocate and free the same few 1-200 MB buffers (a block's fp32
-  weights, its captures, a layer's Hessian) while the whole point is a low peak. With the
-  dynamic threshold, buffers of a few MiB to 32 MiB come from the heap, where what is freed
-  fragments instead of going back. Fixed at 1 MiB (``return_large_frees_to_os``): peak RSS
-  of a 4-block TinyLlama-shaped profile 1.56 -> 1.32 GiB (docs/lab/benchmarks.md).
-* **A recovery pass** frees and re-allocates the same ~1-2 GB of activations, logits and
-  gradients every step. Returned to the OS, every step page-faults them back in as fresh
-  zeroed pages: about 250,000 minor faults per step on SmolLM2 (2 x 256 tokens), 5.35 s a
-  step (median of 8). Kept for reuse (``keep_frees_for_reuse``: thresholds at 1 GiB / 2 GiB),
-  no faults once warm and 4.67 s a step, the same bits (2-core AMD EPYC VM,
-  docs/lab/benchmarks.md, "Recovery"). ``release_kept_memory`` trims the heap afterwards.
-
-Off Linux/glibc (macOS, musl) every call is a no-op that returns False.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

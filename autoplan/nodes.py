@@ -1,23 +1,6 @@
 """Server nodes as they are sold, and how a runtime uses their memory domains.
 
-A CPU target's figures are per socket (one memory domain); a node has `node.sockets` of
-them (autoplan/data/targets/*.toml, `[node]`). A runtime uses a second socket only in one of
-three ways, each a `NodeLayout`:
-
-- `socket` (what `fleet` assumes): one engine process per socket, pinned to its cores and
-  its memory. Every replica reads local memory at the socket's bandwidth, so the node is
-  `sockets` independent replicas of the per-socket target.
-- `spanning`: one process over all sockets with each thread's weights placed in its own
-  socket's memory (llama.cpp `--numa distribute` on a model first touched during
-  generation): one replica with `sockets` x the bandwidth, memory and peaks. On a dual
-  EPYC 9175F this reached 74 % of the two sockets' peak bandwidth [LLAMA-11744], i.e. local
-  speed: modelled as the per-socket efficiency, no NUMA penalty.
-- `interleaved`: one process with pages spread over the sockets regardless of which thread
-  reads them (`numactl --interleave=all`, or a NUMA-unaware runtime): about half of the
-  reads cross the socket link. The same system ran at 41 % of peak this way [LLAMA-11744]:
-  modelled as 41/74 = 0.55 of the spanning layout's bandwidth.
-
-GPU targets are one device per node here (`device`): replicas on one GPU share it.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """The torch thread count the SparseGPT/GPTQ solvers run on, pinned per plan.
 
-Their Cholesky factorization of the inverse Hessian (LAPACK, multi-threaded) rounds
-differently for each thread count: measured on the embedded model, a 2:4 SparseGPT layer
-solved on 1 and on 2 threads differs in its mask and weights, while the same count always
-gives the same bits. A plan's audit is a sha256 of those bits, so a plan searched on one
-count could not be exported or recovered on a machine (or shell) with another. The search
-records its count (`CompressionSettings.solver_threads`, the plan's ``audit``) and every
-later recomputation pins torch to it for the solver alone; the forward passes keep
-whatever threads the process has.
-
-The bits also depend on the torch build and the CPU's vector kernels (AVX2 vs AVX-512):
-``signature()`` is recorded beside the count, so a refusal can name what differs.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

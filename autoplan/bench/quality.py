@@ -1,12 +1,7 @@
 """Quality of an exported ONNX artifact itself: KL and perplexity of ORT's logits against the
 original PyTorch model on the evaluation split.
 
-The plan's KL is measured on a PyTorch simulation that rounds as the kernels do (the *a8
-formats' per-block int8 activations included); the one format whose kernel rounds otherwise
-is `int8` (ORT quantizes its activations per tensor, asymmetric uint8), so bench measures the
-artifact that runs and reports both figures.
-The same metric code as the search (autoplan.quality.metrics.compare_pass) scores it: the
-session is wrapped as a callable returning `.logits` like a transformers model.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Run real generation for several configurations side by side, interleaved, in one process.
 
-Every batch of prompts is run by each side in turn before the next batch starts, and the
-order rotates per batch, so slow drift of the machine (other jobs, thermal state) lands on
-all sides alike instead of on whichever ran last. The read bandwidth behind the roofline
-fraction is sampled the same way, once per batch round (a shared VM's bandwidth moves with
-its neighbours: two single measurements 3 minutes apart on the dev box gave 48.6 and 74.9
-GB/s), and the median of those samples is the denominator. Requests are grouped into static batches
-of `concurrency` equal-length prompts (random token ids, seeded), each decoded greedily for
-exactly `output_len` tokens.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -62,7 +55,7 @@ def run_bench(sides: list[Side], *, requests: int, concurrency: int, input_len: 
               bandwidth: float | Callable[[], float] | None = None,
               threads: int | None = None,
               progress: Callable[[str], None] | None = None) -> BenchReport:
-    """Time every side on the same prompt batches, interleaved; see the module docstring.
+    """Time every side on the same prompt batches, interleaved; docs/modules.md says why.
 
     `bandwidth`: bytes/s for the roofline fraction, or a probe (e.g. read_bandwidth) called
     once per batch round, whose median is used.

@@ -1,14 +1,6 @@
 """`autoplan compare`: one model, one budget, several (target, runtime) pairs, one table.
 
-    the search's Pipeline over every entry (autoplan/search/run/_pipeline.py): checked
-    before any work, one model load, ONE sensitivity profile, the original measured once,
-    then each entry searched through its job queue and written as a plan (identical
-    decisions measured once across entries, `SharedMeasurements`)
-    -> one row per entry, sorted by the objective -> compare.json
-
-A target whose memory cannot hold the uncompressed model at the asked batch (or at batch 1
-for `--batch max` / an SLO) is a row `does not fit` with the bytes, not a dropped entry; a
-target whose batch-1 latency already misses the SLO is a row `no operating point`.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,6 @@
 """Efficiency constants of the analytic cost model: global per hardware FAMILY, never per point.
 
-Every constant below cites its evidence in ../shared/reference/hw-facts.md (§2 tables,
-§3.4 efficiency factors). Where the references hold no evidence for a family, the value is a
-prior stated as such (``evidence`` says "prior"). The constants were chosen once against the
-published measurements of ``autoplan/data/measurements.toml`` taken together (`autoplan
-validate`), not tuned per measurement.
-
-Terms (see autoplan/cost/linear.py for how they enter the step time):
-    eta_bw:      achieved / peak memory bandwidth of a well-tuned 16-bit or FP8 GEMV kernel.
-    eta_c:       achieved / peak dense FLOP/s of a large GEMM (prefill-sized M).
-    kernel_s:    fixed cost of one GPU kernel (launch, tail, sync) inside a decode/prefill step,
-                 with CUDA/HIP graphs. It is why small models at batch 1 reach only 30-40 % of
-                 HBM bandwidth (hw-facts §2F): modelled as a fixed overhead, not a lower eta.
-    step_s:      fixed cost per engine step (scheduler, sampling sync, host work).
-    power_frac:  average board power / TDP while serving (hw-facts §3.3: 60-90 % of TDP).
-
-A format whose GEMM kernel has published timings departing from these BF16/FP8 kernels (FP4
-on Blackwell) gets its own efficiencies in autoplan/cost/kernels.py, set from kernel-level
-timings, not from the validation points; the leave-one-family-out hold-out replaces the rows
-here only. eta_c is the BF16 GEMM's; a math dtype whose max-achievable matmul rate was
-measured beside BF16's on the same part runs at eta_c times the ratio of the two shares of
-peak (`math_efficiency_factor`, `_MATH_SHARE`: FP8 on Hopper and on CDNA3).
-
-A family's eta_bw was measured on one part (`_ETA_BW_PART`: Hopper's on the H100 SXM). A
-sibling part whose memory reaches a different share of its own datasheet peak gets eta_bw
-scaled by the ratio of the two shares (`part_bandwidth_factor`), where one streaming
-benchmark, run the same way, measured both parts (`_STREAM_READ`); without such a pair the
-factor is 1. It is a hardware measurement, not a fitted constant. The same holds for eta_c
-(`part_compute_factor`, `_MAX_ACHIEVABLE`): where the vendor published the max-achievable GEMM
-rate of two parts of a family with one harness, a sibling whose share of its datasheet peak
-differs (the MI325X, the MI300X's die at 1,000 W instead of 750 W) has eta_c scaled by it.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

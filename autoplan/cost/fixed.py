@@ -1,14 +1,7 @@
 """The parts of a step that do not depend on the per-layer choices: attention with its
 KV-cache traffic, norms and elementwise ops, embeddings, sampling, and fixed overheads.
 
-They run at the baseline precision; the KV cache is stored as the layout says (cost/kv.py:
-bytes per element per block; 16-bit unless told). Formulas follow hw-facts §3.1 (LLM-Viewer)
-and §3.3, per block l (a sliding window caps ctx and the attended pairs):
-    decode attention:  KV read = B * ctx_l * kv bytes per token of l; 4 * B * ctx_l * heads * d
-    prefill attention: causal 4 * B * pairs_l * heads * d FLOPs (qk + sv; pairs = S^2 / 2)
-    norms / elementwise / embeddings: memory-bound passes over the activations.
-Each non-GEMM kernel also pays the family's per-kernel overhead, and each engine step its
-``step_s`` (hw-facts §2F: fixed costs dominate small models on big GPUs).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """KV-cache terms of the cost model: what a cache format stores per token, per block.
 
-A ``KvLayout`` is one stored-bytes-per-element figure per decoder block (and the format
-behind it, when known): 2 for a 16-bit cache, 1 for FP8/INT8, 8.5/8 for llama.cpp's q8_0,
-4.5/8 for q4_0 and NVFP4. From it and the model's geometry:
-
-    bytes per token, block l = 2 (K and V) x kv_heads x head_dim x bytes(l)
-    cached tokens, block l   = min(length, window_l)   (window 0: full attention)
-    cache of a batch         = batch x sum over blocks of bytes per token x cached tokens
-
-and decode attention reads, per step, each block's cache at the step's context (the mean
-decode context, capped at the block's window). These are the two things a KV format changes:
-the bytes every decode step reads, and the memory left for the batch (cost/operating.py
-re-solves the batch under it). Formulas: reference/hw-facts.md §3.1 and §3.3.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

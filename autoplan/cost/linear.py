@@ -1,26 +1,6 @@
 """Time and bytes of one linear layer (one GEMM) under one Choice: a roofline with overheads.
 
-    t(m) = max(bytes / (eta_bw * f_bw * BW), flops / (eta_c * peak(math) * s)) + kernels * kernel_s
-
-- bytes: stored weight bytes (params x bits_per_weight / 8, with scales and sparse index
-  metadata, hw-facts §3.6) + activations read at the choice's activation width + outputs
-  written in 16 bit.
-- flops: 2 * m * in * out, run at the peak of the choice's math dtype (weight-only formats
-  dequantize and run at the 16-bit peak; FP4 without FP4 units is refused), at eta_c times
-  the dtype's measured share ratio over BF16 where one exists (FP8 on Hopper and CDNA3,
-  efficiency.math_efficiency_factor).
-- 2:4: the byte reduction always applies (decode gains through it); the compute term is
-  divided by the shape-dependent speedup s (autoplan/cost/sparse.py; < 1 for small shapes).
-- block-sparse: kept blocks only, at BLOCK_COMPUTE_EFF of dense efficiency.
-- channel pruning: a smaller dense matrix (density x params, no index).
-- unstructured: no GPU/CPU runtime accelerates it; served dense, so it costs like dense.
-- kernels: one GEMM kernel per fused group (q/k/v, gate/up share one), plus one dynamic
-  activation-quantization kernel for W8A8/W4A4 formats; a group's kernel time is split
-  evenly between its members so that per-layer terms add up (the search gives fused groups
-  one choice).
-- kernel paths (autoplan/cost/kernels.py): a format whose GEMM kernel has published timings
-  of its own (FP4 on Blackwell) streams and computes at that kernel's efficiencies, and its
-  GEMM call costs the kernel's fixed time instead of the family's kernel_s.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """Measured GEMM times (microbenchmark JSON) that replace the analytic linear time.
 
-Schema written by backends/microbench.py: {"schema_version": 1, "device": ..., "rows":
-[{"m", "n", "k", "choice", "median_us", ...}]}. An exact (m, n, k, choice) match replaces the
-roofline term of that GEMM; the per-kernel overhead is still added, because a kernel-level
-benchmark times the kernel, not its place in a serving step -- unless the document says
-`"includes_dispatch": true` (backends/cpu/ort_microbench.py times each node inside an ONNX
-Runtime session, so the runtime's per-node dispatch is already in the row). No
-interpolation: a shape that was not measured keeps the analytic time.
-
-A fused group (q/k/v, gate/up) runs as one GEMM of the members' summed width; CostModel
-looks that packed shape up first and gives each member its share (by output width).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

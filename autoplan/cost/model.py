@@ -1,20 +1,6 @@
 """CostModel: predicted prefill and decode step times of a model on a target for a workload.
 
-Additivity (what the search relies on): for decisions D (one Choice per linear layer),
-
-    step(D) = sum over linear layers L of layer_time(L, D[L])  +  fixed_time()
-
-holds exactly for both phases (PhaseTime.prefill_s: one prefill pass over the batch's
-prompts; PhaseTime.decode_s: one decode step at the mean context). Every reported metric is
-a function of these two sums (report.py), so an objective that is linear in them (request
-latency, energy, GPU-seconds per token) is additive per layer, and the optimum over
-per-layer choices is a multiple-choice knapsack that can be solved exactly.
-
-``layer_time`` is memoized on (shape, role class, fused-group size, choice): a Llama-8B
-evaluation is ~225 dictionary look-ups, so thousands of trials per second are possible.
-
-Mixture-of-experts models stay additive: each routed expert is a layer whose time is its
-share of the step's expert reads and rows (cost/moe.py); the router is a fixed term.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

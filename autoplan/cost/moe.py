@@ -1,29 +1,7 @@
 """Mixture-of-experts terms of the cost model: what a step reads of the routed experts, the
 grouped expert GEMMs, and the router.
 
-Each routed expert is a linear layer of its own (modelspec), so the model stays additive
-per layer. In a step of T tokens, expert e of a block is picked by each token with
-probability p_e (its routing share, sum over e = top_k), so
-
-    weight reads  = 1 - (1 - p_e)^T      (the chance any token of the step picks it)
-    rows          = T * p_e              (its expected tokens)
-
-and its GEMM is the roofline of those (cost/linear.gemm_time with `weight_reads`). Summed
-over a block's experts, the reads are the expected distinct experts the step touches: at
-decode T = batch, in prefill T = the chunk's tokens. The shares come from the calibration
-routing recorded by the profile (`Routing.from_counts`), or are uniform (top_k / E) when
-only the config is known.
-
-Grouped GEMMs run at the dense GEMM's efficiency at the same rows per expert: DeepGEMM's
-H800 table ([DEEPGEMM]) has its contiguous grouped FP8 GEMM at 1,288 TFLOPS (8 groups x
-4,096 rows, N 4,096, K 7,168) against 1,304 for the normal GEMM of one group's shape
-(0.99), and 1,093 vs 1,025 at N 7,168, K 2,048 (1.07); GROUPED_GEMM_EFF is 1. What differs
-is the rows: T * p_e per expert instead of T.
-
-Kernels (vLLM's fused_moe, [VLLM-FUSED-MOE]): one grouped GEMM for every expert's gate/up
-and one for down, their call overhead split evenly over the block's expert layers; per MoE
-block three routing kernels (top-k softmax, moe_align_block_size, moe_sum) and the router
-GEMM, at the baseline precision (no engine quantizes the router).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Operating points the way teams ask for them: a fixed batch, the largest batch that fits
 (vendors' "max throughput"), or the largest batch meeting a latency SLO (TTFT and/or TPOT).
 
-The answer is a `Workload` for the cost model, found by bisection on the batch with the
-cost model itself (memory = weights + KV cache + workspace, `CostModel.memory`; TTFT =
-one prefill pass over the batch, TPOT = one decode step, `cost/report.py`). Memory, TTFT
-and TPOT are non-decreasing in the batch in that model (more KV, more prefill tokens,
-a wider decode GEMM), which is what makes bisection exact; `tests/unit/test_operating.py`
-checks it against a linear scan.
-
-A point is resolved for one set of decisions (the search resolves it for the uncompressed
-baseline, so every plan, whose layers are never stored in more bytes than the baseline's,
-fits at that batch too, and plan and baseline are compared at the same batch).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """Predicted metrics from the two step times, and the Estimate record the CLI prints.
 
-From one prefill pass P (all B prompts) and one decode step D (at the mean context):
-    TTFT = P;  TPOT = D;  request latency = P + (output_len - 1) * D
-    decode tokens/s = B / D
-    output tokens/s (end-to-end, the throughput objective) = B * output_len / latency
-    $/1M output tokens = price_per_hour / (output tokens/s * 3600) * 1e6   (seeds-digest;
-                         hw-facts §3.3 [SOFTWARESENI] at utilization 1)
-    J per output token = P_avg * latency / (B * output_len), P_avg = power_frac * TDP
-Every one is monotone in P + (output_len - 1) * D, which is a sum of per-layer terms.
-All figures are predictions of the analytic model, never measurements.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -68,7 +60,7 @@ class Metrics:
 
 def metrics_from_times(prefill_s: float, decode_s: float, workload: Workload, *,
                        price_per_hour: float, power_w: float) -> Metrics:
-    """All metrics from the two step times (see the module docstring for formulas)."""
+    """All metrics from the two step times (formulas: docs/modules.md)."""
     b, out = workload.batch, workload.output_len
     latency = prefill_s + (out - 1) * decode_s
     tps = b * out / latency if latency > 0 else float("inf")

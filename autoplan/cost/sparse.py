@@ -1,13 +1,6 @@
 """2:4 sparse GEMM speedup over the dense GEMM as a function of shape, dtype and family.
 
-Source: hw-facts.md §2B K1 (SlideSparse appendix A: square M=N=K GEMMs, cuSPARSELt 2:4 vs
-cuBLASLt dense). A linear of M tokens x N outputs x K inputs is looked up at the cube root of
-M*N*K (the square GEMM with the same work) and interpolated linearly in log2(size), clamped
-at the ends. Below ~2k^3 the sparse kernel is SLOWER than dense (speedup < 1); at >= 4096 it
-reaches 1.5-1.85x (FP8) (hw-facts §3.5).
-
-The speedup multiplies only the compute term of a layer; memory-bound layers gain from the
-byte reduction instead (autoplan/cost/linear.py), so small-M decode still benefits.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """A measured cost table (benchmarks/gpu_check.sh) against the analytic GEMM time.
 
-Each row (m, n, k, choice, median_us) is predicted as one GEMM call of the roofline
-(linear.gemm_time) plus its fixed kernel time (linear.call_overhead), on the named target,
-exactly as CostModel prices a layer that has no measured row. Errors are signed,
-(predicted - measured) / measured: positive means the model predicts the kernel slower than
-it ran. Rows are grouped by kernel class, the choice and what bounds the analytic time
-(memory or compute), because a constant is wrong for one regime at a time; a class whose
-mean absolute error exceeds DISAGREE (15 %) is a correction candidate (docs/gpu.md says what
-evidence a correction needs).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

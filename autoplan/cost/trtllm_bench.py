@@ -1,51 +1,6 @@
 """The engine settings `trtllm-bench throughput` derives for itself, as its source does.
 
-TensorRT-LLM's perf-overview tables ([TRT-PO], §2D P1) were run with `trtllm-bench --model M
-throughput --dataset D --backend pytorch --extra_llm_api_options llm_options.yml`, with no
-`--max_batch_size`/`--max_num_tokens`: trtllm-bench then picks both from the dataset
-([TRTLLM-BENCH-SETTINGS], `get_settings`: "Max batch size and max num tokens not provided.
-Using heuristics or pre-defined settings") with `calc_engine_setting` / `finetune_setting`
-([TRTLLM-BENCH-TUNING]):
-
-    engine_size = model_config.param_count * byte_per_elem / (1024**3)
-    total_gpu_memory = get_device_memory() * n_gpus          # NVML total, GiB
-    available_memory = total_gpu_memory - engine_size
-    cache_memory = available_memory * kv_cache_gpu_mem_fraction
-    kv_cache_max_requests = cache_memory / (byte_per_token * target_seq_len)
-    raw_bs = min(kv_cache_max_requests, 4096) / pp_size
-    raw_token = min(raw_bs * (1 + input_len / output_len), 32768)
-    max_bs: 32 * ceil(raw_bs / 32) (at least 64) below 256, 128 * ceil(...) below 1,024,
-            else 256 * ceil(...)
-    max_token: 256 * ceil(raw_token / 256) (at least 2048) below 4,096, 512 * ceil(...)
-            below 8,192, else 1024 * ceil(...)
-
-and then, because chunked prefill is off by default (`--enable_chunked_context`, "default=
-False", [TRTLLM-BENCH-THROUGHPUT]; the perf-overview's llm_options.yml sets only
-cuda_graph_config):
-
-    max_num_tokens = max(max_num_tokens, dataset_metadata.max_isl + max_batch_size)
-
-`max_num_tokens` is the token budget of one engine iteration; with chunking off a prompt is
-never split, so a step that runs prompts holds floor(max_num_tokens / ISL) whole prompts of
-the (uniform, "--input-stdev=0") dataset. `kv_cache_free_gpu_mem_fraction` is the command's
-default 0.90 ([TRTLLM-BENCH-THROUGHPUT]: "default=.90"), the same value the measurement
-points carry as `kv_pool_fraction`; the capacity scheduler is GUARANTEED_NO_EVICT
-("default=\"guaranteed_no_evict\""), i.e. a request is admitted only when the KV cache of its
-whole ISL + OSL is reserved, which is the rule `validate._max_batch` sizes the batch with.
-
-What the source leaves to the checkpoint: `param_count` is the element count of the
-checkpoint's safetensors (`ModelConfig.get_param_count`: "sum(metadata.parameter_count
-.values())"). For a ModelOpt FP8 checkpoint that is the parameter count (one FP8 element per
-weight, BF16 embeddings, lm_head and norms, scalar scales). ModelOpt's NVFP4 export stores two
-FP4 values per uint8 element with one FP8 scale per 16 weights, so a quantized linear layer
-counts n*k/2 + n*k/16 elements (assumed from the export format). Counting every weight as one
-element instead changes, of the NVFP4 points, only the prompts per step of the 128/128 rows
-(B200 60 vs 56, GB200 56 vs 52) and some max_batch_size values, which never bind.
-
-Not described: a static batch stands for inflight batching (prefill steps are not mixed with
-decode tokens in one iteration), and the CUDA-graph padding of generation-only steps to the
-next captured batch size (llm_options.yml `enable_padding: true`), whose share of the steps
-depends on that mixing.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

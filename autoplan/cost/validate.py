@@ -1,16 +1,6 @@
 """Validate the cost model against published speedups (autoplan/data/measurements.toml).
 
-Each point predicts the candidate/baseline ratio with the same global per-family constants
-(efficiency.py): nothing is fitted per point. MAPE is the mean absolute percentage error of
-the predicted speedup ratios against the published ones, over every point that could be
-evaluated (a point whose target is missing from the catalog is reported as skipped).
-
-Three MAPEs, so a constant is not judged on the points it was set with:
-- in sample: the points in view when the constants were chosen (`tuned`, the default);
-- out of sample: points added afterwards without moving any constant (`tuned = false`);
-- leave-one-family-out (in-sample points): each point predicted once per hardware family
-  it involves, with that family's constants replaced by the median of the other families
-  of its kind (`efficiency.transfer_row`); a family with no peer keeps its own row.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """Serving engines autoplan checks its exports against, each in its own virtual environment.
 
-An engine (vLLM's CPU build, llama.cpp through llama-cpp-python, ...) pins its own torch and
-transformers, so it never shares autoplan's environment: ``autoplan engines install NAME``
-builds ``<cache>/engines/NAME/`` once (``$AUTOPLAN_CACHE``, default ``~/.cache/autoplan``),
-and autoplan talks to it only through subprocesses of that venv's Python. A venv that
-already exists elsewhere is used instead when ``AUTOPLAN_ENGINE_<NAME>_PYTHON`` names its
-interpreter (NAME upper-cased, ``.`` and ``-`` as ``_``, e.g. ``AUTOPLAN_ENGINE_LLAMA_CPP_PYTHON``).
-
-Public API:
-    engine_names() -> list[str]
-    get_engine(name) -> EngineSpec
-    engine_python(name) -> Path          (raises a one-line error naming the install command)
-    engine_status(name) -> EngineStatus
-    install_engine(name, *, echo=print, force=False) -> Path
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """Measured llama.cpp kernel times: the `local` cost table for `--runtime llama.cpp`.
 
-Each row (m, n, k, choice) is ggml's own ``ggml_mul_mat`` of an [n, k] weight in the
-choice's GGUF type (quantized by ggml) with an [m, k] fp32 input, computed on the ggml CPU
-backend with llama.cpp's thread count, in a worker in the llama.cpp engine's venv
-(autoplan/engines/ggml_worker.py). As in ort_microbench, one graph holds R weight copies
-(enough to exceed ROTATE_BYTES) and a FLUSH_BYTES buffer is read before every timed run,
-so each call streams its weight from memory as in a decode step; per-call time = run time
-/ R, which includes ggml's per-node barrier (``"includes_dispatch": true``).
-
-llama.cpp runs every linear layer as its own mul_mat (q, k, v, gate and up are separate
-tensors in a GGUF), so rows are per layer, never packed.
-
-The rest of a decode step (attention over the KV cache, norms, rope, elementwise, the
-embedding row, sampling, the Python loop) is measured as one number: a timed greedy decode
-of the source GGUF in llama.cpp at the workload's input/output lengths, minus the sum of
-that file's own measured mul_mats (its tensor types, timed the same way). The cost model
-then predicts a plan as (its measured mul_mats) + (that non-GEMM step).
-
-Cached per machine (CPU model, cores), llama-cpp-python version and thread count under
-cache_root()/"cost_tables"; rows accumulate there, only missing rows are measured.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -3,23 +3,7 @@ that llama-cpp-python installs. Runs in the llama.cpp engine's venv, started by
 ``autoplan.engines.ggml_microbench``; imports only the standard library, numpy and
 ctypes (not llama_cpp's Python layer, not autoplan).
 
-The graph runs on the ggml CPU backend (``ggml_backend_cpu_init``,
-``ggml_backend_graph_compute`` with n_threads), the same compute path llama.cpp's scheduler
-drives in a decode step when weights are not repacked into extra buffer types; weights
-are quantized by ggml itself (``ggml_quantize_chunk``, no importance matrix).
-
-Protocol, one JSON object per line:
-  argv[1]: {"threads": N}   (the libraries are found next to the llama_cpp package)
-  out: {"ready": true}
-  in:  {"op": "time", "m", "n", "k", "type": ggml type id, "copies": R, "min_seconds": s,
-        "flush_bytes": B}
-  out: {"median_us", "p10_us", "p90_us", "repeats"}   per mul_mat (one graph of R
-       independent [n, k] weights times one [m, k] input, time / R; a B-byte buffer is
-       read before every timed run so each weight streams from memory, as in a decode step)
-  in:  {"op": "matmul", "type": id, "w": "W.npy" (float32 [n, k]), "x": "X.npy" (float32
-        [m, k]), "out": "Y.npy"}
-  out: {"rows": m}   (Y.npy: float32 [m, n] = what ggml computes for x @ w.T)
-  any error: {"error": "one line"}
+Reasoning and sources: docs/modules.md.
 """
 
 import ctypes

@@ -1,15 +1,6 @@
 """Talk to the llama.cpp engine (its own venv) through worker subprocesses.
 
-autoplan's own environment never imports llama_cpp. Each worker is a script beside this
-module, started with the interpreter of the llama.cpp engine
-(``autoplan.engines.engine_python("llama.cpp")``; a missing engine is a one-line error
-naming ``autoplan engines install llama.cpp``), speaking JSON lines:
-
-* ``LlamaCppWorker`` (llamacpp_worker.py): one GGUF loaded; timed greedy generation and
-  every position's logits. Arrays travel through ``.npy`` files in a private temp folder
-  (a 256-token block of logits is 50 MB of float32).
-* ``GgmlWorker`` (ggml_worker.py): ggml_mul_mat through the ggml shared libraries, timed
-  (autoplan/engines/ggml_microbench.py) or computed once (tests compare it with the simulation).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Serve a GGUF with llama.cpp's OpenAI-compatible server, on 127.0.0.1.
 
-The server is llama-cpp-python's own (``llama_cpp.server``), launched from the llama.cpp
-engine's venv by llamacpp_server.py (see there for what the launcher changes), wrapped in
-``autoplan.engines.serving.ServerProcess``: a port in use is refused before starting, and the
-server and its children are stopped however the caller leaves (exception, Ctrl-C, SIGTERM once
-``serving.stop_on_signals()`` is installed).
-
-Public API:
-    llamacpp_server(gguf, *, port=None, threads=None, n_ctx=2048, alias=None,
-                    ignore_eos=False, extra_bufts=False, log_path=None, python=None)
-        -> ServerProcess (not started: use it as a context manager, or start()/stop())
-    server_argv(...) -> list[str]
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

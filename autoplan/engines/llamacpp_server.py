@@ -2,34 +2,7 @@
 (``autoplan engines install llama.cpp``), started by ``autoplan.engines.llamacpp_serve``. It
 imports only the standard library and llama-cpp-python (autoplan is not installed there).
 
-It is llama-cpp-python's own server (``llama_cpp.server``: its FastAPI app from
-``create_app`` with its ``ServerSettings`` / ``ModelSettings``, run by uvicorn) with two
-changes the stock ``python -m llama_cpp.server`` cannot make from its command line, and two
-settings changed from its defaults:
-
-* the weights load without llama.cpp's extra CPU buffer types (``use_extra_bufts=False``,
-  as in llamacpp_worker.py: the AMX path of llama-cpp-python 0.3.36 segfaults on
-  multi-token batches, and autoplan's kernel table times the plain ggml kernels);
-  ``extra_bufts: true`` keeps them;
-* ``ignore_eos: true``: no token ends a completion early, so every request runs to its
-  ``max_tokens``, as ``vllm bench serve --ignore-eos`` asks of vLLM (llama-cpp-python's
-  request schema has no ``ignore_eos`` field and drops it). For load benchmarks only;
-* ``interrupt_requests=False``: by default a new request cuts the streaming one short
-  (``[DONE]`` after the current token); here requests queue for the model instead, so every
-  request gets all its tokens and waiting shows up as TTFT;
-* an ``x-request-id`` header is dropped before the app sees it: llama-cpp-python's
-  ``RequestIdPlugin`` answers 400 Bad Request to any id that is not a UUID, and
-  ``vllm bench serve`` sends ``bench-<hex>-<n>`` with every request (the plugin then makes
-  its own id);
-* ``logits_all=False``: the default keeps the logits of every prompt position, which runs
-  the 49152-row lm_head over the whole prompt in prefill; a server needs the last one.
-
-The server runs one request at a time (llama-cpp-python holds a lock around the model).
-
-The host is always 127.0.0.1.
-
-Usage (engine python): llamacpp_server.py '{"model": GGUF, "port": N, "threads": T,
-    "n_ctx": C, "alias": NAME, "extra_bufts": false, "ignore_eos": false}'
+Reasoning and sources: docs/modules.md.
 """
 
 import json
@@ -49,7 +22,7 @@ def _ignore_eos() -> None:
 
 
 def _drop_request_id(app):  # noqa: ANN001, ANN202 - an ASGI app in, an ASGI app out
-    """The ASGI app without the client's ``x-request-id`` header (see the module docstring)."""
+    """The ASGI app without the client's ``x-request-id`` header (why: docs/modules.md)."""
     async def wrapped(scope, receive, send):  # noqa: ANN001, ANN202
         if scope.get("type") == "http":
             scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers", [])

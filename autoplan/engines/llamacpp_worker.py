@@ -2,25 +2,7 @@
 llama.cpp``), started by ``autoplan.engines.llamacpp.LlamaCppWorker``. It imports only the
 standard library, numpy and llama_cpp (autoplan is not installed in that venv).
 
-Protocol, one JSON object per line:
-  argv[1]: {"model": GGUF, "threads": N, "n_ctx": C, "logits_all": bool, "kv_f32": bool,
-            "extra_bufts": bool}
-  out:     {"ready": true, "n_vocab": V}
-  in:      {"op": "generate", "ids": [[prompt ids]], "n": new_tokens}      (batch 1)
-  out:     {"tokens": [...], "ttft_s": s, "step_s": [...], "peak_rss_bytes": n}
-  in:      {"op": "logits", "ids": [ids], "out": "FILE.npy"}   (needs logits_all)
-  out:     {"rows": n}      (FILE.npy: float32 [n, V], the logits of every position)
-  any error: {"error": "one line"}
-Generation timing matches autoplan's OrtGenerator: greedy host-side argmax, prefill = one
-eval of the whole prompt + the first token, then one eval per token; every request starts
-from an empty KV cache.
-
-``extra_bufts`` false (the default) loads the weights without llama.cpp's extra CPU buffer
-types (AMX / repacked layouts; ``llama-cli --no-repack``): on AMX machines the AMX path
-segfaults on any batch of more than one token in llama-cpp-python 0.3.36 (seen on a
-Sapphire-Rapids-class VM with the original SmolLM2 Q4_1 GGUF), and without it every
-weight type runs ggml-cpu's plain kernels, the path autoplan's kernel table times.
-llama-cpp-python does not expose the flag, so the default model parameters are wrapped.
+Reasoning and sources: docs/modules.md.
 """
 
 import json

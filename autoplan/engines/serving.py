@@ -1,21 +1,6 @@
 """Start an OpenAI-compatible server and load it with vLLM's own serving benchmark.
 
-Engine-neutral: ``ServerProcess`` runs any server command (``vllm serve``, llama-cpp-python's
-``python -m llama_cpp.server``, ...) bound to 127.0.0.1, waits until it answers HTTP, and
-always stops it and every process it started (its own process group) on exit, on an
-exception, on Ctrl-C, and on SIGTERM/SIGHUP once ``stop_on_signals()`` is installed.
-``bench_serve`` runs ``vllm bench serve`` from the vLLM engine's venv against any base URL at
-several request rates and parses the JSON it saves; ``max_rate_within_slo`` picks the
-highest rate whose p99 TPOT holds the SLO.
-
-Public API:
-    free_port(host="127.0.0.1") -> int
-    ServerProcess(argv, *, port, ready_path="/v1/models", what, log_path=None, env=None,
-                  timeout_s=900)   (context manager; start() / stop())
-    stop_on_signals() -> None
-    bench_serve(base_url, model, tokenizer, rates, *, input_len, output_len, num_prompts,
-                python=None, ...) -> list[RatePoint]
-    max_rate_within_slo(points, p99_tpot_ms) -> RatePoint | None
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

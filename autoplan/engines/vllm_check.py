@@ -1,51 +1,6 @@
 """Does vLLM run a plan's export the way autoplan simulated it? Two checks, side by side.
 
-The simulation is the plan's own: the ``SimulatedLinear`` layers ``export.prepare``
-recomputes for the export (the codes and scales the checkpoint holds, verified bit for bit
-by the exporter), swapped into a copy of the model and run in fp32. vLLM CPU runs the
-checkpoint in bf16, so the two can never agree exactly; the question is whether they differ
-by more than any faithful bf16 engine would.
-
-1. Layer check (``check_layer``): one linear layer, one input. vLLM's own kernel for it
-   (run by vllm_worker.py's layer probe on the weights as vLLM processed them) and the
-   ``SimulatedLinear`` get the same bf16 input. For W8A8 INT8 the GEMM is exact in int32 on
-   both sides, so a faithful kernel differs from the simulation only by rounding its output
-   to bf16 (plus fp32 summation order, ~1e-7): relative L2 error <= 2^-8 (one bf16 rounding)
-   and the input codes identical (vLLM's dynamic per-token quantization compared code for
-   code, where vLLM's kernel quantizes separately; up to 1e-4 of them may be one apart at
-   rounding ties, CODE_TIES). A wrong code, scale, zero point, group
-   layout or an int16-saturating dot product shows up as >= one quantization step, far above.
-   On x86 CPUs without VNNI, vLLM's oneDNN int8 GEMM *is* such a saturating dot product
-   (``onednn_u8s8_pairs``, measured): there the check compares vLLM's output with that
-   kernel's emulation on vLLM's own input codes, element by element (within one bf16 ulp),
-   and reports how far the kernel is from the format (``rel_l2``), which is why
-   runtimes.toml refuses vLLM int8 on AVX2 CPUs.
-2. Model check (``agreement``): teacher-forced logprobs over whole prompts. Dynamic int8
-   activation rounding makes a W8A8 model chaotic: a 1e-7 relative change of its inputs
-   flips a handful of activation codes and moves the mean |d logprob| by ~0.15 (measured),
-   as much as the quantization itself. So the tolerance is each plan's own noise floor,
-   measured, not a constant: ``noise_draws`` runs the same simulation (a) in bf16 as vLLM
-   computes (every op outside the quantized GEMMs in bf16) and (b) with 1e-7 relative noise
-   on every quantized layer's input (fp32 summation-order differences upstream of each
-   quantizer), a few seeds. Each draw is a faithful engine; the plan agrees when
-       mean |d logprob|(vLLM, sim) <= max over draws of mean |d logprob|(draw, sim)
-                                       + mean |d logprob|(vLLM, fp32) on the unquantized model
-   (the triangle inequality over a faithful draw: quantizer chaos plus vLLM's own bf16
-   pipeline noise, the second measured on the model without quantization in the same run).
-   The quality the plan promises is compared too: the mean NLL the quantization adds, as
-   vLLM runs it (plan vs original, both in vLLM) and as simulated (sim vs original, fp32).
-
-Public API:
-    simulated_model(plan, loaded, *, stats=None, calibration=None) -> nn.Module
-    reference_logprobs(model, prompts, continuations=None) -> list[dict]
-    compare(engine_results, reference) -> dict
-    noise_draws(model, prompts, continuations, *, seeds=(1, 2, 3)) -> dict[str, list[dict]]
-    agreement(engine, sim, draws, unquantized_floor) -> dict
-    mean_nll(results) -> float
-    layer_inputs(model, prompts, names) -> dict[str, Tensor]
-    check_layer(layer, x, engine_layer, *, int8_pairs_saturate=False) -> dict
-    int8_pairs_saturate(cpu) -> bool
-    onednn_u8s8_pairs(x_codes, w_codes) -> Tensor
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -264,7 +219,7 @@ def mean_nll(results: Sequence[dict[str, Any]]) -> float:
 def agreement(engine: Sequence[dict[str, Any]], sim: Sequence[dict[str, Any]],
               draws: dict[str, Sequence[dict[str, Any]]], unquantized_floor: float
               ) -> dict[str, Any]:
-    """The model check of the module docstring: the engine's distance from the simulation
+    """The model check (docs/modules.md, vllm_check.py): the engine's distance from the simulation
     against the plan's own noise floor (``draws``) plus the engine's bf16 floor measured on
     the unquantized model."""
     d_engine = compare(engine, sim)["prompt_lp_abs_mean"]
@@ -300,7 +255,7 @@ def layer_inputs(model: nn.Module, prompts: Sequence[Sequence[int]],
 @torch.inference_mode()
 def check_layer(layer: nn.Module, x: torch.Tensor, engine: dict[str, Any], *,
                 int8_pairs_saturate: bool = False) -> dict[str, Any]:
-    """The layer check of the module docstring: ``engine`` is one ``VllmRun.layers`` entry
+    """The layer check (docs/modules.md, vllm_check.py): ``engine`` is one ``VllmRun.layers`` entry
     (vLLM's output ``y`` for input ``x``, and its int8 ``codes`` / ``scales`` if any).
     ``int8_pairs_saturate`` (``int8_pairs_saturate(run.cpu)``): the engine's int8 GEMM is
     oneDNN's saturating one, so its output is checked against that kernel's emulation."""

@@ -1,13 +1,6 @@
 """Run a checkpoint in vLLM (the engine's own venv) and build ``vllm serve`` command lines.
 
-autoplan's environment never imports vllm: ``run_vllm`` starts vllm_worker.py with the vLLM
-engine's interpreter (``engine_python("vllm")``; missing -> one line naming
-``autoplan engines install vllm``), in its own process group so an interrupt also stops the
-engine-core process vLLM forks, and reads the one JSON line it prints.
-
-Public API:
-    run_vllm(model_dir, prompts, *, max_tokens, dtype="bfloat16", ...) -> VllmRun
-    serve_command(model_dir, port, *, served_name, dtype="bfloat16", ...) -> list[str]
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -2,25 +2,7 @@
 started by ``autoplan.engines.vllm_engine.run_vllm``. It imports only the standard library and
 vllm (autoplan is not installed in that venv).
 
-Protocol: argv[1] is one JSON object
-  {"model": DIR, "dtype": "bfloat16", "max_model_len": N, "prompts": [[ids], ...],
-   "max_tokens": n, "logprobs": k, "prompt_logprobs": k}
-and the worker prints one JSON line on stdout, its last:
-  {"ok": true, "load_s": s, "results": [{"tokens": [...], "logprobs": [lp, ...],
-    "prompt_logprobs": [lp or null, ...]}, ...], "versions": {...}}
-  {"ok": false, "stage": "load" | "generate", "error": "vLLM's own exception text"}
-``logprobs`` are those of the tokens chosen greedily; ``prompt_logprobs`` those of each
-prompt token given the tokens before it (teacher forcing: null for the first).
-
-Layer probe (optional): with ``"layers": {"model.layers.0.mlp.down_proj": "x.safetensors",
-...}`` and ``"layers_out": "out.safetensors"``, each named linear layer of the loaded model
-is run once on the input tensor ``x`` of its file (bf16, [tokens, in]) through vLLM's own
-forward for it (``layer.quant_method.apply``: the kernel vLLM picked, on the weights as it
-processed them), and ``out.safetensors`` gets ``y:NAME`` (the output, fp32) and, where the
-layer's kernel is the oneDNN W8A8 INT8 one, ``codes:NAME`` / ``scales:NAME`` (vLLM's own
-dynamic per-token int8 input quantization of ``x``). The result line then also carries
-``"layers": {NAME: {"method": ..., "scheme": ..., "kernel": ..., "path": ...}}``, and
-``"cpu"``: which vLLM C++ library this CPU loads and the ISA flags torch sees.
+Reasoning and sources: docs/modules.md.
 """
 
 import json
@@ -77,7 +59,7 @@ def _x86_flags() -> list:
 
 
 def _probe_layers(llm, specs: dict, out_path: str) -> dict:  # noqa: ANN001
-    """Run each named layer once on its input through vLLM's own forward (see above)."""
+    """Run each named layer once on its input through vLLM's own forward (docs/modules.md)."""
     def probe(model):  # noqa: ANN001, ANN202
         import torch
         from safetensors.torch import load_file, save_file

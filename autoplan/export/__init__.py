@@ -1,17 +1,6 @@
 """Export a plan to a checkpoint a serving engine loads.
 
-Public API:
-    export_plan(plan, loaded_model, fmt, out_dir, *, stats=None, calibration=None,
-                allow_model_mismatch=False) -> Path
-    register_exporter(exporter), get_exporter(fmt), exporter_names()
-    needs_calibration(plan) -> bool   (whether the calibration tokens must be passed)
-
-Formats (one module each): ``compressed-tensors`` (vLLM, SGLang), ``modelopt``
-(TensorRT-LLM: the 2:4 path), ``onnx`` (ONNX Runtime on CPU, written by
-``autoplan.backends.cpu.onnx_export``), ``gguf`` (llama.cpp: one GGUF file, a type per
-tensor). Every exporter refuses a plan its runtime cannot
-serve before writing anything, writes atomically, and puts the plan and a per-tensor
-sha256 audit next to the checkpoint.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Everything every exporter needs before it writes a byte: checks, then the plan's weights.
 
-An export must hold exactly the weights the plan was measured with. So, in order:
-1. the model is the plan's model (content hash; ``allow_model_mismatch`` overrides),
-2. every layer's choice is one the format's runtime serves (``runtimes.supports``) and
-   fused groups (q/k/v, gate/up) share one choice where the runtime runs them as one GEMM
-   with one format (vLLM, TensorRT-LLM; not llama.cpp),
-3. the layers are recompressed with the plan's settings and calibration statistics, and
-   the sha256 of every mask and scale is checked against the plan's audit.
-Refusals name the offending layers and are raised before anything is written.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,6 @@
 """`--format compressed-tensors`: an HF folder vLLM and SGLang load, written by the library.
 
-The checkpoint is made the way llm-compressor makes one, with compressed-tensors' own
-objects: one ``QuantizationScheme`` per distinct precision (its ``targets`` are the exact
-module names of the layers planned in it), ``apply_quantization_config`` on a copy of the
-model, autoplan's dequantized weights and *its* scales put into the initialized
-parameters, ``ModelCompressor.compress_model`` (the registered ``float-quantized``,
-``int-quantized``, ``pack-quantized`` and ``nvfp4-pack-quantized`` compressors), then
-``save_pretrained`` and ``ModelCompressor.update_config`` (which writes
-``quantization_config`` into config.json). Layers kept in 16 bits go to ``ignore``.
-
-The compressors re-derive codes as ``round(w / scale)``; since ``w`` is autoplan's
-``codes * scale`` this returns autoplan's codes, and ``_verify`` proves it for every layer
-(codes and scales compared bit for bit) before the folder is moved into place.
-
-Schemes come from each format's FormatSpec (``compressed_tensors``: a preset or
-QuantizationArgs, or the reason the format cannot be written); for example:
-    fp8_e4m3  FP8_DYNAMIC preset: FP8 weights per channel, dynamic per-token FP8 inputs
-    int8      W8A8 preset: INT8 weights per channel, dynamic per-token INT8 inputs
-    int8_wo   INT8 weights per channel, 16-bit inputs (pack-quantized, vLLM WNA16)
-    int4_gN   symmetric INT4 weights, group N, 16-bit inputs (pack-quantized)
-    uint4_gN  asymmetric INT4 weights, group N, with ``weight_zero_point`` (pack-quantized;
-              vLLM reads it as uint4 with zero points)
-    nvfp4     NVFP4 preset: E2M1 weights, E4M3 scale per 16, FP32 global scale; inputs
-              with a static ``input_global_scale`` from the calibration set
-The library keeps asymmetric codes and zero points signed (-8..7); autoplan's are unsigned
-(0..15, as the packed checkpoint and the kernels hold them), so they differ by 2**(bits-1).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

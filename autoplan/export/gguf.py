@@ -1,26 +1,6 @@
 """`--format gguf`: one GGUF file for llama.cpp, each linear tensor in the type its plan chose.
 
-The model must come from a GGUF (a file or an alias such as the embedded smollm2-135m):
-its metadata, tokenizer, embeddings and norms are copied from that file unchanged, so the
-export tokenizes and runs exactly like the original. Models planned from an HF folder are
-refused: gguf-py has no tokenizer converter (llama.cpp's ``convert_hf_to_gguf.py`` picks
-the pre-tokenizer by hashing the tokenizer's output against a list it ships), so a vocab
-written here could tokenize differently from the original without any error.
-
-Linear tensors hold the plan's own codes and scales (``Prepared.sims``), packed into the
-GGUF block layout (``autoplan.formats.gguf_blocks.pack_blocks``), not a second quantization.
-A tensor the plan keeps in its source type is therefore stored byte for byte as in the
-source (requantizing Q4_1 values to Q4_1 is exact; tests check it on the embedded model).
-
-Row order: llama.cpp stores the q/k projections of Llama-family models with rows permuted
-per head (``convert_hf_to_gguf.py``'s ``permute``) and autoplan's GGUF conversion undid that
-on the way in. Rather than keep a per-architecture list, the exporter finds, per tensor,
-which of {identity, the llama permutation for n_head, for n_kv_head} maps the model's
-weight onto the source tensor bit for bit, and writes the plan's rows in that order.
-
-A tied ``lm_head`` planned in the embedding's own type stays tied (no ``output.weight``);
-planned in another type it is written as ``output.weight``, which llama.cpp uses when it
-is present.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

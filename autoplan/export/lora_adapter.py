@@ -1,19 +1,6 @@
 """A recovered plan's LoRA adapter as a PEFT adapter folder, for engines that serve adapters.
 
-With ``--recover lora`` the adapter was trained beside the compressed layers as they were
-before recovery; by default export merges it (the recovered weights, re-quantized under the
-mask). An engine that serves adapters can instead load the unrecovered base (``autoplan
-export plan.json --format F --lora-adapter DIR``: the base checked against the plan's
-``recovery.unrecovered_tensors``) and this adapter on top, applied in 16 bits to the
-layers' unquantized inputs -- the model ``recovery.adapter_kl`` measured.
-
-Written by PEFT itself (``get_peft_model`` on a copy of the original, the adapter tensors
-loaded with ``set_peft_model_state_dict``, ``save_pretrained``): ``adapter_config.json`` and
-``adapter_model.safetensors`` with PEFT's key names. Engines that serve such adapters over
-quantized bases: vLLM (``--enable-lora``; FP8/INT8 compressed-tensors, GPTQ/AWQ bases; no
-2:4 since vllm#36799), TensorRT-LLM's PyTorch backend (HF LoRA format, FP8 and INT4-AWQ
-bases; its docs do not cover 2:4 engines with LoRA), llama.cpp (``--lora`` after
-``convert_lora_to_gguf.py``, over any GGUF type).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

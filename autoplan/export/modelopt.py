@@ -1,33 +1,6 @@
 """`--format modelopt`: a ModelOpt unified HF checkpoint for TensorRT-LLM, the 2:4 path.
 
-vLLM dropped its 2:4 kernels; TensorRT-LLM still builds 2:4 engines (``trtllm-build
---weight_sparsity``), so this is where 2:4 plans go. The folder is what ModelOpt's
-``export_hf_checkpoint`` writes: config.json, safetensors with HF tensor names, and
-``hf_quant_config.json``::
-
-    {"producer": {"name": "modelopt", "version": ...},
-     "quantization": {"quant_algo": ..., "kv_cache_quant_algo": null,
-                      "exclude_modules": [...]                   # one format, or
-                      "quantized_layers": {layer: {"quant_algo": ...}}}}   # MIXED_PRECISION
-
-plus ``quant_cfg.json`` (the per-layer map TensorRT-LLM reads for MIXED_PRECISION).
-
-Layers (autoplan precision -> ModelOpt quant_algo, tensors; the names come from each
-format's FormatSpec, which also says why the others are refused):
-    fp8_e4m3   FP8_PER_CHANNEL_PER_TOKEN: ``weight`` float8_e4m3fn [out, in] and
-               ``weight_scale`` FP32 [out]; activations are scaled per token at run time,
-               so there is no ``input_scale``. This is autoplan's fp8_e4m3 exactly
-               (per-channel weights, dynamic per-token inputs); ModelOpt's per-tensor
-               "FP8" (scalar ``weight_scale`` + static ``input_scale``) would need other
-               weights than the plan measured.
-    int8_wo    W8A16: ``weight`` int8 [out, in], ``weight_scale`` [out].
-    16-bit     not quantized: ``weight`` in the model dtype, listed in ``exclude_modules``.
-
-Sparsity: ModelOpt does not record 2:4 in the checkpoint; its sparsity export bakes the
-zeros into the weights and TensorRT-LLM finds them when the engine is built with
-``--weight_sparsity``. autoplan therefore checks the 2:4 pattern of every such layer before
-writing and records it under a top-level ``"sparsity"`` key of hf_quant_config.json (which
-readers ignore: they read ``"quantization"``) and in the export audit.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

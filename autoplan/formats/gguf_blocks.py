@@ -1,29 +1,6 @@
 """llama.cpp's GGUF block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), simulated exactly.
 
-Weights: 32 values per block along the input dim, one fp16 scale ``d`` (and an fp16 block
-minimum ``m`` for the ``*_1`` types). Quantization follows the ``gguf`` package's
-``gguf.quants`` operation for operation, so quantize -> dequantize is bit-equal to
-``gguf.dequantize(gguf.quantize(w))`` (tests check it on random and real weights):
-
-* Q8_0: ``d = amax / 127``, codes ``roundf(x / d)`` (half away from zero, the C reference).
-* Q4_0 / Q5_0: ``d = max / -8`` (``/ -16``) where ``max`` is the signed value of largest
-  magnitude (its first occurrence), codes ``trunc(x / d + 8.5)`` clipped to [0, 15]
-  (``+ 16.5``, [0, 31]), stored minus 8 (16).
-* Q4_1 / Q5_1: ``d = (max - min) / 15`` (``/ 31``), ``m = min``, codes
-  ``trunc((x - min) / d + 0.5)`` clipped to [0, 15] ([0, 31]).
-
-The code uses the unrounded fp32 ``d`` (as ``1 / d``); the block stores ``fp16(d)`` and
-``fp16(m)``, and the value is ``fp16(d) * code (+ fp16(m))`` in fp32.
-
-Activations: llama.cpp's CPU matmul never multiplies a quantized weight with float
-activations. Each activation row is first quantized to the weight type's ``vec_dot_type``
-(ggml-cpu ``quantize_row_q8_0`` / ``quantize_row_q8_1``, x86 and the AMX path alike): per
-block of 32, ``d = amax / 127`` stored as fp16, codes ``round_half_even(x * (127 / amax))``
-(``_mm256_round_ps(_MM_ROUND_NEAREST)``, the reciprocal computed from amax in one division).
-Q8_0 serves Q8_0/Q4_0/Q5_0 and Q8_1 serves Q4_1/Q5_1; Q8_1 also stores
-``s = fp16(d * sum(codes))``, which the ``*_1`` dot product multiplies with the weight
-block's minimum instead of ``fp16(d) * sum(codes)``. ``q8_1_min_correction`` supplies that
-difference, so a simulated layer computes what llama.cpp computes up to summation order.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """KV-cache formats: how a serving engine stores K (after RoPE) and V, bit for bit.
 
-A ``KvSpec`` is one cache format: its stored bits per element (block scales included, for
-the cost model), where its scales live (``granularity``: none, per tensor, per KV head, or
-per block of the head dimension) and whether they are calibrated offline (``static``:
-amax over the calibration set) or computed as each token is written (block formats), the
-rounding (``fake``: dequantized values of a [..., kv_heads, tokens, head_dim] slab) and the
-names its exporters give it. Which engine serves which format where, with which query
-rounding, is the runtime matrix's answer (``autoplan/data/runtimes.toml``, ``[[runtime.kv]]``).
-
-Numerics (docs/kv-cache.md gives the engine sources):
-* ``fp8_e4m3`` / ``fp8_e4m3_head``: ``code = e4m3_satfinite(x / s)``, value ``code * s``
-  with ``s = amax / 448`` per layer (``k_scale``/``v_scale``) or per KV head (vLLM's
-  ``reshape_and_cache`` divides by the scale and converts with __NV_SATFINITE, RNE).
-* ``fp8_e5m2``: ``e5m2_satfinite(x)``, no scale (vLLM's fp8_e5m2 cache).
-* ``int8``: TensorRT-LLM's INT8 cache: ``clamp(rne(x * (1 / s)), -128, 127) * s`` with
-  ``s = amax / 127`` per layer (``cvt.rni.sat.s8.f32`` of x times the reciprocal scale).
-* ``nvfp4``: E2M1 values, an E4M3 scale per 16 of the head dimension (computed at write),
-  an FP32 global scale per layer from the calibrated amax (TensorRT-LLM on Blackwell).
-* ``q8_0`` / ``q4_0``: llama.cpp's cache rows, blocks of 32 along the row: q8_0 through
-  ggml-cpu's ``quantize_row_q8_0`` (x86: ``rne(x * 127 / amax)``, fp16 d), q4_0 through
-  ``quantize_row_q4_0_ref`` (``gguf.quants``' Q4_0): ``gguf_blocks`` implements both.
-* ``fp32`` / ``bf16`` / ``fp16``: a rounding to that dtype (the identity for a model computing
-  in it).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

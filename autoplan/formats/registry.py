@@ -1,18 +1,6 @@
 """The format registry: one FormatSpec per Precision, and the names the engines give it.
 
-A ``FormatSpec`` is everything autoplan knows about one number format, in one place: how it
-is stored and computed (``PrecisionInfo``, read by the cost model), how weights and
-activations are rounded (the scheme factories, read by RTN, GPTQ and the simulation), and
-how each exporter and kernel names it -- or why it refuses it. Code that needs a fact about
-a format asks ``format_spec(precision)``; nothing else keeps a per-format table or an
-``if precision is ...`` chain.
-
-The registry behaves like compressed-tensors' compressor registry: registering a precision
-twice raises, and a failed lookup lists every registered name.
-
-How to add a precision: docs/architecture.md, "Adding a precision" (a format may live in a
-module of its own: ``Precision.define`` its name, ``register_format`` its spec; see
-examples/formats/int8_g128.py).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,6 @@
 """Quantization schemes: how a number format turns a float slab into codes and scales.
 
-One scheme object answers three questions, and both RTN (whole matrix at once) and GPTQ (one
-column at a time) ask them the same way, so the two algorithms cannot disagree on numerics:
-
-* ``prepare(w)``: tensor-level parameters from the whole (already masked) matrix, e.g. the
-  NVFP4 FP32 global scale or a per-tensor FP8 scale; ``None`` when there are none.
-* ``qparams(slab, ctx)``: the *stored* parameters of each row of ``slab`` (reducing the last
-  dim, keepdim) as one ``QParams``: the scale in its storage dtype (bf16/fp16/fp32,
-  float8_e4m3fn for NVFP4, uint8 E8M0 for MXFP4) and, for asymmetric formats, the zero
-  point, computed together so that no caller can pair a scale with another zero point.
-* ``fake(x, qparams, ctx)``: ``(dequantized values, code values)`` of ``x`` (float32), where
-  code values are the integer or low-precision-float codes held exactly in float32.
-
-Which scheme (with which constants) a Precision uses is written in its FormatSpec
-(autoplan/formats/builtin.py); this module only defines the numerics.
-
-Choices (documented in docs of quantize_weight too):
-* INT4 is symmetric, codes in [-8, 7], scale = amax / 7.5: what compressed-tensors computes
-  for symmetric ``pack-quantized`` W4A16 (``amax / ((qmax - qmin) / 2)``), so +amax rounds to
-  8 and clamps to 7 while -amax maps to -8. Zero stays exactly zero, which pruning needs.
-* UINT4 is compressed-tensors' asymmetric int4 (``calculate_qparams``): min <= 0 <= max,
-  scale = (max - min) / 15 and zero point clamp(round(-8 - min / scale)) computed in the
-  scale's dtype, codes clamp(round(x / scale + zp)); stored unsigned (code and zero point
-  + 8, i.e. 0..15) as ONNX Runtime's MatMulNBits and vLLM's uint4 kernels hold them.
-* INT8 weights are symmetric per channel in [-127, 127] with scale = amax / 127 (vLLM W8A8).
-* 16-bit models store INT scales in the model dtype (compressed-tensors does); FP8 scales are
-  FP32 (vLLM ``weight_scale``).
-* FP8_B128 (DeepSeek-V3 block FP8) shares one FP32 weight scale per 128 x 128 tile
-  (compressed-tensors BLOCK) and scales inputs per token per 128 as vLLM's
-  ``per_token_group_quant_fp8`` kernel does (``Fp8BlockScheme``, ``Fp8TokenGroupActScheme``).
-* NVFP4 quantizes ``x / (s / g)`` (compressed-tensors) and dequantizes ``(q * s) / g``: q*s is
-  exact in FP32 and the GEMM applies 1/g once in its epilogue, as the Blackwell kernels do.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Models: load any model argument (alias, HF folder, GGUF, config.json) and address its layers.
 
-Public API:
-    load_model(spec, *, trust_remote_code=False, dtype=torch.float32) -> LoadedModel
-    load_spec(spec) -> ModelSpec                      (no weights needed)
-    check_loadable(spec) -> ModelSource               (headers only: refuse before loading)
-    resolve_model_arg(text) -> ModelSource            (for the CLI; loads nothing)
-    get_linear / set_module / is_tied / verify_layer_graph   (LayerGraph on a loaded model)
-    weights_hash(folder), file_hash(path)             (content hashes, cached per file)
+Reasoning and sources: docs/modules.md.
 """
 
 from autoplan.lazy import lazy_exports

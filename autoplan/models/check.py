@@ -1,12 +1,6 @@
 """Cheap checks that a weights file is whole, before anything spends minutes loading it.
 
-A `.safetensors` file is an 8-byte little-endian header length, a JSON header mapping each
-tensor to its byte range, then the tensor bytes. A zero-byte, truncated, padded or foreign file is
-found from the header and the file size alone (no tensor is read) and named precisely; then
-the safetensors library opens the header itself (``safe_open``: dtype x shape against each
-byte range, contiguous tensors), so what it would refuse later is refused here too. Either
-way it is one line, instead of the loader's `SafetensorError` traceback after the model
-was resolved. Search (preflight), export and apply all call `check_safetensors`.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """Convert a GGUF file into an HF safetensors folder once, verified, written atomically.
 
-transformers can read GGUF, but its ``from_pretrained(gguf_file=...)`` path requires
-accelerate and a model loaded that way does not ``save_pretrained`` as is. So we use its
-GGUF reader for the config, tokenizer and dequantized tensors, rebuild a plain
-``*ForCausalLM`` from the config, ``load_state_dict`` the tensors, and save that (float32
-safetensors: dequantized Q4_1 values ``d * q + m`` need more mantissa than bf16/fp16 hold,
-so only float32 keeps them exact).
-
-Checks before the folder is published: every GGUF tensor maps onto the model; each HF
-tensor holds exactly the values ``gguf.dequantize`` gives for its GGUF tensor (bit-equal up
-to a row permutation, because llama.cpp stores q/k rows permuted per head); 4-bit tensors
-sit on a 4-bit grid (at most 16 distinct values per 32-weight block, sampled); the saved
-file reads back bit-equal.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

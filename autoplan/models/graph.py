@@ -1,12 +1,6 @@
 """The LayerGraph on a loaded model: find, check and swap the linear layers ModelSpec names.
 
-ModelSpec derives layer names and shapes from the config alone; ``verify_layer_graph``
-proves they address real ``nn.Linear`` modules of the loaded model with the same shapes, so
-everything downstream (profiling, simulated compression, plans) can trust the names.
-``set_module`` swaps a layer for a simulated one. A tied ``lm_head`` shares its weight with
-the input embedding; swapping the ``lm_head`` module replaces only the output projection
-(the embedding lookup keeps the original weights), which is what a runtime that compresses
-the lm_head does.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Content hashes of model weights and files, cached per file by (size, mtime).
 
-The model hash covers what a model *computes*, not how it is packaged: every tensor of every
-``*.safetensors`` file in a folder, sorted by name, contributes its name, dtype, shape and raw
-bytes. Shard layout and the ``__metadata__`` header do not count, so re-sharding or
-re-saving the same weights keeps the hash. The safetensors header is parsed directly (an
-8-byte little-endian length, then JSON), so hashing needs neither torch nor loading.
-
-Per-tensor digests are cached in ``<cache>/hashes.json`` keyed by absolute path, size and
-mtime, so a 500 MB model is read once and later loads only stat the files.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

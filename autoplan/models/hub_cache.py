@@ -1,15 +1,6 @@
 """Models from the local Hugging Face cache, found offline, never downloaded.
 
-A user who ran ``hf download ORG/NAME`` (or loaded the model once with transformers) has it
-under the hub cache in the layout ``models--ORG--NAME/snapshots/<rev>/`` with ``refs/main``
-naming the revision. ``huggingface_hub.snapshot_download(local_files_only=True)`` resolves
-that layout for us without touching the network; autoplan never downloads weights, so a
-model that is not there is an error naming the folder it looked in and the download command.
-
-The cache folder is read from the environment at call time (``HF_HUB_CACHE``, the legacy
-``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``/hub, ``XDG_CACHE_HOME``/huggingface/hub, else
-``~/.cache/huggingface/hub``), the same precedence as ``huggingface_hub.constants``, which
-freezes it at import time and would miss a variable set afterwards.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

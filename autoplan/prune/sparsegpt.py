@@ -1,12 +1,6 @@
 """SparseGPT (Frantar & Alistarh, 2023): one-shot pruning with OBS weight reconstruction.
 
-Columns are processed left to right in blocks of 128. At the start of each block (for N:M,
-at the start of each group of M columns) the mask is chosen from the OBS saliency
-``w^2 / [H^-1]_jj^2`` of the weights *as updated so far*; then each column is pruned and its
-error is spread over the remaining columns through the Cholesky factor of the inverse
-Hessian. Unstructured masks are chosen per 128-column block over all rows, as the paper
-does, so every block has exactly the target ratio; block and channel patterns are chosen per
-column block the same way.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """lm-evaluation-harness tasks as quality gates, on the model autoplan holds in memory.
 
-``lm-eval:TASK>=-1.5`` allows the task's score (its first metric, e.g. ``acc``, in points:
-x100) to drop 1.5 points below the original model's. The model is never reloaded through a
-hub: lm-eval's own ``HFLM`` takes an initialized transformers model (and its tokenizer),
-so the harness runs exactly the compressed modules autoplan measures (its
-``loglikelihood``, ``loglikelihood_rolling`` and ``generate_until`` over our forward).
-
-Offline: ``HF_DATASETS_OFFLINE`` and ``HF_HUB_OFFLINE`` are set before ``datasets`` is
-imported, so a task runs only from data already on this machine: a local task folder
-(``include_path``: YAML files lm-eval's ``TaskManager`` reads, e.g. ``dataset_path: json``
-with ``data_files``, or ``custom_dataset: !function``) or a dataset in the local Hugging
-Face datasets cache. Data that is not there is one line naming what is missing.
-
-Needs the ``eval`` extra: ``pip install 'autoplan[eval]'``.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """A synthetic long-context check: passkey retrieval at several depths and lengths.
 
-Pruning and quantization can keep perplexity on 256-token blocks while breaking what a
-model does over thousands of tokens. This check hides a 5-digit pass key at a relative
-depth of a long filler text (Mohtashami & Jaggi's passkey prompt, 2023) and asks for it at
-the end; it is scored against the original model, so its budget reads like the suite's:
-``longctx>=-5`` allows the score to drop 5 points.
-
-Score (0-100): 100 x the mean over cases of exp(mean log-probability of the key's tokens)
-given the prompt, i.e. the geometric-mean probability per key token, in percent; one
-teacher-forced forward pass per case, no generation loop. ``accuracy`` (reported beside
-it) is the share of cases whose every key token is the model's top-1.
-
-Cases: ``lengths`` (tokens) x ``depths`` (0 = key at the start of the filler, 1 = at the
-end). Default lengths: the model's context (``max_position_embeddings``) and its halves
-down to an eighth, e.g. 1024/2048/4096/8192 for SmolLM2-135M; ``max_len`` caps them (the
-budget ``longctx:4096>=-5``). Keys come from a seeded generator, so every model sees the
-same prompts.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -51,7 +36,7 @@ class LongContextCase:
 
 @dataclass(frozen=True)
 class LongContextScore:
-    score: float  # 0-100, see the module docstring
+    score: float  # 0-100, see docs/modules.md
     accuracy: float  # 0-100
     per_length: dict[int, float]  # length -> score
 

@@ -1,15 +1,6 @@
 """Perplexity and KL(P_orig || P_compressed) on token blocks, one forward pass per model.
 
-The reference pass stores the original model's full-vocabulary log-probabilities in fp16.
-Why full vocabulary: on SmolLM2-135M a top-k cache is badly biased (k=256 leaves 6.7% of the
-probability in the tail and under-reports KL by ~11%). Why fp16: measured against fp32 on
-pydoc text, fp16 log-probs change KL by ~4e-6 nats (0.4% at KL=1e-3), bf16 by ~7e-5.
-Memory: tokens x vocab x 2 bytes (2048 tokens x 49152 = 201 MB for the default eval set).
-The logits themselves are computed and reduced a chunk of positions at a time
-(`models.head.chunk_rows`): their peak is CHUNK_BYTES-sized whatever the vocabulary.
-
-The compared model's log-probs are rounded to fp16 the same way before the difference, so a
-model identical to the reference scores KL = 0 exactly.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """The original model's reference log-probabilities, cached on disk per evaluation split.
 
-Every search (and every resumed one) measures candidates against the original's full-
-vocabulary log-probs on the evaluation tokens; computing them is one full pass of the model
-(minutes, streamed, for an 8B model on a CPU). They depend only on the model's weights, the
-tokens and how the pass is computed, so they are kept as a safetensors file keyed by exactly
-that: the model's content hash, the tokens, the execution (memory or stream), the device
-type, torch's version and thread count (the last bits of a reduction depend on both) and the
-batch size. A file that does not match its key or cannot be read is recomputed.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

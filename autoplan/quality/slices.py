@@ -1,21 +1,6 @@
 """KL per slice: numbers, proper names and non-English text, measured separately.
 
-A mean KL over ordinary text can hide damage concentrated where a model must recall
-something exact. Each slice is token blocks with a mask of the positions whose NEXT token
-belongs to the slice; its KL(P_original || P_model) is averaged over those positions only.
-All text ships offline:
-
-* ``numbers``: lines of the default text's evaluation split (CPython's pydoc topics) at
-  least 10 % digits; positions whose next token holds a digit.
-* ``names``: one sentence per ISO 3166-2 subdivision ("San Luis is a province of
-  Argentina."), from pycountry's database; positions inside the two names (the country
-  after "of" is a recall of a fact).
-* ``non-english``: country names translated in pycountry's gettext catalogs (iso3166-1) for
-  12 languages, lists of 6 names per language, languages interleaved; positions inside
-  the names.
-
-Sentences are drawn with a fixed seed, so every model and every search sees the same
-slices; ``SliceSet.content_hash`` covers their token ids and masks.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """The user's own prompt suite: JSONL of {"prompt": ..., "reference": ...}, scored 0-100.
 
-Two numbers per model, both on a 0-100 scale:
-
-* **suite score** = 100 x the mean over prompts of exp(mean per-token log-likelihood of the
-  reference answer given the prompt), i.e. the geometric-mean probability per answer token
-  the model gives the reference, in percent. Budgets such as ``suite:FILE>=-1.5`` allow the
-  score to drop by at most 1.5 points below the original model's.
-* **agreement** = 100 x the mean over prompts of the fraction of the original model's greedy
-  continuation (up to ``max_new_tokens``, its end-of-sequence token included) that the
-  model predicts top-1 when fed the original's tokens (teacher forcing). Up to the first
-  divergence this equals free-running greedy agreement; after it, it keeps measuring
-  instead of counting every later token as lost, and it costs one forward pass, not a
-  generation loop.
-
-Prompts are wrapped in the tokenizer's chat template when it has one (instruct models
-answer in that format), else the reference follows the prompt after a space.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -53,7 +39,7 @@ class PromptSuite:
 
 @dataclass(frozen=True)
 class SuiteScore:
-    """A model's suite results (see the module docstring for definitions)."""
+    """A model's suite results (definitions in docs/modules.md)."""
 
     score: float  # 0-100
     agreement: float  # 0-100

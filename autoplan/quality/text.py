@@ -1,22 +1,6 @@
 """Calibration and evaluation text as token blocks, split deterministically, hashed for audits.
 
-Default text: CPython's ``pydoc_data.topics`` (the language reference topics behind
-``help()``: 79 topics, ~465 KB of English and Python, ~113k SmolLM2 tokens), shipped with
-every Python, so nothing is downloaded. Users may pass a ``.txt`` file (documents are
-paragraphs separated by blank lines) or a ``.jsonl`` file (one JSON object per line with a
-string field ``"text"``; each line is a document).
-
-Split rule (documented so it can be reproduced): a document goes to evaluation when the
-first 8 bytes of ``sha256("autoplan-split-v1\\0" + key)``, read as a big-endian integer, are
-0 mod 5 (about 20% of documents), otherwise to calibration. The key is the topic name for
-pydoc text and the document's own text for user files, so the split does not depend on
-file order and never changes with ``seed``. Each split's documents are joined (sorted by
-key) with blank lines and tokenized without special tokens; the text is cut into
-non-overlapping blocks of ``seq_len`` tokens and ``seed`` picks which blocks are used.
-
-Default sizes: ``seq_len=256`` (long enough context for a meaningful perplexity; CPU cost
-per token barely depends on it at this length), ``n_eval=8`` blocks (2048 tokens: one
-SmolLM2-135M pass takes ~8 s on 2 cores), ``n_calib=32`` blocks (8192 tokens).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

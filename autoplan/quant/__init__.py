@@ -1,12 +1,6 @@
 """Bit-exact simulation of inference number formats (FP8, INT8, INT4, NVFP4, MXFP4) on CPU.
 
-The formats themselves (element casts, schemes, one FormatSpec per precision) live in
-``autoplan.formats``; this package applies them: RTN and GPTQ, activation fake-quantization
-and ``SimulatedLinear``.
-
-Public API: ``quantize_weight`` -> ``QuantizedWeight`` (RTN or GPTQ), ``quantize_activation``,
-``SimulatedLinear``, Hessian helpers for GPTQ/SparseGPT, and the element-level casts and
-encoders (``cast_fp8_e4m3``, ``cast_e2m1``, ``encode_e8m0``, ...).
+Reasoning and sources: docs/modules.md.
 """
 
 from autoplan.lazy import lazy_exports

@@ -1,14 +1,7 @@
 """GPTQ (Frantar et al., 2023): quantize column by column, pushing each column's rounding
 error onto the columns not yet quantized through the inverse Hessian.
 
-Any scheme from ``autoplan.formats.schemes`` plugs in, because GPTQ only needs "the
-parameters of this group" (scale, and zero point for asymmetric formats, computed together
-by the scheme) and "quantize this column with them". Group parameters are computed lazily when the
-first column of a group is reached, from the weights as updated so far (the GPTQ reference
-behaviour); the lazy-batch block of 128 columns is aligned to the group size so a group never
-straddles two blocks. A keep-mask is honoured inside the loop: pruned weights are forced to
-zero and their removal error is compensated like a rounding error (OBS), so zeros stay zeros
-and scales only ever see kept weights.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

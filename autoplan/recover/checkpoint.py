@@ -1,12 +1,6 @@
 """Resumable recovery: the trainable tensors and the optimizer state, every few steps.
 
-Two files in the checkpoint folder, written atomically, the JSON last (it marks the pair
-complete): ``recovery.safetensors`` (trainable tensors ``param.NAME``; AdamW's moments
-``adam.NAME.exp_avg`` / ``.exp_avg_sq``) and ``recovery.json`` (step, losses, elapsed
-seconds, and the key of what is being trained). A checkpoint whose key differs from the
-run's (other decisions, settings, model or text) or whose two files disagree on the step is
-ignored and the pass starts over: it would otherwise resume someone else's training. No
-pickle: tensors in safetensors, the rest in JSON.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """How a recovery pass runs: method, steps, learning rate, rank, text, seed.
 
-Defaults were chosen on SmolLM2-135M (docs/lab/benchmarks.md, "Recovery"): distillation of the
-masked weights for 150 steps of 2 x 256 tokens takes uniform 2:4 SparseGPT from KL 1.50 to
-0.49 at lr 5e-4, and to 0.64 at the default lr 1e-4, kept conservative because 5e-4 makes a
-near-lossless candidate worse from its first steps (a search retries such a pass at a quarter
-of its rate). The settings are recorded in the plan (``Recovery.settings``), hashed
-into a checkpoint's key (a resumed run must train what the interrupted one trained), and
-parsed from text so the CLI and library callers write the same thing.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

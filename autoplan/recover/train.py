@@ -1,18 +1,6 @@
 """The recovery pass: train a compressed model towards the original's output distribution.
 
-Loss: mean per-token KL(P_original || P_compressed) over the full vocabulary -- the metric
-the search's budget measures, on calibration text (never the evaluation split). The
-original runs beside the student without gradients (one extra forward per step instead of
-a [tokens x vocab] cache). Trained: the compressed layers' fp32 master weights under their
-masks (``distill``), or LoRA adapters beside them (``lora``, PEFT's ``LoraConfig`` /
-``inject_adapter_in_model``). AdamW, linear warmup, cosine decay to 10 % of the peak, the
-gradient norm clipped at 1.
-
-Deterministic: the block order is a seeded permutation per epoch, indexed by the step, so
-a run resumed from a checkpoint sees exactly the blocks the interrupted one would have.
-A loss that becomes NaN/inf or rises (the mean of the last window of steps more than 10 %
-above the unrecovered model's mean loss on the first window's blocks, measured before the
-first step) stops the pass with ``RecoveryDiverged``; nothing it trained is kept.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """RecoverableLinear: a SimulatedLinear made trainable, for a recovery pass.
 
-The forward computes what the SimulatedLinear computes (inputs fake-quantized as the
-serving kernel does, the masked weight in the layer's format), with straight-through
-gradients (``straight_through``) pass the gradient of the rounding as identity, so
-the loss reaches every earlier layer and the fp32 master weight, whose format is
-re-applied (RTN, scales from the current weight) on every step. Pruned positions stay
-exactly zero: their gradient is zeroed before every step (``mask_grad``) and the weight
-multiplied by its mask after it.
-
-It subclasses ``nn.Linear`` (``weight``, ``bias``, ``in_features``, ``out_features``) so
-PEFT's LoRA wraps it like any linear layer: with ``--recover lora`` the master weight is
-frozen (its format is applied once) and the adapter trains beside it.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

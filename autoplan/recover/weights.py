@@ -1,17 +1,6 @@
 """The recovered-weights file a recovered plan points to: safetensors, beside the plan.
 
-A recovered plan's weights are not a function of the original model and the settings any
-more, so they travel as a file: ``<plan stem>.recovered.safetensors`` next to the plan,
-named in ``plan.recovery.weights_file`` and hashed (sha256 of the bytes) in
-``plan.recovery.weights_sha256``. It holds, per trained layer, the recovered fp32 weight
-(``LAYER.weight``, exactly zero where the layer's mask prunes, before its format is
-re-applied) and, for LoRA, the adapter (``LAYER.lora_A`` [r, in], ``LAYER.lora_B`` [out,
-r]; the scaling in the metadata). Export re-applies each layer's format to these weights
-under the mask it recomputes from the original, and checks the result against the plan's
-audit digests, so ``autoplan export plan.json`` reproduces what the search verified.
-
-A plan file comes from someone else: only a plain file name (no folder part) ending in
-``.safetensors`` is opened, beside the plan, and only if its sha256 matches. No pickle.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

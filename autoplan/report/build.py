@@ -1,14 +1,6 @@
 """`autoplan report`: one self-contained HTML file for a plan or a compare folder.
 
-Every plot is a PNG drawn by matplotlib and embedded as a data URI, styles are inline and
-the page references nothing outside itself, so it opens offline. A few lines of inline
-script record, once the page has loaded, how many plots decoded (`data-plots-loaded` on the
-body, next to `data-plots`) and any script error (`data-errors`): what the browser test reads.
-
-A plan gets: its summary, the Pareto front (objective vs measured/surrogate KL, uniform
-recipes marked), the per-layer choice map (blocks x roles) and the per-layer decode-time
-breakdown (cost model). A compare folder gets its table, $/1M tokens and tokens/s per
-target, then each plan's section.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """The sensitivity profile: for every layer x choice, a quality cost in KL nats per token.
 
-score(layer, choice) = 1/2 * mean over tokens of sum_j (G_tj * dY_tj)^2, where dY is the
-change of the layer's output when that layer alone is compressed to `choice` (pruned, then
-quantized, with its activation quantization) and G is the Fisher gradient from the capture
-pass. Summing scores over layers is the additive surrogate the search constrains.
-
-The profile is cached on disk as JSON, keyed by model hash + calibration hash + settings,
-with one entry per (layer, choice): it is written after every layer, so an interrupted run
-resumes where it stopped, and adding choices later only computes the new ones.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

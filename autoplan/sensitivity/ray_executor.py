@@ -1,22 +1,6 @@
 """Run profile scoring tasks and verification candidates on a Ray cluster.
 
-`RayExecutor` implements the `Executor` protocol (executor.py): each item becomes one Ray
-task, put in the object store once (a retried task reads the same object again, the driver
-does not resend it); `fn` and what it closes over (for verification: the model and the
-evaluator's reference log-probs) is put once for all tasks. Results come back in
-completion order (`ray.wait`), so the caller can write its cache after each one. A worker
-that dies has its task rerun by Ray (`max_retries`); application errors are not retried
-(a deterministic failure would fail again).
-
-Tasks run with the driver's torch thread count, so a worker computes bit-for-bit what the
-driver would (reduction order, hence a score's last bits, depends on it). Each task claims
-one GPU when the cluster has GPUs, else as many CPUs as it runs threads: claiming one CPU
-for a 2-thread task put 2 workers x 2 threads on a 2-core machine, whose spinning intra-op
-threads made the sharded profile twice as slow as the serial one. A new local cluster
-(`--ray auto` without RAY_ADDRESS) starts in a background thread, and the workers are started
-(and import torch and the scoring code) as soon as it is up, so both overlap the driver's
-model load and capture pass instead of delaying the first task; joining a running cluster
-stays in the caller's thread, so a wrong address fails before the model loads.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -193,7 +177,7 @@ def _call(fn: Callable[[T], R], item: T, threads: int) -> R:
 
 
 class RayExecutor:
-    """Shards `imap_unordered` over a Ray cluster (see the module docstring).
+    """Shards `imap_unordered` over a Ray cluster (docs/modules.md says why).
 
     Args:
         address: "auto" (the cluster in RAY_ADDRESS, else a new local one bound to

@@ -1,20 +1,6 @@
 """Perplexity and KL to the original, one decoder block at a time.
 
-The original's log-probabilities over the evaluation split are computed once (a streamed
-pass) and kept as `quality.metrics.ReferenceLogprobs` (full vocabulary, fp16: see that
-module for why not top-k). A compressed model is never materialized: each block is loaded,
-its decided layers are compressed on the fly with `compress.compress_linear` (the
-SimulatedLinear code every path uses), the evaluation states go through it, and the original
-weights go back to disk. Calibration statistics (the input Hessians that Wanda, SparseGPT and
-GPTQ need) come from the ORIGINAL block on the calibration states, for the resident block
-only, exactly as `compress.collect_stats` computes them for the whole model.
-
-Several candidates are measured in one pass (`evaluate_many`, a search round's finalists):
-each block is read from disk once for all of them, its calibration Hessians are taken once,
-and a layer that two candidates compress the same way is compressed once. Block 0's inputs
-(embedding output and the rotary/mask arguments) do not depend on any decision, so they are
-computed once, when the evaluator is built. Only the audit digests of compressed layers are
-kept, never the layers, so memory is one block plus each candidate's hidden states.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

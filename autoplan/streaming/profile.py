@@ -1,14 +1,6 @@
 """The sensitivity profile, one decoder block at a time.
 
-Forward: the calibration batches run through the blocks in order, keeping only each block's
-input hidden states (on the CPU, or in files under `offload_dir`). Head: the Fisher labels
-are sampled from the final logits exactly as `sensitivity.capture` samples them (same
-generator, same order), and the loss gradient at the last hidden state is taken. Reverse: each
-block is recomputed from its saved input with grad enabled and back-propagated from the
-gradient at its output (activation checkpointing across blocks); its layers' inputs and
-output gradients are recorded while it is resident, scored on the executor (the same
-`ScoreTask`s as in memory), then freed. The cache is the in-memory path's file, written after
-every layer, so either path resumes the other's run.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """A model whose decoder blocks live on disk until needed (sequential onloading).
 
-The module tree is built on the meta device from config.json (accelerate's
-`init_empty_weights`: no parameter memory); only the final norm and the buffers stay on the
-device. `resident(i)` reads block i's tensors from the safetensors shards, places them on the
-device in the compute dtype, and returns them to the meta device afterwards, so one block is
-in memory at a time. The token embedding and lm_head are loaded the same way, only while a
-pass needs them (`embeddings()`, `head_resident()`): together they are a vocabulary x hidden
-x 2 matrix pair (0.5 GiB in fp32 for TinyLlama-1.1B, 4.2 GiB for Llama-3.1-8B) that the block
-loops and the reverse pass never touch.
-
-Blocks are called with the exact keyword arguments the model's own forward passes them
-(rotary embeddings, mask, positions): they are caught once per batch, as llm-compressor and
-GPTQModel do, so no model-specific forward is rewritten here. They are caught for every
-block, because they can differ between blocks: Gemma 2/3 and Qwen3 give sliding-window
-layers their own mask, Gemma 3 gives local layers their own rotary table. The model's own
-post-processing of the logits (Gemma 2's final soft-cap) is applied by `logits`.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """The surrogate problem and its optimizers.
 
-    build_space(spec, target, runtime) -> SearchSpace   decision units and their choices
-    build_tables(space, cost, profile) -> Tables        time and surrogate KL per unit x choice
-    run_study(tables, limit, cost, StudyConfig, warm) -> StudyResult
-                                                        Optuna study (ExchangeSampler on
-                                                        TableStudy; NSGA-II for a front)
-    solve_exact(tables, limit) -> KnapsackSolution      the additive problem's exact optimum
-    owl_allocations / lagrangian_allocations            warm starts
+Reasoning and sources: docs/modules.md.
 """
 
 from autoplan.lazy import lazy_exports

@@ -1,12 +1,6 @@
 """SearchSpace: which choices each decision unit may take, for one target x runtime.
 
-A decision unit is a group of linear layers that must share a choice because a serving
-runtime runs them as one GEMM (fused q/k/v, fused gate/up); on a runtime that runs every
-projection separately (llama.cpp) each layer is its own unit. Each unit gets a FIXED choice
-list (Optuna's samplers need the same distribution every trial). Protected layers keep the
-baseline choice and are not searched. Candidates come from search_spaces/<platform>.toml and
-are filtered by the runtime matrix, so autoplan never proposes a format the runtime won't
-accelerate.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """`autoplan recover plan.json`: a recovery pass on a finished plan, written as a new plan.
 
-The plan's layers are recomputed exactly as export recomputes them (model hash, runtime
-and fused-group checks, masks and formats checked against the plan's audit), trained
-towards the original, re-quantized, and measured on the plan's own evaluation split
-(rebuilt from its audit and hash-checked) with the plan's budgets. The new plan (``out``)
-and its recovered weights (``<out stem>.recovered.safetensors``) are written only when the
-pass completes; the input plan is never touched, so a pass that diverges leaves it as the
-plan to use.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """What a search records in its job queue so `autoplan worker` can rebuild its inputs.
 
-A worker is given only the storage and the study name. The driver records its request
-(every field that changes a trial's value or a measurement), the sensitivity profile and
-any kernel times it planned with, so the worker's tables are the driver's exactly (no
-re-profiling, no re-timing on another machine), and the hashes of the model and of the
-evaluation text, which the worker checks once it has loaded its own copies.
-Paths are recorded absolute: a worker must see the same files at the same paths (a shared
-folder, or the same checkout), or use the embedded defaults. `--recover` is not recorded:
-its passes run in the driver, on the workers' unrecovered measurements.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """`autoplan worker`: join a running search and take its jobs (trial batches, measurements).
 
-A worker is given the storage and the study name only. It waits for the search to record
-its request (_record.py), rebuilds the same inputs (the driver's profile and kernel times,
-its own copy of the model, checked by hash), then claims jobs from the queue (search.jobs)
-until the search is done: batches of surrogate trials, each stored as it finishes, and
-candidates to measure on the real model. It never writes a plan. Killed, it loses only the
-trial it was running: its batch is re-queued (at once on this machine, after the grace
-period from another) and finished by another process.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """The stages of a search, each a function over typed values (see `autoplan.search`).
 
-    SearchRequest                                  request: every input, checked when built
-    preflight(req) -> Platform                     refusals before any work
-    prepare(req, platform, rep) -> Prepared        model, space, profile, cost, tables, verifier
-    run_rounds(prep, rep, queue) -> Rounds         study -> verify -> refit, round by round
-    choose(prep, rounds, rep) -> Chosen            the fallback policy
-    certify(prep, rounds, rep) -> Certificate      the exact optimum and the gap to it
-    build_plan(prep, rounds, chosen, cert, wall_s) -> Plan
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

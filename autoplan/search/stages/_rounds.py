@@ -1,13 +1,6 @@
 """Stage 2: rounds of (study on the surrogate -> verify the best candidates for real).
 
-Each round searches under a surrogate limit, measures its best unmeasured candidates on the
-real model, and stops once the best passing measurement is the round's best searched plan
-(or beats it). Otherwise the surrogate-to-measured slope is re-fitted from every
-measurement, the limit tightened, and a shorter study continues from the stored trials.
-
-With a job queue (any stored search), each round's batches and its candidates' measurements
-are jobs that `autoplan worker` processes claim too (search.jobs): this process runs what no
-worker has claimed and waits for the rest, so the rounds' decisions are taken here, once.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

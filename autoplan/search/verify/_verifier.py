@@ -1,12 +1,6 @@
 """Verification: apply candidate decisions to the real model and measure the budget metric.
 
-Every measurement is memoized by picks, counted, and kept with its surrogate prediction, so
-the calibration between surrogate and measured badness can be re-fitted from all of them.
-
-The KL slices (numbers, names, non-English) cost about as much as the rest of a
-measurement. They are measured for every candidate only when a budget names a slice (they
-then decide whether it passes); otherwise only for the measurement a plan reports
-(`Verifier.with_slices`, called by `choose`), the same rule in `search` and `compare`.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
