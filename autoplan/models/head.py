@@ -1,13 +1,7 @@
 """A causal LM as its decoder (run once per batch) and its head (lm_head and any final
-soft-cap, run on a chunk of positions at a time), so the logits never exist for all
-positions at once: their memory scales with the chunk, not tokens x vocabulary.
+soft-cap, run on a chunk of positions at a time): logits memory scales with the chunk.
 
-Gemma 3's 262k vocabulary makes 1,024 positions of fp32 logits 1 GiB, and log-softmax,
-its exponent and a gradient each hold another; `chunk_rows` positions at a time the same
-work holds CHUNK_BYTES (64 MiB) per copy for any vocabulary. The head of a transformers CausalLM is its
-`get_output_embeddings()` after `base_model` (which applies the final norm), followed by
-`config.final_logit_softcapping` where set (Gemma 2/3), as transformers computes it; any
-other callable (an ONNX Runtime session) has its full logits sliced.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Memory plan of a profile + verification run, from the model's config alone.
 
-Each part is an estimate from the architecture (no weights read), for the two executions
-(parts marked with their phase: the profile and the verification run one after the other,
-so a peak counts the larger of the two):
-`memory` (the whole model in fp32 on one device, every profiled layer's captures at once,
-a deep copy per verification, every layer's calibration Hessian at once) and `stream` (one
-block resident, block-boundary states on the host). The figures are upper-bound-leaning
-formulas, not measurements; benchmarks/scale.py prints them next to the measured peak.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
