@@ -144,22 +144,41 @@ def run_worker(storage: str | BaseStorage, study: str,
         report.batches += 1
         rep.progress("trials", report.trials, report.trials)
 
+    report.reason = _serve(queue, run, study, wait_s, rep)
+    return report
+
+
+def _serve(queue: JobQueue, run: Callable[[Job], None], study: str, wait_s: float,
+           rep: Reporter) -> str:
+    """Run the queue's trial and verification jobs until the search is done or its driver
+    has been gone `wait_s` seconds; why it stopped. An empty queue is said, not silent: the
+    first time as a note (how long without a driver ends it), then as the stage."""
     rep.stage(f"working for {study}")
     driver_seen = time.monotonic()
+    idle, told = False, False
     while True:
         queue.fail_stale()
         with queue.claim(lambda j: j.kind in ("trials", "verify")) as job:
             if job is not None:
+                if idle:
+                    rep.stage(f"working for {study}")
+                idle = False
                 run(job)
                 continue
         if queue.attr("done"):
-            report.reason = "the search is done"
-            return report
+            return "the search is done"
         if queue.driver_alive():
             driver_seen = time.monotonic()
         elif time.monotonic() - driver_seen > wait_s:
-            report.reason = f"no search has driven {study} for {wait_s:g} s"
-            return report
+            return f"no search has driven {study} for {wait_s:g} s"
+        if not idle:
+            if not told:
+                rep.note(f"no job for this worker now: waiting for the search {study} to queue "
+                         f"trials or verifications (stops when it is done, or after {wait_s:g} s "
+                         "without its driver)")
+                told = True
+            rep.stage(f"waiting for work from {study}")
+            idle = True
         time.sleep(POLL_S)
 
 
