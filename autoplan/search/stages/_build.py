@@ -11,7 +11,7 @@ from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.numerics import signature
 from autoplan.plan import schema as ps
-from autoplan.runtimes import get_runtime
+from autoplan.runtimes import get_runtime, version_on
 from autoplan.search.recovery import keep_weights, plan_quality
 from autoplan.search.stages._choose import Chosen
 from autoplan.search.stages._preflight import kernel_timer
@@ -139,7 +139,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
         target=ps.TargetRef(name=target.name, price_per_hour=cost.price_per_hour,
                             price_source="user" if req.price_per_hour is not None
                             else target.price_per_hour.source),
-        runtime=ps.RuntimeRef(name=rt.name, version=rt.version),
+        runtime=ps.RuntimeRef(name=rt.name, version=version_on(target, rt.name)),  # installed, here
         workload=req.workload, objective=req.objective.value,
         budget=ps.Budget(text=budget.text, metric=budget.metric, limit=budget.limit,
                          suite_file=str(budget.suite_file) if budget.suite_file else None,
