@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -49,8 +50,11 @@ def _inputs(root: Path) -> dict[str, str]:
     return build_inputs(root / "inputs", tiny, root / "cache") | {"cache": str(root / "cache")}
 
 
-def _one(command: str, shared: dict[str, str], pythonpath: str | None) -> tuple[float, int, int]:
-    """(wall seconds, exit code, stderr lines) of one fresh process in a fresh folder."""
+def _one(command: str, shared: dict[str, str], pythonpath: str | None
+         ) -> tuple[float, float, int, int]:
+    """(wall seconds, CPU seconds, exit code, stderr lines) of one fresh process in a fresh
+    folder. CPU time (user + system, from the children's rusage) is what the process itself
+    costs; wall time adds the wait for a core, which a shared machine's load inflates."""
     with tempfile.TemporaryDirectory(prefix="autoplan-cli-") as tmp:
         t = Path(tmp)
         (t / "afile").write_text("x")
@@ -61,12 +65,17 @@ def _one(command: str, shared: dict[str, str], pythonpath: str | None) -> tuple[
         env = dict(os.environ, AUTOPLAN_CACHE=shared["cache"])
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _children_cpu()
         proc = subprocess.run([sys.executable, "-m", "autoplan.cli", *args], cwd=t, env=env,
                               capture_output=True, text=True, check=False, timeout=300)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    return wall, proc.returncode, len(lines)
+    return wall, cpu, proc.returncode, len(lines)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -83,24 +92,29 @@ def main() -> None:
         rows = []
         for i, command in enumerate(commands):
             walls: dict[str, list[float]] = {s: [] for s in sides}
+            cpus: dict[str, list[float]] = {s: [] for s in sides}
             last: dict[str, tuple[int, int]] = {}
             for _ in range(args.repeat):
                 for side, path in (sides.items() if i % 2 == 0 else reversed(sides.items())):
-                    wall, rc, lines = _one(command, shared, path)
+                    wall, cpu, rc, lines = _one(command, shared, path)
                     walls[side].append(wall)
+                    cpus[side].append(cpu)
                     last[side] = (rc, lines)
             row = {"command": command, "headline": command in HEADLINE}
             for side in sides:
                 row[f"{side}_median_s"] = round(statistics.median(walls[side]), 3)
+                row[f"{side}_cpu_median_s"] = round(statistics.median(cpus[side]), 3)
                 row[f"{side}_exit"], row[f"{side}_stderr_lines"] = last[side]
             rows.append(row)
-            print(f"{row['after_median_s']:6.2f} s"
+            print(f"{row['after_median_s']:6.2f} s (cpu {row['after_cpu_median_s']:5.2f} s)"
                   + (f" (before {row['before_median_s']:6.2f} s)" if args.before else "")
                   + f"  autoplan {command}", flush=True)
     corpus = [r for r in rows if not r["headline"]]
     summary = {"cases": len(corpus), "goal_s": GOAL_S,
                "after_under_goal": sum(r["after_median_s"] < GOAL_S for r in corpus),
                "after_max_s": max((r["after_median_s"] for r in corpus), default=None),
+               "after_cpu_under_goal": sum(r["after_cpu_median_s"] < GOAL_S for r in corpus),
+               "after_cpu_max_s": max((r["after_cpu_median_s"] for r in corpus), default=None),
                "after_median_of_medians_s": statistics.median(
                    [r["after_median_s"] for r in corpus]) if corpus else None}
     if args.before and corpus:
