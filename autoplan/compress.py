@@ -25,6 +25,7 @@ from autoplan.models.graph import get_linear, set_module
 from autoplan.numerics import current_threads, pinned_threads
 from autoplan.prune import PruneScore, compute_mask
 from autoplan.quant import HessianAccumulator, QuantMethod, SimulatedLinear
+from autoplan.quant.kv_cache import KvQuant, attach_kv
 
 
 @dataclass(frozen=True)
@@ -155,9 +156,10 @@ def recompress_linear(
 def compressed_copy(
     model: nn.Module, decisions: Mapping[str, Choice],
     stats: Mapping[str, HessianAccumulator] | None, settings: CompressionSettings,
-    baseline: Choice | None = None,
+    baseline: Choice | None = None, kv: Mapping[int, KvQuant] | None = None,
 ) -> tuple[nn.Module, dict[str, SimulatedLinear]]:
-    """A copy of `model` with every decided layer replaced by its SimulatedLinear.
+    """A copy of `model` with every decided layer replaced by its SimulatedLinear, and with
+    `kv` (block -> KvQuant) simulating its KV cache inside attention.
 
     The copy is a new module tree whose parameters and buffers ARE the original's tensors
     (nothing changes them: a decided layer is replaced, never written), so it costs the
@@ -168,6 +170,8 @@ def compressed_copy(
     """
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     out = copy.deepcopy(model, shared)
+    if kv:
+        attach_kv(out, kv)  # the copy keeps them: it is measured, then dropped
     swapped: dict[str, SimulatedLinear] = {}
     for name, choice in decisions.items():
         if baseline is not None and choice == baseline:
@@ -183,7 +187,7 @@ def tensor_digest(t: Tensor) -> str:
     """sha256 of a tensor's dtype, shape and bytes (for the plan's audit section)."""
     t = t.detach().contiguous().cpu()
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
 

@@ -31,7 +31,7 @@ def main() -> None:
     from autoplan.cost import resolve_config
     from autoplan.cost.operating import OperatingRequest
     from autoplan.search import SearchRequest
-    from autoplan.search.stages import operating_point
+    from autoplan.search.request import operating_point
     from autoplan.workload import Workload
 
     spec = resolve_config("llama-3.1-70b")

@@ -42,6 +42,8 @@ def summary_table(plan: Plan) -> Table:
     q = plan.quality
     uniform_kl = plan.search.best_uniform_kl
     extra = [f"{uniform_kl:.5f}" if uniform_kl is not None else "-"] if len(cols) > 2 else []
+    table.add_row("batch (concurrent sequences)",
+                  *[f"{plan.workload.batch:,}" if k == "plan" else "" for k in cols])
     table.add_row("KL to original (measured)", f"{q.kl:.5f}", "0", *extra)
     table.add_row("perplexity (measured)", f"{q.ppl:.3f}", f"{q.ppl_ref:.3f}",
                   *(["-"] if len(cols) > 2 else []))
@@ -84,6 +86,45 @@ def _quality_lines(plan: Plan) -> list[str]:
     return out
 
 
+def kv_lines(plan: Plan) -> list[str]:
+    """The plan's KV cache, the caches the search compared it with, and its KL on long
+    prompts."""
+    kv, out = plan.kv_cache, []
+    if kv is None:
+        return out
+    rounding = f", queries rounded to {kv.query}" if kv.query else ""
+    out.append(f"KV cache: {kv.format} (engine flag {kv.flag}; runtime's own {kv.default}); "
+               f"{kv.bytes_per_token / 1024:,.2f} KiB per token, "
+               f"{kv.bytes_per_sequence / 1e6:,.2f} MB per sequence; scales: {kv.scales}"
+               f"{rounding}; one type for every layer")
+    if plan.quality.kl_long is not None:
+        out.append(f"KL short / long prompts (measured): {plan.quality.kl:.5f} / "
+                   f"{plan.quality.kl_long:.5f} ({kv.long_split_tokens}-token blocks)")
+    for a in kv.alternatives:
+        kl = "-" if a.measured_kl is None else f"{a.measured_kl:.5f}"
+        long = "" if a.kl_long is None else f", long {a.kl_long:.5f}"
+        out.append(f"  tried KV {a.format}: batch {a.batch:,}, objective {a.objective:,.4g} "
+                   f"(predicted), KL {kl}{long}, {'passed' if a.passed else 'FAILED'}"
+                   + ("  <- planned" if a.format == kv.format else ""))
+    return out
+
+
+def deploy_lines(plan: Plan) -> list[str]:
+    """What an operator pastes to serve the exported artifact."""
+    d = plan.deploy
+    if d is None:
+        return []
+    if not d.command:
+        return [f"deploy ({d.runtime}): {d.note}"]
+    out = [f"deploy ({d.runtime}, batch {d.settings.get('batch')}, context "
+           f"{d.settings.get('max_model_len')}):", f"  {d.shell}"]
+    out += [f"  file {name}:\n" + "".join(f"    {x}\n" for x in text.splitlines())
+            for name, text in d.files.items()]
+    if d.note:
+        out.append(f"  ({d.note}; {{MODEL}}: the folder or file `autoplan export` writes)")
+    return out
+
+
 def render(plan: Plan) -> Group:
     s = plan.search
     lines = [summary_table(plan), decisions_table(plan)]
@@ -96,7 +137,7 @@ def render(plan: Plan) -> Group:
     if cert:
         text.append(f"certificate: exact optimum of the surrogate problem {cert.optimum_objective:,.2f}"
                     f", search {cert.search_objective:,.2f}, gap {cert.gap * 100:.3f}%")
-    text += _quality_lines(plan)
+    text += _quality_lines(plan) + kv_lines(plan) + deploy_lines(plan)
     if s.gain_over_best_uniform:
         text.append(f"predicted gain over best uniform recipe ({s.best_uniform}): "
                     f"{s.gain_over_best_uniform:.3f}x "
@@ -104,4 +145,4 @@ def render(plan: Plan) -> Group:
     return Group(*lines, *text)
 
 
-__all__ = ["decisions_table", "render", "summary_table"]
+__all__ = ["decisions_table", "deploy_lines", "kv_lines", "render", "summary_table"]

@@ -58,6 +58,15 @@ from autoplan.quant import QuantMethod
 @click.option("--threads", type=int, default=None,
               help="Engine threads the measured kernels are timed with (default: physical "
                    "cores); use what the engine will run with.")
+@click.option("--kv-cache", "kv_cache", default=None,
+              help="KV-cache formats searched with the weights, each at its own operating "
+                   "point: auto (every one the runtime serves here) or a list, e.g. "
+                   "fp8,fp8_e4m3_head or q8_0,q4_0; default: the runtime's own cache. A "
+                   "compressed cache is also measured on long prompts and must pass the "
+                   "long-context check (docs/kv-cache.md).")
+@click.option("--long-len", type=int, default=0,
+              help="Tokens per long-prompt block with a compressed KV cache (default: "
+                   "max(2048, input + output) within the model's context).")
 @execution_options
 @click.option("--trust-remote-code", is_flag=True, help="Run the model folder's own code (off by default).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
@@ -76,7 +85,7 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
             threads, device, execution, offload_dir, trust_remote_code, as_json, quiet,
             recover_method, recover_steps, recover_lr, recover_rank, recover_text, recover_batch,
             recover_seq_len, recover_seed, lm_eval_tasks, lm_eval_limit, slices,
-            ray_address) -> None:
+            ray_address, kv_cache=None, long_len=0) -> None:
     """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
     from pydantic import ValidationError
 
@@ -121,6 +130,7 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
         operating=None if operating.mode == "fixed" else operating,
         choices=None if choices is None else parse_choices(
             tuple(c.strip() for c in choices.split(",") if c.strip())),
+        kv_cache=kv_cache, long_len=long_len,
         # connected now, so a bad --ray fails before the model loads; closed with the command
         executor=click.get_current_context().with_resource(executor_for(ray_address)))
     with RichReporter(quiet=quiet or as_json) as reporter:

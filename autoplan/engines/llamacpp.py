@@ -101,6 +101,8 @@ class LlamaCppWorker(EngineWorker):
         n_ctx: context length; one evaluation is at most this many tokens.
         logits_all: keep every position's logits (needed by ``logits``).
         kv_f32: an fp32 KV cache instead of llama.cpp's default fp16.
+        kv_type: the K and V cache type (llama.cpp's -ctk/-ctv name: f16, q8_0, q4_0, ...),
+            run with flash attention on (a quantized V cache needs it); None: the default.
         extra_bufts: let llama.cpp repack weights into its extra CPU buffer types (AMX,
             CPU_REPACK). Off by default: see llamacpp_worker.py (the AMX path crashes on
             multi-token batches here, and the kernel table times the plain kernels).
@@ -113,14 +115,15 @@ class LlamaCppWorker(EngineWorker):
 
     def __init__(self, gguf: str | Path, *, threads: int | None = None, n_ctx: int = 512,
                  logits_all: bool = False, kv_f32: bool = False, extra_bufts: bool = False,
-                 python: str | Path | None = None) -> None:
+                 kv_type: str | None = None, python: str | Path | None = None) -> None:
         self.gguf = Path(gguf)
         if not self.gguf.is_file():
             raise UserInputError(f"no GGUF file at '{self.gguf}': pass the file "
                                  "`autoplan export --format gguf` wrote")
         self.threads = threads or default_threads()
         cfg = {"model": str(self.gguf), "threads": self.threads, "n_ctx": n_ctx,
-               "logits_all": logits_all, "kv_f32": kv_f32, "extra_bufts": extra_bufts}
+               "logits_all": logits_all, "kv_f32": kv_f32, "extra_bufts": extra_bufts,
+               "kv_type": kv_type}
         super().__init__(WORKER, cfg, f"'{self.gguf.name}'", python)
         self.n_vocab = int(self.hello["n_vocab"])
         self.n_ctx = n_ctx

@@ -14,6 +14,9 @@ import numpy as np
 from llama_cpp import Llama
 
 GGML_TYPE_F32 = 0
+# ggml's type ids of the cache types llama.cpp takes (-ctk / -ctv), ggml.h
+CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+               "bf16": 30}
 
 
 def _peak_rss_bytes() -> int:
@@ -75,6 +78,9 @@ def main() -> int:
     if not cfg.get("extra_bufts"):
         _no_extra_buffers()
     kv = {"type_k": GGML_TYPE_F32, "type_v": GGML_TYPE_F32} if cfg.get("kv_f32") else {}
+    if cfg.get("kv_type"):  # a quantized V cache needs flash attention (llama-context.cpp)
+        kind = CACHE_TYPES[cfg["kv_type"]]
+        kv = {"type_k": kind, "type_v": kind, "flash_attn": True}
     n_ctx = int(cfg["n_ctx"])
     llm = Llama(model_path=cfg["model"], n_threads=cfg["threads"],
                 n_threads_batch=cfg["threads"], n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,

@@ -50,8 +50,10 @@ class VllmRun:
 def run_vllm(model_dir: str | Path, prompts: Sequence[Sequence[int]], *, max_tokens: int,
              dtype: str = "bfloat16", logprobs: int = 1, max_model_len: int = 512,
              timeout_s: float = 900, python: str | Path | None = None,
-             layers: dict[str, Any] | None = None) -> VllmRun:
+             layers: dict[str, Any] | None = None, kv_cache_dtype: str = "auto") -> VllmRun:
     """Load ``model_dir`` with ``vllm.LLM`` and generate greedily from token-id prompts.
+
+    ``kv_cache_dtype`` is vLLM's ``--kv-cache-dtype`` (auto, fp8, fp8_e4m3, fp8_e5m2).
 
     ``layers`` ({module name: input tensor [tokens, in]}) also runs each of those linear
     layers once on its input through vLLM's own kernel for it (vllm_worker.py's layer
@@ -75,7 +77,8 @@ def run_vllm(model_dir: str | Path, prompts: Sequence[Sequence[int]], *, max_tok
     exe = Path(python) if python else engine_python("vllm")
     cfg = {"model": str(model_dir.resolve()), "dtype": dtype, "max_model_len": max_model_len,
            "prompts": [list(map(int, p)) for p in prompts], "max_tokens": int(max_tokens),
-           "logprobs": logprobs, "prompt_logprobs": logprobs, "kv_cache_gib": KV_CACHE_GIB}
+           "logprobs": logprobs, "prompt_logprobs": logprobs, "kv_cache_gib": KV_CACHE_GIB,
+           "kv_cache_dtype": kv_cache_dtype}
     with tempfile.TemporaryDirectory(prefix="autoplan-vllm-") as tmp:
         out, log = Path(tmp) / "out.jsonl", Path(tmp) / "stderr.txt"
         if layers:

@@ -108,6 +108,7 @@ def main() -> None:
         llm = LLM(model=cfg["model"], dtype=cfg.get("dtype", "bfloat16"),
                   max_model_len=int(cfg.get("max_model_len", 512)),
                   max_num_seqs=int(cfg.get("max_num_seqs", 8)), seed=0,
+                  kv_cache_dtype=cfg.get("kv_cache_dtype", "auto"),
                   enforce_eager=True, trust_remote_code=False)
     except BaseException as exc:  # noqa: BLE001 - reported to the caller as vLLM's words
         print(json.dumps(_error("load", exc)), flush=True)

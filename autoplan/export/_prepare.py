@@ -15,6 +15,7 @@ from torch import Tensor
 from autoplan.compress import (CompressionSettings, audit_digests, collect_stats, compress_linear,
                                observe_inputs, recompress_linear)
 from autoplan.errors import UnsupportedFormatError, UserInputError
+from autoplan.export.kv import kv_scales, static_kv
 from autoplan.formats import Choice, format_spec, registered_formats
 from autoplan.models.graph import get_linear
 from autoplan.numerics import signature
@@ -56,6 +57,8 @@ class Prepared:
     choices: dict[str, Choice]
     sims: dict[str, SimulatedLinear]
     input_global_scales: dict[str, Tensor] = field(default_factory=dict)
+    # block -> (K scale, V scale) of a KV cache with static scales (export/kv.py), else {}
+    kv_scales: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     def quantized(self) -> dict[str, SimulatedLinear]:
         """The layers stored in a low-precision format (not fp32/bf16/fp16)."""
@@ -195,7 +198,8 @@ def needs_calibration(plan: Plan) -> bool:
     """True when exporting ``plan`` needs its calibration tokens (statistics, or a format
     whose inputs are calibrated: NVFP4)."""
     choices = parse_decisions(plan)
-    return _needs_stats(plan, choices) or bool(_calibrated_inputs(choices))
+    return _needs_stats(plan, choices) or bool(_calibrated_inputs(choices)) \
+        or static_kv(plan) is not None
 
 
 def prepare(plan: Plan, loaded: LoadedModel, fmt: str, runtimes: Sequence[str], *,
@@ -269,7 +273,8 @@ def prepare(plan: Plan, loaded: LoadedModel, fmt: str, runtimes: Sequence[str], 
                 "scale from calibration data: pass the calibration set")
         scales = {n: calibrated[n](a) for n, a in
                   input_amax(loaded.model, list(calibrated), calibration).items()}
-    return Prepared(plan, loaded, target, runtime, choices, sims, scales)
+    kv = kv_scales(plan, loaded.model, calibration)
+    return Prepared(plan, loaded, target, runtime, choices, sims, scales, kv)
 
 
 __all__ = ["Prepared", "UNQUANTIZED", "apply_recovered", "check_fused_groups", "check_model",

@@ -45,7 +45,8 @@ def tensor_digests(folder: Path) -> dict[str, dict[str, str]]:
 
 
 def write_sidecars(folder: Path, plan: Plan, fmt: str, runtime: str,
-                   layers: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
+                   layers: Mapping[str, Any], extra: Mapping[str, Any] | None = None,
+                   artifact: Path | None = None) -> None:
     """Write the plan and the audit into a finished checkpoint folder.
 
     Args:
@@ -55,6 +56,8 @@ def write_sidecars(folder: Path, plan: Plan, fmt: str, runtime: str,
         runtime: the runtime the checkpoint is for.
         layers: layer -> description of how it is stored (JSON-serializable).
         extra: more audit fields (e.g. what was verified).
+        artifact: where the artifact will lie (the folder, or the GGUF file): the plan's
+            deploy command is written beside it with that path (export/kv.py).
     """
     _dump(folder / PLAN_FILE, plan.model_dump(mode="json"))
     _dump(folder / AUDIT_FILE, {
@@ -68,6 +71,10 @@ def write_sidecars(folder: Path, plan: Plan, fmt: str, runtime: str,
         "tensors": tensor_digests(folder),
         **(extra or {}),
     })
+    if artifact is not None:
+        from autoplan.export.kv import write_deploy
+
+        write_deploy(folder, plan, artifact)
 
 
 __all__ = ["AUDIT_FILE", "PLAN_FILE", "is_export", "tensor_digests", "write_sidecars"]

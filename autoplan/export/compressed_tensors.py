@@ -11,10 +11,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from autoplan.atomic import atomic_dir
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import Prepared
-from autoplan.atomic import atomic_dir
 from autoplan.export._write import is_export, write_sidecars
+from autoplan.export.kv import kv_scheme
 from autoplan.formats import CompressedTensorsName, Precision, format_spec
 from autoplan.models.graph import get_linear, is_tied
 from autoplan.quant import SimulatedLinear
@@ -134,10 +135,28 @@ def _verify(model: nn.Module, prep: Prepared) -> None:
                                 f"simulated for {name}; nothing was written (please report)")
 
 
+def _kv_params(model: nn.Module, prep: Prepared, strategy: str) -> None:
+    """The plan's calibrated K/V scales as each attention module's ``k_scale`` /
+    ``v_scale`` parameters, shaped as compressed-tensors initializes them for the
+    ``kv_cache_scheme`` (``[1]`` per tensor, ``[kv_heads, 1, 1]`` per head) and named as
+    vLLM loads them (``model.layers.N.self_attn.k_scale``). They are registered here
+    because compressed-tensors 0.20 finds no cached attention module in transformers 5 (it
+    looks for a ``past_key_values`` argument that transformers now names ``cache``)."""
+    from autoplan.quant.kv_cache import attention_modules
+
+    attn = attention_modules(model)
+    for i, (k, v) in prep.kv_scales.items():
+        for name, value in (("k_scale", k), ("v_scale", v)):
+            shaped = value.float().reshape(-1, 1, 1) if strategy == "attn_head" else \
+                value.float().reshape(1)
+            attn[i].register_parameter(name, nn.Parameter(shaped.clone(), requires_grad=False))
+
+
 def _build(prep: Prepared) -> tuple[nn.Module, object]:
     """A compressed copy of the model and the ModelCompressor that compressed it."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
+        QuantizationArgs,
         QuantizationConfig,
         QuantizationStatus,
         apply_quantization_config,
@@ -159,7 +178,9 @@ def _build(prep: Prepared) -> tuple[nn.Module, object]:
             linear.weight = nn.Parameter(sim.weight.to(linear.weight.dtype), requires_grad=False)
             if tied:
                 model.config.tie_word_embeddings = False
-    config = QuantizationConfig(config_groups=groups, quantization_status=QuantizationStatus.FROZEN)
+    kv = kv_scheme(prep.plan, FORMAT)
+    config = QuantizationConfig(config_groups=groups,
+                                quantization_status=QuantizationStatus.FROZEN)
     apply_quantization_config(model, config, show_progress=False)
     for name, sim in quantized.items():
         module = model.get_submodule(name)
@@ -167,10 +188,24 @@ def _build(prep: Prepared) -> tuple[nn.Module, object]:
             model.config.tie_word_embeddings = False  # a quantized lm_head has its own weight
         _load_params(module, sim, prep.input_global_scales.get(name))
     compressor = ModelCompressor.from_pretrained_model(model)
+    if compressor is None or compressor.quantization_config is None:  # a KV-only plan
+        compressor = ModelCompressor(quantization_config=config)
     compressor.compress_model(model)
     compressor.remove_decompression_hook(model)
     _verify(model, prep)
+    if kv is not None:
+        _kv_params(model, prep, kv["strategy"])
+        compressor.quantization_config.kv_cache_scheme = QuantizationArgs(**kv)
     return model, compressor
+
+
+def _kv_audit(prep: Prepared) -> dict | None:
+    kv = prep.plan.kv_cache
+    if kv is None or kv.format == kv.default:
+        return None
+    return {"format": kv.format, "scheme": kv_scheme(prep.plan, FORMAT),
+            "scales": "calibrated, equal to the plan's digests" if prep.kv_scales else
+            "none in the checkpoint (the engine's flag alone)"}
 
 
 class CompressedTensorsExporter:
@@ -182,9 +217,10 @@ class CompressedTensorsExporter:
     def write(self, prep: Prepared, out_dir: str | Path) -> Path:
         """Write the checkpoint atomically into ``out_dir``; return its path."""
         _check_shapes(prep)
-        if not prep.quantized():
-            raise UnsupportedFormatError("the plan quantizes no layer; a compressed-tensors "
-                                         "checkpoint would be the original model: serve that")
+        if not prep.quantized() and kv_scheme(prep.plan, FORMAT) is None:
+            raise UnsupportedFormatError("the plan quantizes no layer and no KV-cache scales; "
+                                         "a compressed-tensors checkpoint would be the original "
+                                         "model: serve that (with the plan's deploy command)")
         model, compressor = _build(prep)  # refusals and verification happen before writing
         with atomic_dir(out_dir, is_ours=is_export) as tmp:
             model.save_pretrained(str(tmp))
@@ -193,7 +229,8 @@ class CompressedTensorsExporter:
                 prep.loaded.tokenizer.save_pretrained(str(tmp))
             layers = {n: str(c) for n, c in prep.choices.items()}
             write_sidecars(tmp, prep.plan, self.name, prep.runtime, layers, {
-                "verified": "stored codes and scales equal autoplan's simulated ones, bit for bit"})
+                "verified": "stored codes and scales equal autoplan's simulated ones, bit for bit",
+                "kv_cache": _kv_audit(prep)}, artifact=Path(out_dir))
         return Path(out_dir)
 
 

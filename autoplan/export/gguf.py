@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from autoplan import __version__
-from autoplan.atomic import replace_files
+from autoplan.atomic import atomic_dir, replace_files
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
 from autoplan.export._prepare import Prepared
-from autoplan.atomic import atomic_dir
 from autoplan.export._write import AUDIT_FILE, PLAN_FILE, is_export, write_sidecars
+from autoplan.export.kv import DEPLOY_JSON, DEPLOY_SH
 from autoplan.formats import Precision, registered_formats
 from autoplan.formats.gguf_blocks import block_format, gguf_type_name, pack_blocks
 from autoplan.models.graph import get_linear
@@ -243,9 +243,15 @@ class GgufExporter:
             with atomic_dir(out, is_ours=is_export) as tmp:
                 audit = write_gguf(prep, tmp / GGUF_FILE)
                 write_sidecars(tmp, prep.plan, self.name, prep.runtime, layers,
-                               {"gguf_tensors": audit})
+                               {"gguf_tensors": audit}, artifact=out / GGUF_FILE)
             return out / GGUF_FILE
         return _write_file(prep, out, self.name, layers)
+
+
+def sidecar_deploy(gguf_file: Path, name: str) -> Path:
+    """Where a single-file GGUF export's deploy sidecar ``name`` goes (FILE.name)."""
+    stem = gguf_file.with_suffix("")
+    return stem.with_name(f"{stem.name}.{name}")
 
 
 def sidecar_paths(gguf_file: Path) -> tuple[Path, Path]:
@@ -264,9 +270,12 @@ def _write_file(prep: Prepared, out: Path, fmt: str, layers: dict[str, str]) -> 
         tmp = Path(name)
         try:
             audit = write_gguf(prep, tmp / GGUF_FILE)
-            write_sidecars(tmp, prep.plan, fmt, prep.runtime, layers, {"gguf_tensors": audit})
+            write_sidecars(tmp, prep.plan, fmt, prep.runtime, layers, {"gguf_tensors": audit},
+                           artifact=out)
+            deploy = {tmp / name: sidecar_deploy(out, name) for name in (DEPLOY_JSON, DEPLOY_SH)
+                      if (tmp / name).is_file()}
             # the GGUF goes last: a sidecar without its file is never mistaken for an export
-            replace_files({tmp / PLAN_FILE: plan_path, tmp / AUDIT_FILE: audit_path,
+            replace_files({tmp / PLAN_FILE: plan_path, tmp / AUDIT_FILE: audit_path, **deploy,
                            tmp / GGUF_FILE: out})
         except OSError as err:
             raise AutoplanError(f"cannot write the export to '{out}': {err}") from err

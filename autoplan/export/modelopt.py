@@ -14,10 +14,11 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from autoplan import __version__
+from autoplan.atomic import atomic_dir
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import UNQUANTIZED, Prepared
-from autoplan.atomic import atomic_dir
 from autoplan.export._write import is_export, write_sidecars
+from autoplan.export.kv import kv_scheme
 from autoplan.formats import format_spec
 from autoplan.models.graph import get_linear, is_tied
 
@@ -60,10 +61,28 @@ def _layer_tensors(name: str, prep: Prepared) -> tuple[dict[str, Tensor], dict |
     return out, {"quant_algo": algo}
 
 
-def _quant_section(quantized: dict[str, dict], excluded: list[str]) -> tuple[dict, bool]:
+def _kv_tensors(prep: Prepared) -> dict[str, Tensor]:
+    """The plan's calibrated K/V scales under ModelOpt's names (``k_proj.k_scale``,
+    ``v_proj.v_scale``, FP32 scalars, which TensorRT-LLM's HF loader reads)."""
+    from autoplan.quant.kv_cache import attention_modules
+
+    names = {m: n for n, m in prep.loaded.model.named_modules()}
+    attn = attention_modules(prep.loaded.model)
+    out = {}
+    for i, (k, v) in prep.kv_scales.items():
+        base = names[attn[i]]
+        out[f"{base}.k_proj.k_scale"] = k.float().reshape(()).contiguous() if k.numel() == 1 \
+            else k.float().contiguous()
+        out[f"{base}.v_proj.v_scale"] = v.float().reshape(()).contiguous() if v.numel() == 1 \
+            else v.float().contiguous()
+    return out
+
+
+def _quant_section(quantized: dict[str, dict], excluded: list[str], kv_algo: str | None = None
+                   ) -> tuple[dict, bool]:
     """hf_quant_config's "quantization" object, and whether it is MIXED_PRECISION."""
     algos = {entry["quant_algo"] for entry in quantized.values()}
-    section: dict = {"kv_cache_quant_algo": None, "exclude_modules": sorted(excluded)}
+    section: dict = {"kv_cache_quant_algo": kv_algo, "exclude_modules": sorted(excluded)}
     if len(algos) > 1:
         section.update(quant_algo="MIXED_PRECISION", quantized_layers=dict(sorted(quantized.items())))
         return section, True
@@ -98,7 +117,9 @@ class ModelOptExporter:
                      if isinstance(m, torch.nn.Linear) and n not in prep.sims]
         if getattr(config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)  # tied and unchanged: HF stores it once
-        section, mixed = _quant_section(quantized, excluded + undecided)
+        kv_algo = kv_scheme(prep.plan, FORMAT)
+        state.update(_kv_tensors(prep))
+        section, mixed = _quant_section(quantized, excluded + undecided, kv_algo)
         sparse = {n: str(c.sparsity) for n, c in prep.choices.items() if c.sparsity.kind == "nm"}
         hf_quant = {"producer": {"name": "modelopt", "version": f"autoplan-{__version__}"},
                     "quantization": section}
@@ -118,7 +139,8 @@ class ModelOptExporter:
             write_sidecars(tmp, prep.plan, self.name, prep.runtime,
                            {n: str(c) for n, c in prep.choices.items()},
                            {"sparsity": sparse, "verified": "codes and scales are autoplan's; "
-                            "N:M patterns checked"})
+                            "N:M patterns checked", "kv_cache_quant_algo": kv_algo},
+                           artifact=Path(out_dir))
         return Path(out_dir)
 
 

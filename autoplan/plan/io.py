@@ -30,9 +30,16 @@ def _v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "schema_version": 2}
 
 
+def _v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 added the KV cache, the deploy command and the long-prompt KL, all optional:
+    a version 2 plan had the runtime's own cache and no command (None)."""
+    return {**raw, "schema_version": 3}
+
+
 # from_version -> function upgrading a raw dict by one version; load_plan applies them in
 # order, so a v1 plan keeps loading after every future bump.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2,
+                                                                      2: _v2_to_v3}
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

@@ -15,7 +15,8 @@ from autoplan.workload import Workload
 
 # 2: rounds, points and the operating point are typed models, outcome a Literal (a version 1
 # plan holds the same keys; autoplan/plan/io.py migrates it)
-SCHEMA_VERSION = 2
+# 3: the KV cache (`kv_cache`), the serving command (`deploy`), `quality.kl_long`
+SCHEMA_VERSION = 3
 
 Outcome = Literal["plan", "uniform-fallback", "baseline-fallback"]
 PointKind = Literal["baseline", "uniform", "candidate", "front", "plan"]
@@ -94,6 +95,8 @@ class Quality(_Strict):
     eval_tokens: int
     slices: dict[str, float] = Field({}, description="slice -> mean KL over its positions")
     gates: dict[str, GateScore] = Field({}, description="longctx, lm-eval:TASK")
+    kl_long: float | None = Field(None, description="KL on the long-prompt split (>= 2k "
+                                                   "tokens), measured with a compressed KV cache")
 
 
 class Recovery(_Strict):
@@ -176,6 +179,48 @@ class OperatingPoint(_Strict):
     tpot_slo_s: float | None = None
 
 
+class KvAlternative(_Strict):
+    """One KV-cache format the search tried: its own operating point and best plan."""
+
+    format: str
+    batch: int
+    objective: float = Field(description="the objective of its best plan (predicted)")
+    measured_kl: float | None = None
+    kl_long: float | None = None
+    passed: bool
+    outcome: Outcome
+
+
+class KvCache(_Strict):
+    """The plan's KV cache: one format for every block (no engine mixes them), how it is
+    rounded and scaled, what it stores, and what the search compared it with."""
+
+    format: str = Field(description="autoplan.formats.kv name, e.g. fp8_e4m3, q8_0")
+    default: str = Field(description="the runtime's own cache (uncompressed reference)")
+    flag: str = Field(description="the engine's value for it (--kv-cache-dtype, -ctk/-ctv)")
+    scales: Literal["checkpoint", "dynamic", "none"] = Field(
+        description="checkpoint: static K/V scales calibrated here and exported")
+    query: str | None = Field(None, description="the engine's query rounding, simulated")
+    per_layer: bool = False
+    bytes_per_token: float = Field(description="cache bytes per token of context, all blocks")
+    bytes_per_sequence: float
+    scale_digests: dict[str, str] = Field({}, description="block -> sha256 of its K/V scales")
+    long_split_tokens: int | None = Field(None, description="tokens per long-prompt block")
+    alternatives: list[KvAlternative] = []
+
+
+class Deploy(_Strict):
+    """The engine's launch command for the exported artifact (autoplan/deploy.py)."""
+
+    runtime: str
+    command: list[str] = Field(description="argv; {MODEL} stands for the exported artifact")
+    shell: str
+    env: dict[str, str] = {}
+    files: dict[str, str] = Field({}, description="files the command reads, by name")
+    settings: dict[str, Any] = {}
+    note: str = ""
+
+
 class SearchMeta(_Strict):
     sampler: str
     seed: int
@@ -236,11 +281,13 @@ class Plan(_Strict):
     audit: Audit
     operating_point: OperatingPoint | None = None
     recovery: Recovery | None = None
+    kv_cache: KvCache | None = None
+    deploy: Deploy | None = None
 
 
 __all__ = [
     "SCHEMA_VERSION", "Audit", "Budget", "CalibrationSettings", "Certificate", "Compression",
-    "GateScore", "ModelRef", "OperatingPoint", "Outcome", "Plan", "Point", "PointKind",
+    "Deploy", "GateScore", "KvAlternative", "KvCache", "ModelRef", "OperatingPoint", "Outcome", "Plan", "Point", "PointKind",
     "Predicted", "Quality", "Recovery", "Round", "RuntimeRef", "SearchMeta", "TargetRef",
     "VerifiedCandidate", "Workload",
 ]

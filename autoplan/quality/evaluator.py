@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from torch import nn
 from autoplan.quality.metrics import ReferenceLogprobs, bounded_compare_pass, reference_pass
 from autoplan.quality.slices import SliceSet, slice_kl, slice_reference
 from autoplan.quality.suite import PromptSuite, score_suite, suite_reference
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 
 class Gate(Protocol):
@@ -64,6 +67,8 @@ class QualityResult:
         stopped_early: the pass stopped once the KL was certain to exceed the limit it was
             given (``evaluate(kl_limit=...)``): ``kl`` is then a lower bound, ``ppl`` covers
             the blocks measured, and no suite, slice or gate was run.
+        kl_long: mean KL over the long-prompt split (blocks of >= 2k tokens), measured
+            whenever the KV cache is compressed; None otherwise.
     """
 
     ppl: float
@@ -77,6 +82,7 @@ class QualityResult:
     slices: dict[str, float] = field(default_factory=dict)
     gates: dict[str, GateResult] = field(default_factory=dict)
     stopped_early: bool = False
+    kl_long: float | None = None  # the long-prompt split's KL, measured with a compressed KV
 
     def __post_init__(self) -> None:  # read back from JSON (asdict): gates as plain dicts
         gates = {k: g if isinstance(g, GateResult) else GateResult(**g)
@@ -100,7 +106,7 @@ class QualityResult:
         return None if g is None else g.delta
 
 
-def as_module(model: Any) -> nn.Module:
+def as_module(model: nn.Module | LoadedModel) -> nn.Module:
     """The nn.Module of a model given as one or as a LoadedModel."""
     return getattr(model, "model", model) if not isinstance(model, nn.Module) else model
 
@@ -144,7 +150,7 @@ class QualityEvaluator:
         gates: further checks scored against the original (``Gate``).
     """
 
-    def __init__(self, reference_model: Any, eval_tokens: torch.Tensor, *,
+    def __init__(self, reference_model: nn.Module | LoadedModel, eval_tokens: torch.Tensor, *,
                  suite: PromptSuite | None = None, batch_size: int = 4,
                  max_new_tokens: int = 16, reference: ReferenceLogprobs | None = None,
                  slices: SliceSet | None = None, gates: Sequence[Gate] = ()) -> None:

@@ -1,6 +1,7 @@
 """`autoplan search`: each layer's format chosen under a quality budget, as a library.
 
-A search is a pipeline of stages, each a function over typed values (``stages/``):
+A search is a pipeline of stages, each a function over typed values (``request/`` holds
+the first two lines, ``stages/`` the rest):
 
     SearchRequest(model, target, budget, ...)        every input, checked when it is built
     preflight(req) -> Platform                       bad input refused before any work
@@ -25,7 +26,8 @@ importing only those listed before it:
     optimize/  SearchSpace, Tables, the Optuna study and sampler, the exact (MILP) solver
     verify/    QualityBudget, the Verifier measuring candidates on the real model, its cache
     recovery/  recovery passes (`--recover`, `autoplan recover PLAN`)
-    stages/    the stages above
+    request/   SearchRequest and preflight
+    stages/    the stages after preflight
     run/       Pipeline, run_search (the driver), run_worker, the record workers read
 
 `reporter` (progress sink) and `writable` (can a file be written?) sit below all of them.
@@ -51,18 +53,18 @@ _EXPORTS = {
     "run_search": "autoplan.search.run",
     "run_worker": "autoplan.search.run",
     "Chosen": "autoplan.search.stages",
-    "CostTable": "autoplan.search.stages",
-    "ExecutionSettings": "autoplan.search.stages",
+    "CostTable": "autoplan.search.request",
+    "ExecutionSettings": "autoplan.search.request",
     "Outcome": "autoplan.search.stages",
-    "Platform": "autoplan.search.stages",
+    "Platform": "autoplan.search.request",
     "Prepared": "autoplan.search.stages",
     "Rounds": "autoplan.search.stages",
-    "SearchRequest": "autoplan.search.stages",
+    "SearchRequest": "autoplan.search.request",
     "build_plan": "autoplan.search.stages",
     "certify": "autoplan.search.stages",
     "choose": "autoplan.search.stages",
-    "parse_choices": "autoplan.search.stages",
-    "preflight": "autoplan.search.stages",
+    "parse_choices": "autoplan.search.request",
+    "preflight": "autoplan.search.request",
     "prepare": "autoplan.search.stages",
     "profile_scope": "autoplan.search.stages",
     "run_rounds": "autoplan.search.stages",

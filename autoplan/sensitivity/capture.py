@@ -10,7 +10,8 @@ gradient^2 score of ModelOpt's AutoQuantize, with the Fisher made exact in expec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -115,38 +116,44 @@ def fisher_backward(head: Callable[[Tensor], Tensor], hidden: Tensor, gen: torch
     return grad
 
 
-def capture(
-    model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor], *, seed: int = 0
-) -> Captured:
-    """Run forward + backward over `batches` ([b, seq] token ids) and record X and G.
-
-    Parameters are not trained: gradients flow only to activations (the embedding output
-    is made to require grad so the graph is built without parameter gradients).
-    """
+@contextmanager
+def activation_grads(model: nn.Module) -> Iterator[None]:
+    """Within the block, a backward pass gives gradients to activations only: parameters
+    are frozen, and the embedding output is made to require grad so the graph is built."""
     emb = _input_embeddings(model).register_forward_hook(
         lambda _m, _i, out: out.detach().requires_grad_(True))
     requires = [p.requires_grad for p in model.parameters()]
     for p in model.parameters():
         p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        emb.remove()
+        for p, r in zip(model.parameters(), requires):
+            p.requires_grad_(r)
+
+
+def capture(
+    model: nn.Module, layer_names: Iterable[str], batches: Iterable[Tensor], *, seed: int = 0
+) -> Captured:
+    """Run forward + backward over `batches` ([b, seq] token ids) and record X and G.
+
+    Parameters are not trained: gradients flow only to activations (`activation_grads`).
+    """
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     tokens = 0
     split = split_lm(model)
     rows = chunk_rows(model.config.vocab_size)
-    try:
-        with Recorder(model, layer_names) as rec:
-            for batch in batches:
-                if split is None:
-                    fisher_loss(model(input_ids=batch.to(device)).logits, gen).backward()
-                else:
-                    fisher_backward(split.head, split.body(batch.to(device)), gen, rows)
-                tokens += batch.numel()
-    finally:
-        emb.remove()
-        for p, r in zip(model.parameters(), requires):
-            p.requires_grad_(r)
+    with activation_grads(model), Recorder(model, layer_names) as rec:
+        for batch in batches:
+            if split is None:
+                fisher_loss(model(input_ids=batch.to(device)).logits, gen).backward()
+            else:  # the head a chunk of positions at a time (models/head.py)
+                fisher_backward(split.head, split.body(batch.to(device)), gen, rows)
+            tokens += batch.numel()
     return rec.result(tokens)
 
 
-__all__ = ["Captured", "Recorder", "capture", "fisher_backward", "fisher_loss",
-           "sample_labels"]
+__all__ = ["Captured", "Recorder", "activation_grads", "capture", "fisher_backward",
+           "fisher_loss", "sample_labels"]

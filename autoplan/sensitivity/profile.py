@@ -39,6 +39,8 @@ class SensitivityProfile:
     tokens: int = 0
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
     outliers: dict[str, float] = field(default_factory=dict)
+    # KV-cache formats: sensitivity.kv's unit (one per block) -> its key -> KL estimate
+    kv: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def cost(self, layer: str, choice: Choice) -> float:
         return self.scores[layer][str(choice)]
@@ -52,13 +54,14 @@ class SensitivityProfile:
             "calib_hash": self.calib_hash, "tokens": self.tokens,
             "settings": {"prune_score": self.settings.prune_score,
                          "quant_method": self.settings.quant_method},
-            "scores": self.scores, "outliers": self.outliers,
+            "scores": self.scores, "outliers": self.outliers, "kv": self.kv,
         }
 
     @classmethod
     def from_json(cls, raw: dict) -> SensitivityProfile:
         return cls(raw["model_hash"], raw["calib_hash"], CompressionSettings(**raw["settings"]),
-                   raw.get("tokens", 0), raw.get("scores", {}), raw.get("outliers", {}))
+                   raw.get("tokens", 0), raw.get("scores", {}), raw.get("outliers", {}),
+                   raw.get("kv", {}))
 
 
 def calibration_key(batches: Sequence[Tensor]) -> str:

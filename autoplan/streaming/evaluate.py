@@ -24,18 +24,27 @@ from autoplan.models.head import chunk_rows, head_chunks
 from autoplan.quality.evaluator import QualityResult
 from autoplan.quality.metrics import ReferenceLogprobs, block_terms, check_tokens
 from autoplan.quant import HessianAccumulator
+from autoplan.quant.kv_cache import KvAmax, KvQuant, kv_hooks
 from autoplan.sensitivity.executor import Executor
-from autoplan.streaming.candidates import CandidateTask, Measured, Stats
+from autoplan.streaming.candidates import (
+    CandidateTask,
+    Evaluator,
+    Measured,
+    Stats,
+    with_long_context,
+)
 from autoplan.streaming.skeleton import StreamedModel
 
 
 @dataclass(frozen=True)
 class StreamedCandidate:
-    """One model to measure: per-layer decisions, and whether its compression needs the
-    calibration Hessians (Wanda/SparseGPT masks, GPTQ)."""
+    """One model to measure: per-layer decisions, whether its compression needs the
+    calibration Hessians (Wanda/SparseGPT masks, GPTQ), and its simulated KV cache per
+    block (``quant.kv_cache``; absent blocks keep the model's own)."""
 
     decisions: Mapping[str, Choice]
     needs_stats: bool = False
+    kv: Mapping[int, KvQuant] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,7 @@ class _Track:
     needs_stats: bool
     states: list[Tensor]
     audit: dict[str, dict[str, str]]
+    kv: Mapping[int, KvQuant]
 
 
 class StreamedEvaluator:
@@ -135,6 +145,7 @@ class StreamedEvaluator:
             raise UserInputError("the reference log-probs were computed on other tokens")
         self.reference = reference
         self.suite_reference = None
+        self._kv_amax: dict[int, KvAmax] | None = None
         self.setup_seconds = time.perf_counter() - t0
 
     @property
@@ -207,7 +218,7 @@ class StreamedEvaluator:
         sm = self.sm
         tracks = [_Track({n: c for n, c in cand.decisions.items()
                           if baseline is None or c != baseline}, cand.needs_stats,
-                         list(self._eval_in), {}) for cand in candidates]
+                         list(self._eval_in), {}, dict(cand.kv or {})) for cand in candidates]
         want_stats = any(t.needs_stats and t.decided for t in tracks)
         h_cal = list(self._cal_in) if want_stats else []
         for i in range(sm.n_blocks):
@@ -222,9 +233,11 @@ class StreamedEvaluator:
                 memo: dict = {}
                 for t, ns in zip(tracks, names):
                     old = self._swap_in(t, ns, stats, settings, memo)
+                    hooks = {i: t.kv[i]} if i in t.kv else {}
                     try:
-                        t.states = [sm.run_block(i, h, kw)
-                                    for h, kw in zip(t.states, self._eval_kw)]
+                        with kv_hooks(sm.model, hooks):
+                            t.states = [sm.run_block(i, h, kw)
+                                        for h, kw in zip(t.states, self._eval_kw)]
                     finally:
                         self._restore(old)
                 del memo, stats
@@ -256,19 +269,41 @@ class StreamedEvaluator:
                 out.append((math.fsum(nlls), math.fsum(kls), dict(sorted(t.audit.items()))))
         return out
 
+    @torch.no_grad()
+    def kv_amax(self) -> dict[int, KvAmax]:
+        """The largest |K| and |V| each block's attention sees on the calibration batches,
+        through the ORIGINAL blocks (one streamed pass, kept): the static KV scales' input,
+        as ``quant.kv_cache.calibrate_kv`` takes it in memory."""
+        if self._kv_amax is None:
+            sm, amax = self.sm, {}
+            states = list(self._cal_in)
+            for i in range(sm.n_blocks):
+                amax[i] = KvAmax()
+                with sm.resident(i), kv_hooks(sm.model, {i: amax[i]}):
+                    states = [sm.run_block(i, h, kw) for h, kw in zip(states, self._cal_kw)]
+            self._kv_amax = amax
+        return self._kv_amax
+
     has_slices = False  # the slices' positions need whole-model passes
     in_memory = False  # no streamed recovery pass exists
 
     def measure(self, tasks: Sequence[CandidateTask], settings: CompressionSettings,
-                baseline: Choice, stats: Stats, executor: Executor | None
-                ) -> Iterator[Measured]:
+                baseline: Choice, stats: Stats, executor: Executor | None,
+                long: Evaluator | None = None) -> Iterator[Measured]:
         """The `Evaluator` protocol: candidates compressed block by block on the fly, a group
         of them per pass over the blocks (each block read once, its Hessians taken once; the
         calibration statistics are taken here, per block, so `stats` is not used). In this
         process: one group. On a distributed executor: one group per worker, each worker
         streaming the checkpoint itself (the model is never shipped; the reference
-        log-probs are, once)."""
-        cands = [StreamedCandidate(t.decisions, t.use_stats) for t in tasks]
+        log-probs are, once). With `long` (a compressed KV cache): in this process, the
+        long-prompt split measured by it as well."""
+        cands = [StreamedCandidate(t.decisions, t.use_stats, t.kv) for t in tasks]
+        if long is not None:
+            longs = dict(long.measure(tasks, settings, baseline, stats, None))
+            short = self.evaluate_many(cands, settings, baseline=baseline)
+            yield from ((i, (with_long_context(q, longs[i][0]), a))
+                        for i, (q, a) in enumerate(short))
+            return
         n = getattr(executor, "workers", 1) if executor is not None else 1
         if executor is None or n <= 1 or len(cands) <= 1:
             yield from enumerate(self.evaluate_many(cands, settings, baseline=baseline))
@@ -305,10 +340,12 @@ class StreamedEvaluator:
                 for nll, kl, audit in runs]
 
     def evaluate_decisions(self, decisions: Mapping[str, Choice], settings: CompressionSettings,
-                           *, baseline: Choice | None = None, needs_stats: bool = False
+                           *, baseline: Choice | None = None, needs_stats: bool = False,
+                           kv: Mapping[int, KvQuant] | None = None
                            ) -> tuple[QualityResult, dict[str, dict[str, str]]]:
-        """Quality of the original with `decisions` applied, and the audit digests."""
-        return self.evaluate_many([StreamedCandidate(decisions, needs_stats)], settings,
+        """Quality of the original with `decisions` (and a KV cache) applied, and the audit
+        digests."""
+        return self.evaluate_many([StreamedCandidate(decisions, needs_stats, kv)], settings,
                                   baseline=baseline)[0]
 
 

@@ -14,9 +14,13 @@ from torch import Tensor
 
 from autoplan.compress import CompressionSettings
 from autoplan.models.head import chunk_rows
+from autoplan.plan.io import write_json_atomic
+from autoplan.quant.kv_cache import kv_hooks
 from autoplan.sensitivity.capture import Recorder, fisher_backward
 from autoplan.sensitivity.executor import Executor
-from autoplan.sensitivity.profile import LayerChoices, ProfileRun, SensitivityProfile, make_task
+from autoplan.sensitivity.kv import KvRequest, kv_todo, kv_unit, record_kv, score_block
+from autoplan.sensitivity.profile import (LayerChoices, ProfileRun, SensitivityProfile,
+                                          cache_path, load_cached, make_task)
 from autoplan.streaming.boundaries import BoundaryStore
 from autoplan.streaming.skeleton import StreamedModel
 
@@ -34,6 +38,44 @@ def _score_resident(run, model, layers, rec, tokens, settings) -> None:  # noqa:
     if layers:
         cap = rec.result(tokens)
         run.score((make_task(model, n, run.todo[n], cap, settings) for n in layers), tokens)
+
+
+def _forward(sm: StreamedModel, calib_batches: Sequence[Tensor], lowest: int,
+             states: BoundaryStore) -> tuple[list[dict], list[Tensor]]:
+    """Every block forward, keeping the inputs of blocks >= `lowest` in `states`; returns
+    each batch's block kwargs and the last block's outputs."""
+    with sm.embeddings():  # loaded once for every batch, then back to disk
+        starts = [sm.block_inputs(b) for b in calib_batches]
+    kwargs = [kw for _h, kw in starts]
+    hidden = [h for h, _kw in starts]
+    with torch.no_grad():
+        for i in range(sm.n_blocks):
+            if i >= lowest:
+                states.put(i, hidden)
+            with sm.resident(i):
+                hidden = [sm.run_block(i, h, kw) for h, kw in zip(hidden, kwargs)]
+    return kwargs, hidden
+
+
+def _head_grads(sm: StreamedModel, hidden: list[Tensor], seed: int) -> list[Tensor]:
+    """The Fisher loss's gradients at the last hidden states, with the lm_head resident:
+    labels sampled as `sensitivity.capture` samples them (one generator, batch order)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = chunk_rows(sm.config.vocab_size)  # the logits a chunk of positions at a time
+    with torch.enable_grad():
+        return [fisher_backward(sm.logits, h, gen, rows).detach() for h in hidden]
+
+
+def _reverse_block(sm: StreamedModel, i: int, inputs: list[Tensor], kwargs: list[dict],
+                   grads: list[Tensor]) -> list[Tensor]:
+    """Recompute resident block `i` from its saved inputs with grad and back-propagate the
+    gradients at its output; returns the gradients at its input."""
+    new_grads = []
+    for x, kw, g in zip(inputs, kwargs, grads):
+        x = x.to(sm.device).requires_grad_(True)
+        sm.run_block(i, x, kw).backward(g)
+        new_grads.append(x.grad.detach())
+    return new_grads
 
 
 def build_profile_streamed(
@@ -54,29 +96,12 @@ def build_profile_streamed(
         by_block[_block_of(sm, name)].append(name)
     lowest = min((b for b in by_block if b >= 0), default=sm.n_blocks)
     tokens = sum(b.numel() for b in calib_batches)
-    dev = sm.device
-
-    with sm.embeddings():  # loaded once for every batch, then back to disk
-        starts = [sm.block_inputs(b) for b in calib_batches]
-    kwargs = [kw for _h, kw in starts]
     states = BoundaryStore(offload_dir)
-    hidden = [h for h, _kw in starts]
-    with torch.no_grad():
-        for i in range(sm.n_blocks):
-            if i >= lowest:
-                states.put(i, hidden)
-            with sm.resident(i):
-                hidden = [sm.run_block(i, h, kw) for h, kw in zip(hidden, kwargs)]
-
-    # Head: sample labels in batch order from one generator, as the in-memory capture does.
-    gen = torch.Generator().manual_seed(seed)
-    grads: list[Tensor] = []
+    kwargs, hidden = _forward(sm, calib_batches, lowest, states)
     head_layers = by_block.pop(-1, [])
     with sm.head_resident():
-        with torch.enable_grad(), Recorder(sm.model, head_layers) as rec:
-            rows = chunk_rows(sm.config.vocab_size)
-            for h in hidden:
-                grads.append(fisher_backward(sm.logits, h, gen, rows).detach())
+        with Recorder(sm.model, head_layers) as rec:
+            grads = _head_grads(sm, hidden, seed)
         del hidden
         _score_resident(run, sm.model, head_layers, rec, tokens, settings)
 
@@ -85,16 +110,43 @@ def build_profile_streamed(
         with sm.resident(i):
             inputs = states.pop(i)
             with torch.enable_grad(), Recorder(sm.model, layers) as rec:
-                new_grads = []
-                for x, kw, g in zip(inputs, kwargs, grads):
-                    x = x.to(dev).requires_grad_(True)
-                    sm.run_block(i, x, kw).backward(g)
-                    new_grads.append(x.grad.detach())
-            grads = new_grads
+                grads = _reverse_block(sm, i, inputs, kwargs, grads)
             del inputs
             _score_resident(run, sm.model, layers, rec, tokens, settings)
     states.close()
     return run.profile
 
 
-__all__ = ["build_profile_streamed"]
+def build_kv_profile_streamed(
+    sm: StreamedModel, request: KvRequest, calib_batches: Sequence[Tensor], *,
+    model_hash: str, calib_hash: str, settings: CompressionSettings, cache_dir: Path,
+    seed: int = 0, offload_dir: Path | None = None,
+) -> SensitivityProfile:
+    """`sensitivity.kv.build_kv_profile`'s result, one block resident at a time: every
+    block's attention inputs and their Fisher gradients are recorded while the reverse pass
+    recomputes it, scored, and dropped."""
+    path = cache_path(cache_dir, model_hash, calib_hash, settings)
+    profile = load_cached(path, model_hash, calib_hash, settings)
+    todo = kv_todo(profile, range(sm.n_blocks), request)
+    if not todo:
+        return profile
+    tokens = sum(b.numel() for b in calib_batches)
+    states = BoundaryStore(offload_dir)
+    kwargs, hidden = _forward(sm, calib_batches, 0, states)
+    with sm.head_resident():
+        grads = _head_grads(sm, hidden, seed)
+    del hidden
+    for i in reversed(range(sm.n_blocks)):
+        with sm.resident(i):
+            inputs = states.pop(i)
+            recs = record_kv([i])
+            with torch.enable_grad(), kv_hooks(sm.model, recs):
+                grads = _reverse_block(sm, i, inputs, kwargs, grads)
+            del inputs
+            profile.kv.setdefault(kv_unit(i), {}).update(score_block(i, recs[i], todo, tokens))
+    states.close()
+    write_json_atomic(path, profile.to_json())
+    return profile
+
+
+__all__ = ["build_kv_profile_streamed", "build_profile_streamed"]

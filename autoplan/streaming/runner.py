@@ -27,6 +27,7 @@ from autoplan.streaming.settings import Execution, ExecutionSettings
 if TYPE_CHECKING:
     from autoplan.quality.suite import PromptSuite
     from autoplan.streaming.candidates import Evaluator
+    from autoplan.streaming.evaluate import StreamedEvaluator
 
 
 def pick_execution(spec: ModelSpec, settings: ExecutionSettings, device: torch.device,
@@ -84,6 +85,42 @@ class ModelRunner:
             if is_out_of_memory(exc):
                 raise self.out_of_memory("profiling", sum(b.numel() for b in batches)) from None
             raise
+
+    def build_kv_profile(self, request: Any, batches: Sequence[Tensor], *, model_hash: str,
+                         calib_hash: str, settings: CompressionSettings, cache_dir: Path,
+                         seed: int = 0) -> SensitivityProfile:
+        """Every block scored for the requested KV-cache formats (sensitivity.kv), in memory
+        or streamed, into the profile's cache file."""
+        kw = dict(model_hash=model_hash, calib_hash=calib_hash, settings=settings,
+                  cache_dir=cache_dir, seed=seed)
+        try:
+            if self.execution == "stream":
+                from autoplan.streaming.profile import build_kv_profile_streamed
+
+                return build_kv_profile_streamed(self.loaded.model, request, batches,
+                                                 offload_dir=self.offload_dir, **kw)
+            from autoplan.sensitivity.kv import build_kv_profile
+
+            return build_kv_profile(self.loaded.model, request,
+                                    [b.to(self.device) for b in batches], **kw)
+        except (RuntimeError, MemoryError) as exc:
+            if is_out_of_memory(exc):
+                raise self.out_of_memory("profiling the KV cache",
+                                         sum(b.numel() for b in batches)) from None
+            raise
+
+    def kv_amax(self, batches: Sequence[Tensor],
+                evaluator: StreamedEvaluator | None = None) -> dict:
+        """The largest |K| and |V| of every block on the calibration batches (the static KV
+        scales' calibration): the streamed evaluator's own pass (`evaluator`, streamed
+        only), or one forward in memory."""
+        if self.execution == "stream":
+            if evaluator is None:
+                raise AutoplanError("streamed KV calibration needs the streamed evaluator")
+            return evaluator.kv_amax()
+        from autoplan.quant.kv_cache import calibrate_kv
+
+        return calibrate_kv(self.loaded.model, [b.to(self.device) for b in batches])
 
     def reference_key(self, eval_tokens: Tensor) -> str:
         """What the original's log-probs on these tokens depend on (`reference_cache`)."""

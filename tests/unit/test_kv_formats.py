@@ -172,3 +172,9 @@ def test_one_kv_type_per_model_is_enforced() -> None:
     check_kv_layers("vllm", {0: KvFormat.FP8_E4M3, 1: KvFormat.FP8_E4M3})
     with pytest.raises(UnsupportedFormatError, match="one KV-cache type"):
         check_kv_layers("vllm", {0: KvFormat.FP8_E4M3, 1: KvFormat.BF16})
+
+
+def test_vllm_cpu_fp8_cache_needs_avx512_as_vllm_says() -> None:
+    assert kv_supports(get_target("xeon-8480"), "vllm", "fp8").ok
+    arm = kv_supports(get_target("graviton4"), "vllm", "fp8")
+    assert not arm and "AVX-512 or AMX" in arm.reason

@@ -180,7 +180,7 @@ def test_search_plans_the_70b_on_one_gpu_with_the_formats_that_fit(target: str, 
     not fit leaves the formats whose uniform recipe fits (FP8 here), at that recipe's batch."""
     from autoplan.backends.registry import resolve_target
     from autoplan.search import SearchRequest
-    from autoplan.search.stages import fits_reference, operating_point
+    from autoplan.search.request import fits_reference, operating_point
 
     op = {"max": OperatingRequest.parse("max", input_len=512, output_len=128),
           "slo": OperatingRequest.parse(None, input_len=512, output_len=128, ttft_ms=2000,
@@ -205,7 +205,7 @@ def test_search_plans_the_70b_on_one_gpu_with_the_formats_that_fit(target: str, 
 def test_when_nothing_fits_the_search_says_so_with_both_sizes() -> None:
     from autoplan.backends.registry import resolve_target
     from autoplan.search import SearchRequest
-    from autoplan.search.stages import operating_point
+    from autoplan.search.request import operating_point
 
     long = OperatingRequest.parse("max", input_len=200_000, output_len=128)  # 65 GB of KV
     req = SearchRequest(model=_70B_CONFIG, target="h100", operating=long)

@@ -85,7 +85,8 @@ def plan_quality(q: QualityResult, surrogate: float, passed: bool) -> ps.Quality
                       suite_ref=q.suite_score_ref, surrogate_kl=surrogate, budget_met=passed,
                       eval_tokens=q.n_tokens, slices=dict(q.slices),
                       gates={k: ps.GateScore(score=g.score, reference=g.reference,
-                                             detail=dict(g.detail)) for k, g in q.gates.items()})
+                                             detail=dict(g.detail)) for k, g in q.gates.items()},
+                      kl_long=q.kl_long)
 
 
 def recovered_model(model: torch.nn.Module, sims: dict[str, SimulatedLinear]) -> torch.nn.Module:

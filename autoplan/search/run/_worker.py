@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # the search stack (torch, the study) is imported once a sear
     from optuna.storages import BaseStorage
 
     from autoplan.search.optimize import RoundStudy, StudyConfig
-    from autoplan.search.stages import Platform, Prepared
+    from autoplan.search.request import Platform
+    from autoplan.search.stages import Prepared
 
 
 @dataclass
@@ -88,7 +89,7 @@ def _opener(url: str) -> Callable[[], BaseStorage | None]:
 
 
 def _platform(rec: dict, storage: BaseStorage, label: str) -> Platform:
-    from autoplan.search.stages import Platform, check_model
+    from autoplan.search.request import Platform, check_model
 
     target = resolve_target(rec["target"])
     runtime = get_runtime(rec["runtime"]).name

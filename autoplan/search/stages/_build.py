@@ -11,10 +11,14 @@ from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.numerics import signature
 from autoplan.plan import schema as ps
-from autoplan.runtimes import get_runtime, version_on
+from autoplan.cost.kv import bytes_per_token, cache_bytes
+from autoplan.deploy import deploy_for
+from autoplan.export.kv import scale_digest
+from autoplan.formats.kv import kv_spec
+from autoplan.runtimes import get_runtime, kv_supports, version_on
 from autoplan.search.recovery import keep_weights, plan_quality
 from autoplan.search.stages._choose import Chosen
-from autoplan.search.stages._preflight import kernel_timer
+from autoplan.search.request import kernel_timer
 from autoplan.search.stages._prepare import CALIB_BATCH, Prepared
 from autoplan.search.stages._rounds import Rounds
 
@@ -123,6 +127,48 @@ def _search_meta(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps
         points=_points(prep, rounds, chosen))
 
 
+def _kv_section(prep: Prepared) -> ps.KvCache | None:
+    """The plan's KV cache: its format and rule, what it stores, its scales' digests."""
+    platform = prep.platform
+    if platform.kv is None:
+        return None
+    answer = kv_supports(platform.target, platform.runtime, platform.kv)
+    rule = answer.rule
+    spec = kv_spec(platform.kv)
+    kv = prep.verifier.kv
+    digests = {}
+    if kv is not None and spec.static:
+        for i, q in sorted(kv.quants.items()):
+            digests[str(i)] = scale_digest(q.k_scale, q.v_scale)
+    w = prep.req.workload
+    layout = prep.cost.kv
+    long_eval = kv.long_evaluator if kv is not None else None
+    long_tokens = int(long_eval.reference.tokens.shape[1]) if long_eval is not None else None
+    return ps.KvCache(
+        format=platform.kv.value, default=(platform.kv_default or platform.kv).value,
+        flag=(rule.flag or str(spec.gguf)) if rule else platform.kv.value,
+        scales=rule.scales if rule else "none",
+        query=(rule.query or None) if rule else None, per_layer=False,
+        bytes_per_token=bytes_per_token(prep.loaded.spec, layout),
+        bytes_per_sequence=cache_bytes(prep.loaded.spec, layout, 1, w.input_len + w.output_len),
+        scale_digests=digests, long_split_tokens=long_tokens)
+
+
+def _deploy(prep: Prepared) -> ps.Deploy | None:
+    """The engine's launch line for the plan's artifact at the planned batch."""
+    platform, w = prep.platform, prep.req.workload
+    if platform.kv is None:
+        return None
+    seq = cache_bytes(prep.loaded.spec, prep.cost.kv, 1, w.input_len + w.output_len)
+    try:
+        d = deploy_for(platform.runtime, platform.target, kv=platform.kv, batch=w.batch,
+                       input_len=w.input_len, output_len=w.output_len,
+                       kv_bytes_per_sequence=seq)
+    except ValueError:  # a cache the engine does not serve: never planned (preflight)
+        return None
+    return ps.Deploy(**d.to_json())
+
+
 def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate,
                wall_time_s: float) -> ps.Plan:
     """The plan file's content (not written here)."""
@@ -159,6 +205,8 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
         operating_point=ps.OperatingPoint(**prep.platform.point.to_json())
         if prep.platform.point else None,
         recovery=keep_weights(m, req.out),
+        kv_cache=_kv_section(prep),
+        deploy=_deploy(prep),
     )
 
 

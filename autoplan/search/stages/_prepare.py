@@ -28,16 +28,20 @@ from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables, load_space_file
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._preflight import (
+from autoplan.search.request import (
     ONNX_RUNTIME,
     Platform,
+    SearchRequest,
     fits_reference,
     in_memory_only,
     kernel_timer,
 )
-from autoplan.search.stages._request import SearchRequest
-from autoplan.search.verify import SharedMeasurements, Verifier, build_gates, measurement_store
+from autoplan.search.verify import (KvSimulation, QualityBudget, SharedMeasurements, Verifier,
+                                    build_gates, measurement_store)
+from autoplan.quant.kv_cache import kv_quants
+from autoplan.runtimes import kv_supports
 from autoplan.sensitivity import SensitivityProfile, calibration_key
+from autoplan.sensitivity.kv import kv_key, kv_unit
 from autoplan.streaming import open_model
 from autoplan.streaming.candidates import Evaluator
 from autoplan.streaming.runner import ModelRunner, workload_of
@@ -106,7 +110,9 @@ def _measurement_key(req: SearchRequest) -> tuple:
         + ((req.lmeval_tasks, req.lmeval_limit) if lmeval else ()) \
         + ((req.recovery.key(),) if req.recovery is not None else ()) \
         + ((f"solver-threads={req.settings.solver_threads}",)
-           if req.settings.needs_hessian else ())
+           if req.settings.needs_hessian else ()) \
+        + ((f"kv={getattr(req.kv_cache[0], 'value', req.kv_cache[0])}", req.long_len, req.long_blocks, req.kv_gate)
+           if req.kv_cache and len(req.kv_cache) == 1 and req.kv_cache != ("auto",) else ())
 
 
 def _kernel_times(req: SearchRequest, platform: Platform, loaded: LoadedModel,
@@ -140,12 +146,15 @@ class ModelWork:
         return self.runner.loaded
 
 
-def open_model_work(req: SearchRequest, rep: Reporter,
-                    measure_kernels: bool = False) -> tuple[ModelRunner, TextDataset]:
-    """Load the model and draw its calibration/evaluation tokens."""
+def open_model_work(req: SearchRequest, rep: Reporter, measure_kernels: bool = False,
+                    kv: bool = False) -> tuple[ModelRunner, TextDataset]:
+    """Load the model and draw its calibration/evaluation tokens (`kv`: some platform
+    compresses the KV cache, whose long-context check needs the model in memory)."""
     torch.manual_seed(req.seed)
     rep.stage("loading model")
     what = in_memory_only(req, measure_kernels)  # None: the request can stream
+    if what is None and kv:
+        what = f"--kv-cache (its long-context check, {req.kv_gate})"
     runner = open_model(req.model, req.execution, trust_remote_code=req.trust_remote_code,
                         workload=workload_of(req.seq_len, req.calib_blocks, req.eval_blocks,
                                              CALIB_BATCH), needs_memory=what)
@@ -223,6 +232,18 @@ def model_work(req: SearchRequest, runner: ModelRunner, data: TextDataset,
 
 
 @dataclass(frozen=True)
+class KvWork:
+    """What the platforms with a compressed KV cache share: the calibrated |K|, |V| per
+    block (their static scales), and the evaluator of the long-prompt split, with the
+    long-context check in memory."""
+
+    amax: dict
+    long_evaluator: Evaluator
+    long_len: int
+    gate: QualityBudget | None  # the check every such plan meets (None: a --budget has it)
+
+
+@dataclass(frozen=True)
 class SharedWork:
     """What the platforms searched for one model share (stage 1a): the model work, one
     decision space per platform, ONE profile over their union, the recovery text."""
@@ -232,6 +253,51 @@ class SharedWork:
     profile: SensitivityProfile
     recovery: RecoveryText | None  # tokenized once, with --recover
     profile_s: float  # the profile's wall time (0 when it was given)
+    kv: KvWork | None = None  # when some platform compresses the KV cache
+
+
+def kv_request(platforms: list[Platform]) -> dict:
+    """The compressed KV caches to profile, each with its engine's query rounding."""
+    out = {}
+    for p in platforms:
+        if p.kv_compressed:
+            out[p.kv] = kv_supports(p.target, p.runtime, p.kv).query
+    return out
+
+
+def long_len_of(req: SearchRequest, context: int) -> int:
+    """The long-prompt split's block length: as asked, else max(2048, input + output)
+    within the model's context."""
+    want = req.long_len or max(2048, req.workload.input_len + req.workload.output_len)
+    return min(want, context)
+
+
+def kv_work(req: SearchRequest, platforms: list[Platform], work: ModelWork,
+            rep: Reporter) -> KvWork:
+    """The KV calibration and the long-prompt evaluator (with the long-context check, in
+    memory) the compressed-cache platforms measure with."""
+    runner, loaded = work.runner, work.loaded
+    rep.stage("calibrating the KV cache")
+    amax = runner.kv_amax(work.calib, work.evaluator)
+    config = getattr(loaded.model, "config", None)
+    context = int(getattr(config, "max_position_embeddings", 0) or 2048)
+    long_len = long_len_of(req, context)
+    text = load_text_dataset(req.text, tokenizer=loaded.tokenizer, seq_len=long_len,
+                             n_calib=0, n_eval=req.long_blocks, seed=req.seed)
+    own = next((b for b in req.budgets if b.name == "longctx"), None)
+    gate = None if own is not None else QualityBudget.parse(req.kv_gate)
+    gates = []
+    if runner.execution != "stream":
+        from autoplan.quality.longctx import LongContextGate
+
+        check = own or gate
+        gates = [LongContextGate(loaded.tokenizer, loaded.model, max_len=check.max_len or long_len,
+                                 seed=req.seed)]
+    rep.stage(f"measuring the original model on {req.long_blocks} x {long_len} tokens")
+    # one long block per pass: its logits are batch x length x vocab floats
+    extra = {} if runner.execution == "stream" else {"gates": gates, "batch_size": 1}
+    evaluator = runner.evaluator(text.eval, calib_batches=(), **extra)
+    return KvWork(amax, evaluator, long_len, gate if runner.execution != "stream" else None)
 
 
 def prepare_shared(reqs: list[SearchRequest], platforms: list[Platform], rep: Reporter,
@@ -241,7 +307,8 @@ def prepare_shared(reqs: list[SearchRequest], platforms: list[Platform], rep: Re
     to the last bit) and measure the original. `reqs[0]` holds what they share (model,
     text, seed, budget, settings)."""
     req = reqs[0]
-    runner, data = open_model_work(req, rep, any(p.measure_kernels for p in platforms))
+    runner, data = open_model_work(req, rep, any(p.measure_kernels for p in platforms),
+                                   kv=any(p.kv_compressed for p in platforms))
     spaces = tuple(platform_space(r, p, runner.loaded)
                    for r, p in zip(reqs, platforms, strict=True))
     calib = list(data.calib.split(CALIB_BATCH))
@@ -249,13 +316,21 @@ def prepare_shared(reqs: list[SearchRequest], platforms: list[Platform], rep: Re
     gates = _gates(req, runner.loaded)
     text = recovery_text(req.recovery, runner.loaded.tokenizer) if req.recovery else None
     t_profile = time.perf_counter()
+    kv_formats = kv_request(platforms)
     if profile is None:
         profile = profile_spaces(req, runner, calib, list(spaces), rep)
+        if kv_formats:
+            rep.stage("profiling KV-cache formats")
+            profile = runner.build_kv_profile(
+                kv_formats, calib, model_hash=runner.loaded.content_hash,
+                calib_hash=calibration_key(calib), settings=req.settings,
+                cache_dir=cache_root() / "profiles", seed=req.seed)
         profile_s = time.perf_counter() - t_profile
     else:
         profile_s = 0.0
     work = model_work(req, runner, data, rep, gates=gates)
-    return SharedWork(work, spaces, profile, text, profile_s)
+    kv = kv_work(req, platforms, work, rep) if kv_formats else None
+    return SharedWork(work, spaces, profile, text, profile_s, kv)
 
 
 def prepare_platform(req: SearchRequest, platform: Platform, shared: SharedWork,
@@ -269,9 +344,14 @@ def prepare_platform(req: SearchRequest, platform: Platform, shared: SharedWork,
     kernel_times = _kernel_times(req, platform, loaded, space, rep)
     cost = CostModel(loaded.spec, platform.target, req.workload,
                      price_per_hour=req.price_per_hour, measured=kernel_times,
-                     baseline=space.baseline)
+                     baseline=space.baseline, kv=platform.kv)
     tables = build_tables(space, cost, profile,
                           prefill_weight=0.0 if req.objective is Objective.TPOT else 1.0)
+    kv, also = None, req.also
+    if platform.kv_compressed and shared.kv is not None:
+        kv = _kv_simulation(platform, shared.kv, loaded.spec.n_layers)
+        tables = with_kv_surrogate(tables, kv_surrogate(profile, platform, loaded.spec.n_layers))
+        also = (*also, shared.kv.gate) if shared.kv.gate is not None else also
     calib_tokens = sum(b.numel() for b in work.calib)
     stage = None
     if req.recovery is not None:
@@ -280,10 +360,32 @@ def prepare_platform(req: SearchRequest, platform: Platform, shared: SharedWork,
     verifier = Verifier(loaded.model, space, tables, work.evaluator, req.budget, req.settings,
                         work.calib, shared=work.shared,
                         out_of_memory=lambda what: work.runner.out_of_memory(what, calib_tokens),
-                        recovery=stage, also=req.also)
+                        recovery=stage, also=also, kv=kv)
     name = req.study or study_name(req, platform, loaded.content_hash, work.data.content_hash)
     return Prepared(req, platform, loaded, work.runner, space, work.data, profile, kernel_times,
                     cost, tables, verifier, name)
+
+
+def kv_surrogate(profile: SensitivityProfile, platform: Platform, n_blocks: int) -> float:
+    """The profile's KL estimate of the platform's KV cache, summed over blocks."""
+    query = kv_supports(platform.target, platform.runtime, platform.kv).query
+    key = kv_key(platform.kv, query)
+    return sum(profile.kv[kv_unit(i)][key] for i in range(n_blocks))
+
+
+def with_kv_surrogate(tables: Tables, cost: float) -> Tables:
+    """``tables`` with the KV cache's surrogate KL on every choice of the first unit: every
+    candidate, the all-baseline one included, then carries it exactly once, so the study,
+    the exact solver and the rounds' limit all see it without knowing it is there."""
+    if not tables.quality:
+        return tables
+    return dataclasses.replace(tables, quality=(tables.quality[0] + cost, *tables.quality[1:]))
+
+
+def _kv_simulation(platform: Platform, kv: KvWork, n_blocks: int) -> KvSimulation:
+    query = kv_supports(platform.target, platform.runtime, platform.kv).query
+    quants = kv_quants({i: platform.kv for i in range(n_blocks)}, kv.amax, query)
+    return KvSimulation(kv_key(platform.kv, query), quants, kv.long_evaluator)
 
 
 def prepare(req: SearchRequest, platform: Platform, rep: Reporter,
@@ -293,6 +395,7 @@ def prepare(req: SearchRequest, platform: Platform, rep: Reporter,
     return prepare_platform(req, platform, shared, shared.spaces[0], rep)
 
 
-__all__ = ["CALIB_BATCH", "ModelWork", "Prepared", "SharedWork", "model_work",
+__all__ = ["CALIB_BATCH", "KvWork", "ModelWork", "Prepared", "SharedWork", "kv_request",
+           "kv_surrogate", "kv_work", "long_len_of", "model_work", "with_kv_surrogate",
            "open_model_work", "platform_space", "prepare", "prepare_platform", "prepare_shared",
            "profile_spaces", "study_name"]

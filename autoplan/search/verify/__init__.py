@@ -19,6 +19,7 @@ _EXPORTS = {
     "CACHE_VERSION": "autoplan.search.verify._measurement_cache",
     "MeasurementStore": "autoplan.search.verify._measurement_cache",
     "measurement_store": "autoplan.search.verify._measurement_cache",
+    "KvSimulation": "autoplan.search.verify._verifier",
     "Measurement": "autoplan.search.verify._verifier",
     "RecoveredCandidate": "autoplan.search.verify._verifier",
     "RecoveryHook": "autoplan.search.verify._verifier",
@@ -30,6 +31,7 @@ __getattr__ = lazy_exports(globals(), _EXPORTS)
 
 __all__ = [
     "CACHE_VERSION",
+    "KvSimulation",
     "Measurement",
     "MeasurementStore",
     "QualityBudget",

@@ -105,8 +105,8 @@ class QualityBudget:
 
     def badness(self, q: QualityResult) -> float:
         """How much worse than the original the measured model is, in the budget's unit."""
-        if self.metric == "kl":
-            return q.kl
+        if self.metric == "kl":  # a compressed KV cache: short and long prompts alike
+            return q.kl if q.kl_long is None else max(q.kl, q.kl_long)
         if self.metric == "ppl":
             return math.log(q.ppl / q.ppl_ref) if self.relative else q.ppl - q.ppl_ref
         if self.metric == "slice":

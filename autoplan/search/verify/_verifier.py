@@ -19,6 +19,7 @@ from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 from autoplan.plan import schema as ps
 from autoplan.quality.evaluator import QualityResult, original_quality
+from autoplan.quant.kv_cache import KvQuant
 from autoplan.search.optimize import SearchSpace, Tables
 from autoplan.search.verify._budget import QualityBudget
 from autoplan.search.verify._measurement_cache import MeasurementStore
@@ -47,11 +48,29 @@ class Measurement:
     recovery: RecoveredCandidate | None = None  # --recover: what the recovery pass did
 
 
-def decisions_key(decisions: dict[str, Choice], baseline: Choice) -> tuple:
+@dataclass(frozen=True)
+class KvSimulation:
+    """A compressed KV cache every candidate of a search runs with (quant/kv_cache.py):
+    its label (part of each measurement's key), each block's rounding, and the evaluator
+    of the long-prompt split (with the long-context gate) it is measured on as well."""
+
+    label: str
+    quants: dict[int, KvQuant]
+    long_evaluator: Evaluator | None = None
+
+
+def decisions_key(decisions: dict[str, Choice], baseline: Choice, kv: str = "") -> tuple:
     """What a measurement depends on besides the shared model, tokens and settings: the
-    layers compressed (those not at the baseline) and the baseline itself."""
-    return (str(baseline), tuple(sorted((n, str(c)) for n, c in decisions.items()
-                                        if c != baseline)))
+    layers compressed (those not at the baseline), the baseline itself and, when the KV
+    cache is compressed, its format (``KvSimulation.label``)."""
+    key = (str(baseline), tuple(sorted((n, str(c)) for n, c in decisions.items()
+                                       if c != baseline)))
+    return (*key, kv) if kv else key
+
+
+def is_original(key: tuple) -> bool:
+    """A measurement key of the uncompressed model (no layer, no KV cache compressed)."""
+    return not key[1] and len(key) == 2
 
 
 @dataclass
@@ -106,6 +125,8 @@ class Verifier:
     recovery: RecoveryHook | None = None  # --recover: re-measures after a recovery pass
     # further budgets every passing candidate must also meet (the search steers on `budget`)
     also: tuple[QualityBudget, ...] = ()
+    # the compressed KV cache every candidate runs with (None: the model's own)
+    kv: KvSimulation | None = None
     _stats: dict | None = None
 
     @property
@@ -144,13 +165,15 @@ class Verifier:
         needs = self.settings.quant_method == "gptq" or any(
             c.sparsity.kind != "dense" and c != self.space.baseline for c in decisions.values())
         return CandidateTask(decisions, needs, self.slices_decide if slices is None else slices,
-                             self.kl_limit if bounded else None)
+                             self.kl_limit if bounded else None,
+                             self.kv.quants if self.kv is not None else None)
 
     def _results(self, tasks: list[CandidateTask], executor: Executor | None
                  ) -> Iterator[Measured]:
         """(task index, (quality, audit)) per task, in completion order."""
         return self.evaluator.measure(tasks, self.settings, self.space.baseline,
-                                      self._calibration_stats, executor)
+                                      self._calibration_stats, executor,
+                                      long=self.kv.long_evaluator if self.kv else None)
 
     def measure(self, picks: Sequence[int], label: str, *, bounded: bool = False
                 ) -> Measurement:
@@ -191,7 +214,7 @@ class Verifier:
                     if on_done:
                         on_done(done)
         for k in list(todo):  # nothing compressed: the original, known without a pass
-            if not self._shared_key(k)[1]:
+            if is_original(self._shared_key(k)):
                 todo.remove(k)
                 self.record(k, labels[k], original_quality(self.evaluator), {})
                 done += 1
@@ -281,7 +304,8 @@ class Verifier:
         return True
 
     def _shared_key(self, picks: tuple[int, ...]) -> tuple:
-        return decisions_key(self.decisions(picks), self.space.baseline)
+        return decisions_key(self.decisions(picks), self.space.baseline,
+                             self.kv.label if self.kv is not None else "")
 
     def record(self, picks: Sequence[int], label: str, quality: QualityResult,
                audit: dict[str, dict[str, str]]) -> Measurement:
@@ -301,5 +325,5 @@ class Verifier:
         return max(ratios) if ratios else prior
 
 
-__all__ = ["Measurement", "RecoveredCandidate", "RecoveryHook", "SharedMeasurements",
-           "Verifier", "decisions_key"]
+__all__ = ["KvSimulation", "Measurement", "RecoveredCandidate", "RecoveryHook",
+           "SharedMeasurements", "Verifier", "decisions_key", "is_original"]

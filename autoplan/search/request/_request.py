@@ -23,6 +23,7 @@ from autoplan.cost.operating import OperatingRequest
 from autoplan.cost.report import Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
+from autoplan.formats.kv import KvFormat
 from autoplan.recover.settings import RecoverySettings
 from autoplan.search.seeds import MAX_SEED
 from autoplan.search.verify import QualityBudget, parse_budgets
@@ -55,6 +56,25 @@ def parse_choices(texts: tuple[str | Choice, ...] | None) -> tuple[Choice, ...] 
     if not choices:
         raise UserInputError("--choices is empty: list formats, e.g. int4a8_g32,int8a8_g128")
     return choices
+
+
+KV_AUTO = "auto"  # --kv-cache auto: every cache format the runtime serves on the target
+
+
+def parse_kv_cache(texts: str | tuple | None) -> tuple[KvFormat, ...] | tuple[str] | None:
+    """`--kv-cache`: None (the runtime's own cache), ``("auto",)`` or distinct formats."""
+    if texts is None:
+        return None
+    items = [t.strip() for t in texts.split(",")] if isinstance(texts, str) else list(texts)
+    if any(str(t).lower() == KV_AUTO for t in items):
+        if len(items) > 1:
+            raise UserInputError("--kv-cache auto already tries every format the runtime "
+                                 "serves: give it alone, or list formats")
+        return (KV_AUTO,)
+    if not items or items == [""]:
+        raise UserInputError("--kv-cache is empty: give auto, or formats such as fp8,q8_0")
+    return tuple(dict.fromkeys(t if isinstance(t, KvFormat) else KvFormat.parse(t)
+                               for t in items))
 
 
 def at_least(flag: str, value: int, low: int) -> None:
@@ -119,6 +139,15 @@ class SearchRequest:
     # KL per slice (numbers, names, non-English) for the reported plan (for every
     # measurement when a budget names a slice: Verifier.slices_decide)
     slices: bool = True
+    # --kv-cache: KV-cache formats searched with the weights, each at its own operating
+    # point (None: the runtime's own cache only; ("auto",): every one it serves here)
+    kv_cache: tuple[KvFormat, ...] | tuple[str] | None = None
+    # with a compressed cache: the long-prompt split's block length (0: max(2048,
+    # input + output) within the model's context) and blocks, and the long-context check
+    # every such plan meets unless a --budget longctx... is given
+    long_len: int = 0
+    long_blocks: int = 2
+    kv_gate: str = "longctx>=-5"
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -129,6 +158,14 @@ class SearchRequest:
         put("also", parse_budgets(self.also) if self.also else ())
         put("objective", Objective.parse(self.objective))
         put("choices", parse_choices(self.choices))
+        put("kv_cache", parse_kv_cache(self.kv_cache))
+        at_least("long-blocks", self.long_blocks, 1)
+        if self.long_len and self.long_len < 2:
+            raise UserInputError(f"--long-len must be at least 2 tokens, got {self.long_len}")
+        if self.kv_cache is not None and self.recovery is not None:
+            raise UserInputError("--recover with --kv-cache is not supported yet: recover a "
+                                 "weights-only plan (autoplan recover PLAN), or search the "
+                                 "KV cache without --recover")
         if isinstance(self.cost_table, str | Path):
             put("cost_table", CostTable.load(str(self.cost_table)))
         put("out", Path(self.out))
@@ -157,5 +194,5 @@ class SearchRequest:
         return (self.budget, *self.also)
 
 
-__all__ = ["MAX_SEED", "CostTable", "ExecutionSettings", "SearchRequest", "at_least",
-           "parse_choices"]
+__all__ = ["KV_AUTO", "MAX_SEED", "CostTable", "ExecutionSettings", "SearchRequest",
+           "at_least", "parse_choices", "parse_kv_cache"]

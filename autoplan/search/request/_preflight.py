@@ -16,11 +16,18 @@ from autoplan.backends.kernel_timers import KernelTimer
 from autoplan.backends.registry import backend_names, get_backend
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
-from autoplan.errors import UserInputError
+from autoplan.errors import UnsupportedFormatError, UserInputError
+from autoplan.formats.kv import KvFormat, kv_spec
 from autoplan.quality.text import check_text_source
-from autoplan.runtimes import default_runtime, get_runtime, supports
+from autoplan.runtimes import (
+    default_kv,
+    default_runtime,
+    get_runtime,
+    kv_supports,
+    supports,
+)
 from autoplan.search.jobs import check_storage, default_storage_url, redact
-from autoplan.search.stages._request import SearchRequest
+from autoplan.search.request._request import KV_AUTO, SearchRequest
 from autoplan.search.writable import check_writable_file
 from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
@@ -40,7 +47,15 @@ class Platform:
     storage: BaseStorage | str  # an Optuna storage object, or a URL checked and reachable
     storage_label: str  # for the plan: the URL without its password, or the object's type
     point: OperatingPoint | None = None  # the resolved `--batch max` / SLO operating point
+    kv: KvFormat | None = None  # the KV cache searched here (None: the runtime's own)
+    kv_default: KvFormat | None = None  # the runtime's own cache: the reference
     unfit: UnfitBaseline | None = None  # the uncompressed model does not fit the target
+
+    @property
+    def kv_compressed(self) -> bool:
+        """The cache differs from the runtime's own (it is simulated, and measured on long
+        prompts too)."""
+        return self.kv is not None and self.kv != self.kv_default
 
 
 @dataclass(frozen=True)
@@ -111,11 +126,12 @@ def check_model(model: str, runtime: str) -> None:
     check_loadable(model)  # weights present and whole, a GGUF readable: headers only
 
 
-def operating_point(req: SearchRequest, target: Target, runtime: str | None = None
+def operating_point(req: SearchRequest, target: Target, runtime: str | None = None,
+                    kv: KvFormat | None = None
                     ) -> tuple[OperatingPoint | None, UnfitBaseline | None]:
     """The request's `--batch max` / SLO operating point on this target (None when the batch
     is fixed), from the model's config alone, for the uncompressed baseline of the target's
-    search space, so every plan fits there too.
+    search space with the KV cache `kv`, so every plan with that cache fits there too.
 
     When the baseline does not fit at all (at batch 1, or at the fixed batch), the point is
     resolved for the largest format the runtime accelerates whose uniform recipe fits
@@ -138,7 +154,7 @@ def operating_point(req: SearchRequest, target: Target, runtime: str | None = No
 
     def model_for(w: Workload) -> CostModel:
         return CostModel(spec, target, w, price_per_hour=req.price_per_hour,
-                         measured=measured, baseline=baseline)
+                         measured=measured, baseline=baseline, kv=kv)
 
     def resolve(decisions: dict | None) -> OperatingPoint | None:
         if fixed:  # a fixed batch: does it fit there?
@@ -186,6 +202,38 @@ def operating_point(req: SearchRequest, target: Target, runtime: str | None = No
         unfit.needed_bytes, unfit.usable_bytes)
 
 
+def kv_options(req: SearchRequest, target: Target, runtime: str) -> list[KvFormat]:
+    """The KV caches to search, the runtime's own first: none else without --kv-cache;
+    with `auto` every quantized format it serves on the target that the model's head_dim
+    allows; listed formats each checked.
+
+    Raises:
+        UnsupportedFormatError: a listed format the engine does not serve there (its reason),
+            or one the model's head_dim cannot hold.
+    """
+    own = default_kv(target, runtime)
+    if req.kv_cache is None:
+        return [own]
+    from autoplan.models.loader import load_spec
+
+    head_dim = load_spec(req.model).head_dim
+    if req.kv_cache == (KV_AUTO,):
+        return [own] + [k for k in KvFormat if kv_spec(k).quantized and k != own
+                        and kv_supports(target, runtime, k).ok
+                        and not kv_spec(k).shape_problem(head_dim)]
+    out = [own]
+    for k in req.kv_cache:
+        answer = kv_supports(target, runtime, k)
+        if not answer.ok:
+            raise UnsupportedFormatError(f"--kv-cache {k.value}: {answer.reason}")
+        problem = kv_spec(k).shape_problem(head_dim)
+        if problem:
+            raise UnsupportedFormatError(f"--kv-cache {k.value}: {problem}; pick another")
+        if k not in out:
+            out.append(k)
+    return out
+
+
 def _weight_bits(choice) -> float:  # noqa: ANN001 - a Choice
     """Stored bits per weight of a dense format (values and scales)."""
     info = choice.precision.info
@@ -231,7 +279,9 @@ def in_memory_only(req: SearchRequest, measure_kernels: bool) -> str | None:
     gated = [b.text for b in req.budgets if b.metric in ("gate", "slice")]
     return ("--measure-kernels" if measure_kernels else "a suite budget"
             if req.budget.suite_file else f"budget '{gated[0]}'" if gated
-            else "--recover" if req.recovery is not None else None)
+            else "--recover" if req.recovery is not None
+            else f"--kv-cache (its long-context check, {req.kv_gate})"
+            if req.kv_cache is not None else None)
 
 
 def _check_gates(req: SearchRequest, measure_kernels: bool) -> None:
@@ -269,11 +319,15 @@ def preflight(req: SearchRequest) -> Platform:
     check_model(req.model, runtime)
     check_text_source(req.text)  # a missing calibration file, before the model loads
     _check_gates(req, measure)
+    kvs = kv_options(req, target, runtime)  # a cache the engine does not serve: refused here
+    kv = kvs[-1] if len(kvs) <= 2 and req.kv_cache not in (None, (KV_AUTO,)) else kvs[0]
     # config only: "nothing fits" is refused here; a baseline that does not fit is not
-    point, unfit = operating_point(req, target, runtime)
+    point, unfit = operating_point(req, target, runtime, kv)
     storage, label = _storage(req)  # last: opening an SQLite URL creates its file
-    return Platform(target, runtime, measure, storage, label, point, unfit)
+    return Platform(target, runtime, measure, storage, label, point, kv=kv, kv_default=kvs[0],
+                    unfit=unfit)
 
 
-__all__ = ["Platform", "UnfitBaseline", "check_model", "fits_reference", "in_memory_only",
-           "kernel_timer", "measures_kernels", "operating_point", "preflight"]
+__all__ = ["ONNX_RUNTIME", "Platform", "UnfitBaseline", "check_model", "fits_reference",
+           "in_memory_only", "kernel_timer", "kv_options", "measures_kernels", "operating_point",
+           "preflight"]
