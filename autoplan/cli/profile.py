@@ -43,6 +43,17 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
             seq_len, seed, device, execution, offload_dir, dry_run, gpu_memory, host_memory,
             as_json, quiet, ray_address) -> None:
     """Profile every layer x choice (cached on disk, resumable) and show the table."""
+    from autoplan.streaming.device import parse_device_name
+
+    # argument checks first, before the stack is imported (torch: seconds) or the model
+    # loaded: a bad count or device name is answered at once
+    positive_int("calib-blocks", calib_blocks)
+    if seq_len < 2:  # a block predicts its tokens from the ones before: 2 at least
+        raise UserInputError(f"--seq-len must be >= 2, got {seq_len}")
+    seed_in_range(seed)
+    finite_positive("gpu-memory", gpu_memory)
+    finite_positive("host-memory", host_memory)
+    parse_device_name(device)  # whether this machine has that GPU needs torch: later
     from autoplan.models import check_loadable
     from autoplan.cache_dir import cache_root
     from autoplan.quality.text import check_text_source, load_text_dataset
@@ -53,13 +64,6 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     from autoplan.streaming import open_model
     from autoplan.streaming.runner import workload_of
 
-    # argument checks first: a bad count fails here, not after the model is loaded
-    positive_int("calib-blocks", calib_blocks)
-    if seq_len < 2:  # a block predicts its tokens from the ones before: 2 at least
-        raise UserInputError(f"--seq-len must be >= 2, got {seq_len}")
-    seed_in_range(seed)
-    finite_positive("gpu-memory", gpu_memory)
-    finite_positive("host-memory", host_memory)
     t0 = time.perf_counter()
     work = workload_of(seq_len, calib_blocks, 6)  # eval blocks: `autoplan search`'s default
     if dry_run:
