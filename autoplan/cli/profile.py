@@ -54,11 +54,16 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     finite_positive("gpu-memory", gpu_memory)
     finite_positive("host-memory", host_memory)
     parse_device_name(device)  # whether this machine has that GPU needs torch: later
+    from autoplan.backends.registry import resolve_target as get_target
+    from autoplan.runtimes import get_runtime
+
+    if not dry_run:  # names too (the dry run reads the target only for the lm_head's role)
+        get_target(target)
+        if runtime:
+            get_runtime(runtime)
     from autoplan.models import check_loadable
     from autoplan.cache_dir import cache_root
     from autoplan.quality.text import check_text_source, load_text_dataset
-    from autoplan.runtimes import get_runtime
-    from autoplan.backends.registry import resolve_target as get_target
     from autoplan.search import profile_scope
     from autoplan.sensitivity import calibration_key
     from autoplan.streaming import open_model

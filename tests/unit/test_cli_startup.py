@@ -39,7 +39,7 @@ def _run(*args: str) -> dict:
     ("compare", "--targets", "h1000"), ("bench", "--model", "x", "--threads", "-1"),
     ("fleet", "--plan", "p.json", "--node", "h100", "--qps", "nan", "--p99-ms", "1"),
     ("profile", "--model", "x", "--seed", "-1"), ("profile", "--model", "x", "--seq-len", "1"),
-    ("profile", "--model", "x", "--device", "tpu"),
+    ("profile", "--model", "x", "--device", "tpu"), ("profile", "--target", "nosuchgpu"),
 ], ids=lambda a: " ".join(a))
 def test_help_and_argument_errors_import_no_heavy_library(args):
     got = _run(*args)
