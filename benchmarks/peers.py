@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -108,6 +109,26 @@ def write_table(doc_path: Path = DOC) -> None:
     write_text_atomic(doc_path, f"{head}{begin}\n{render_table()}\n{end}{tail}")
 
 
+class NotFinished(BaseException):
+    """The run was stopped (SIGTERM or Ctrl-C) before the section finished (a BaseException,
+    so no peer's own `except Exception` records it as that peer's error)."""
+
+
+def _stop(signum: int, _frame) -> None:  # noqa: ANN001 - a signal handler
+    raise NotFinished(f"stopped by {signal.Signals(signum).name}")
+
+
+def not_finished(section: str, reason: str, stage: str, wall_s: float, command: str) -> dict:
+    """The results of a section stopped before it finished: one error row naming what it was
+    doing, how long it had run and the command that finishes it."""
+    from peers_common import error_row
+
+    exc = NotFinished(f"not finished here: {reason} after {wall_s / 60:.0f} min, while "
+                      f"'{stage[:160]}'; rerun the command to finish (cached steps are kept)")
+    return {"section": section, "rows": [], "pairs": [], "finished": False,
+            "errors": [error_row(section, f"{section} (whole section)", exc, command)]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     if args.section == "table":
@@ -117,7 +138,32 @@ def main(argv: list[str] | None = None) -> int:
     info, command = start_run(args.seed, argv)
     out = Path(args.out) if args.out else RESULTS / f"peers_{args.section}.json"
     t0 = time.perf_counter()
-    doc = _section(args.section).run(args, log=lambda m: print(m, file=sys.stderr, flush=True))
+    stage = ["starting"]
+
+    def log(message: str) -> None:
+        stage[0] = message
+        print(message, file=sys.stderr, flush=True)
+
+    args.progress = {}  # what a section has measured so far (rows, pairs), kept if stopped
+    handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        doc = _section(args.section).run(args, log=log)
+    except NotFinished as exc:
+        # stopped before its deadline (SIGTERM, Ctrl-C): one row that says so, never a gap
+        stopped = not_finished(args.section, str(exc), stage[0], time.perf_counter() - t0,
+                               command)
+        doc = {**stopped, **args.progress, "finished": False,
+               "errors": [*args.progress.get("errors", []), *stopped["errors"]]}
+        prior = _load(out)
+        if not doc.get("pairs") and prior and prior.get("pairs"):
+            # an earlier finished run stays; the stop is added
+            prior["errors"] = [*prior.get("errors", []), *stopped["errors"]]
+            write_result(out, prior)
+            print(f"kept the earlier results in {out}; this run: {stopped['errors'][0]['error']}")
+            return 1
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     doc.update({"machine": info, "command": command, "wall_s": time.perf_counter() - t0,
                 "noise": "shared 2-core machine (other engineers' jobs): sides interleaved, "
                          "medians; see load_avg_1m_per_round"})
@@ -127,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
               f" vs {p['kl_autoplan']:.4f}  {'met' if p['met'] else 'missed: ' + str(p['why'])}")
     for e in doc.get("errors", []):
         print(f"{e['peer']}: not runnable: {e['error']}")
-    return 0
+    return 0 if doc.get("finished", True) else 1
 
 
 if __name__ == "__main__":

@@ -22,8 +22,7 @@ INPUT_LEN, OUTPUT_LEN = 512, 128
 def request(target: str, runtime: str, workload: str, budget: str, out: Path,
             choices: tuple[str, ...]):  # noqa: ANN201 - a SearchRequest
     from autoplan.cost.operating import OperatingRequest
-    from autoplan.search.budget import QualityBudget
-    from autoplan.search.request import SearchRequest, parse_choices
+    from autoplan.search import QualityBudget, SearchRequest, parse_choices
     from autoplan.workload import Workload
 
     fixed = workload != "max"
@@ -47,9 +46,7 @@ def command(target: str, runtime: str, workload: str, budget: str,
 def prepare_for(target: str, runtime: str, workload: str, choices: tuple[str, ...],
                 folder: str):  # noqa: ANN201 - a Prepared
     """The search's prepared stage (space, profile, cost model, verifier) for one workload."""
-    from autoplan.search.preflight import preflight
-    from autoplan.search.prepare import prepare
-    from autoplan.search.reporter import Reporter
+    from autoplan.search import Reporter, preflight, prepare
 
     req = request(target, runtime, workload, "kl<=1", peers_dir() / folder / "scratch.json",
                   choices)
@@ -80,7 +77,7 @@ def autoplan_at(prep, target: str, runtime: str, workload: str, kl: float,
     """autoplan's plan with the same menu at the peer's measured KL (searched once, cached)."""
     from autoplan.formats import Choice
     from autoplan.plan.io import load_plan
-    from autoplan.search.run import run_search
+    from autoplan.search import run_search
 
     budget = f"kl<={floor_budget(kl)}"
     tag = budget.replace("kl<=", "kl")
@@ -94,7 +91,7 @@ def autoplan_at(prep, target: str, runtime: str, workload: str, kl: float,
             "budget": budget, "kl": plan.quality.kl,
             "tokens_per_s": prep.cost.evaluate(decisions).metrics.throughput,
             "plan_tokens_per_s": plan.predicted["plan"].tokens_per_s,
-            "batch": plan.workload.get("batch"),
+            "batch": plan.workload.batch,
             "unit_choices": counts(plan.decisions[u.layers[0].name] for u in prep.space.units),
             "speed_kind": "predicted", "plan": str(path),
             "command": command(target, runtime, workload, budget, choices)}

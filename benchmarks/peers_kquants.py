@@ -30,14 +30,28 @@ def _budget_arg(kl: float) -> str:
     return f"kl<={floor_budget(kl)}"
 
 
+def _search_argv(budget: str, args, plan: Path) -> list[str]:  # noqa: ANN001
+    return ["search", "--model", "smollm2-135m", "--target", "local", "--runtime", "llama.cpp",
+            "--batch", "1", "--input-len", str(args.input_len), "--output-len",
+            str(args.output_len), "--budget", budget, "--objective", args.objective,
+            "--threads", str(args.threads), "--out", str(plan), "--quiet"]
+
+
+def _shown(argv: list[str]) -> str:
+    return "autoplan " + " ".join(
+        Path(a).name if a.startswith("/") else (f"'{a}'" if "<" in a else a) for a in argv)
+
+
+def search_command(budget: str, args) -> str:  # noqa: ANN001
+    """The `autoplan search` line of ``search_plan`` at ``budget``."""
+    return _shown(_search_argv(budget, args, Path(f"plan_{budget.replace('kl<=', 'kl')}.json")))
+
+
 def search_plan(budget: str, args, plan_dir: Path, log) -> tuple[Path, list[str]]:  # noqa: ANN001
     """`autoplan search --runtime llama.cpp` at ``budget`` and its GGUF export (both cached)."""
     tag = budget.replace("kl<=", "kl")
     plan, gguf = plan_dir / f"plan_{tag}.json", plan_dir / f"plan_{tag}.gguf"
-    search = ["search", "--model", "smollm2-135m", "--target", "local", "--runtime", "llama.cpp",
-              "--batch", "1", "--input-len", str(args.input_len), "--output-len",
-              str(args.output_len), "--budget", budget, "--objective", args.objective,
-              "--threads", str(args.threads), "--out", str(plan), "--quiet"]
+    search = _search_argv(budget, args, plan)
     export = ["export", str(plan), "--format", "gguf", "--out", str(gguf)]
     commands = []
     for argv, out, what in ((search, plan, f"autoplan search {budget}"),
@@ -45,8 +59,7 @@ def search_plan(budget: str, args, plan_dir: Path, log) -> tuple[Path, list[str]
         if not out.is_file():
             log(f"running: autoplan {' '.join(argv[:1])} ({budget})")
             cmd, _ = autoplan(argv, what, log=out.with_suffix(out.suffix + ".log"))
-        commands.append("autoplan " + " ".join(
-            Path(a).name if a.startswith("/") else (f"'{a}'" if "<" in a else a) for a in argv))
+        commands.append(_shown(argv))
     return gguf, commands
 
 
@@ -106,13 +119,28 @@ def run(args, log=print) -> dict:  # noqa: ANN001, C901 - one linear recipe
                 if not p.get("identical_to_q4_1_sourced")}
     log(f"quality of {len(measured) + 1} files through llama.cpp ...")
     quality = eval_quality({"original": original, **measured}, original, data.eval, args.threads)
+    # kept if the run is stopped before the timing: sizes and KL, measured, speed not yet
+    progress = getattr(args, "progress", {})
+    progress.update({
+        "section": "llamacpp", "threads": args.threads, "errors": errors,
+        "rows": [_row(name, "peer", p["path"], quality[name], None, mix=p["mix"],
+                      imatrix=p["imatrix"], source=p["source"], command=p["command"])
+                 for name, p in peers.items() if name in quality]})
     # autoplan at the KL each Q4_1-sourced mix reaches (one search per distinct budget)
     budgets = sorted({_budget_arg(quality[n]["kl"]) for n, p in peers.items()
                       if p["source"] == "q4_1"})
     plans: dict[str, dict] = {}
     for budget in budgets:
-        gguf, commands = search_plan(budget, args, work / "plans", log)
+        try:
+            gguf, commands = search_plan(budget, args, work / "plans", log)
+        except PeerError as exc:  # autoplan's own refusal here is a row too, never a gap
+            errors.append(error_row("llamacpp", f"autoplan search --budget '{budget}'", exc,
+                                    search_command(budget, args)))
+            continue
         plans[budget] = {"path": gguf, "commands": commands, "sha": sha256(gguf)}
+    if not plans:  # no autoplan side to pair with: the mixes' sizes and KL stand alone
+        return {**progress, "kl_budgets": budgets, "pairs": [],
+                "tools": {"f32_command": f32_cmd, "imatrix_command": imatrix_cmd}}
     unique_plans: dict[str, str] = {}  # sha -> side name
     for budget, p in plans.items():
         p["name"] = unique_plans.setdefault(p["sha"], "autoplan-" + budget.replace("kl<=", "kl"))
@@ -160,4 +188,4 @@ def tools_version() -> str:
     return engine_llamacpp_version()
 
 
-__all__ = ["GOAL", "run", "search_plan"]
+__all__ = ["GOAL", "run", "search_command", "search_plan"]

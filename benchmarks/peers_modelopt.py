@@ -169,22 +169,32 @@ def run(args, log=print) -> dict:  # noqa: ANN001
         errors.append(error_row("modelopt", "ModelOpt mtq.auto_quantize on CPU", exc))
         method = "re-implementation on autoplan's profile (gradient scores, exact LP)"
         picks = {bits: lp_choice(prep["1"], bits) for bits in EFFECTIVE_BITS}
-    rows, pairs = [], []
+    head = {"section": "modelopt", "method": method, "target": TARGET, "runtime": RUNTIME,
+            "formats": FORMATS, "effective_bits": list(EFFECTIVE_BITS), "goal": GOAL}
+    progress = getattr(args, "progress", {})
+    # every peer row first (KL measured, speed predicted: minutes), then autoplan's searches
+    peers = {}
     for bits, by_unit in picks.items():
         eff = effective_bits(prep["1"], by_unit)
         for w in WORKLOADS:
-            peer = {"section": "modelopt", "name": f"modelopt-e{bits:g}", "side": "peer",
-                    "workload": w, "effective_bits": eff, "target_effective_bits": bits,
-                    "method": method, **score_peer(prep[w], by_unit, f"modelopt-e{bits:g}"),
-                    "command": f"python benchmarks/peers.py modelopt  # effective_bits {bits:g}"}
-            ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], choices, "modelopt", log)
-            ours["effective_bits"] = _plan_bits(prep[w], ours["plan"])
-            rows += [peer, ours]
-            pairs.append(pair(peer, ours, GOAL, metric="tokens_per_s",
-                              label=f"tokens/s, H100, batch {w}"))
-    return {"section": "modelopt", "method": method, "target": TARGET, "runtime": RUNTIME,
-            "formats": FORMATS, "effective_bits": list(EFFECTIVE_BITS), "rows": rows,
-            "pairs": pairs, "errors": errors, "goal": GOAL,
+            peers[bits, w] = {"section": "modelopt", "name": f"modelopt-e{bits:g}",
+                              "side": "peer", "workload": w, "effective_bits": eff,
+                              "target_effective_bits": bits, "method": method,
+                              **score_peer(prep[w], by_unit, f"modelopt-e{bits:g}"),
+                              "command": "python benchmarks/peers.py modelopt  "
+                                         f"# effective_bits {bits:g}"}
+            log(f"modelopt-e{bits:g} batch {w}: KL {peers[bits, w]['kl']:.4f}, "
+                f"{peers[bits, w]['tokens_per_s']:.0f} tok/s predicted")
+    rows, pairs = list(peers.values()), []
+    progress.update({**head, "rows": rows, "pairs": pairs, "errors": errors})
+    for (bits, w), peer in peers.items():
+        ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], choices, "modelopt", log)
+        ours["effective_bits"] = _plan_bits(prep[w], ours["plan"])
+        rows.append(ours)
+        pairs.append(pair(peer, ours, GOAL, metric="tokens_per_s",
+                          label=f"tokens/s, H100, batch {w}"))
+        log(f"modelopt-e{bits:g} batch {w}: autoplan {pairs[-1]['ratio']:.2f}x")
+    return {**head, "rows": rows, "pairs": pairs, "errors": errors,
             "goal_met_somewhere": any(p["met"] for p in pairs),
             "modelopt_versions": VENV.versions()}
 

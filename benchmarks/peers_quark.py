@@ -77,27 +77,34 @@ def run(args, log=print) -> dict:  # noqa: ANN001
     if doc.get("search_error"):
         errors.append(error_row("quark", "AMD Quark MixPrecisionQuantizer.search (managed, "
                                 "vLLM-evaluated) on CPU", PeerError(doc["search_error"])))
+    head = {"section": "quark", "target": TARGET, "runtime": RUNTIME, "goal": GOAL,
+            "quark_order": doc["configs"], "quark_sensitivity": doc.get("sensitivity"),
+            "quark_versions": doc.get("versions"), "ppl_gate": PPL_GATE}
+    progress = getattr(args, "progress", {})
+    progress.update({**head, "rows": [], "pairs": [], "errors": errors})
     prep = {w: prepare_for(TARGET, RUNTIME, w, CHOICES, "quark") for w in WORKLOADS}
-    rows, pairs, scored = [], [], []
+    # every candidate scored first (KL measured, speed predicted), then autoplan's searches
+    peers, scored = {}, []
     for i, config in enumerate(doc["configs"]):
         name = "quark-" + "-".join(f"{g}:{config.get(f'{g}_mode')}" for g in PARTITIONS)
         units = by_unit(prep["1"], config)
         for w in WORKLOADS:
-            peer = {"section": "quark", "name": name, "side": "peer", "workload": w,
-                    "order": i, "config": config, **score_peer(prep[w], units, name),
-                    "command": "python benchmarks/peers.py quark  # Quark candidate "
-                               f"{i + 1} of {len(doc['configs'])}"}
-            ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], CHOICES, "quark", log)
-            rows += [peer, ours]
-            pairs.append(pair(peer, ours, GOAL, metric="tokens_per_s",
-                              label=f"tokens/s, MI300X, batch {w}"))
-        scored.append((i, name, rows[-2]))
-    passing = [(i, n) for i, n, r in scored if r["ppl"] <= PPL_GATE * r["ppl_ref"]]
-    return {"section": "quark", "target": TARGET, "runtime": RUNTIME, "rows": rows,
-            "pairs": pairs, "errors": errors, "goal": GOAL, "quark_order": doc["configs"],
-            "quark_sensitivity": doc.get("sensitivity"), "quark_versions": doc.get("versions"),
-            "quark_pick_at_ppl_gate": passing[-1][1] if passing else None,
-            "ppl_gate": PPL_GATE}
+            peers[i, w] = {"section": "quark", "name": name, "side": "peer", "workload": w,
+                           "order": i, "config": config, **score_peer(prep[w], units, name),
+                           "command": "python benchmarks/peers.py quark  # Quark candidate "
+                                      f"{i + 1} of {len(doc['configs'])}"}
+        scored.append((i, name, peers[i, "1"]))
+        log(f"{name}: KL {peers[i, '1']['kl']:.4f}")
+    passing = [n for _i, n, r in scored if r["ppl"] <= PPL_GATE * r["ppl_ref"]]
+    head["quark_pick_at_ppl_gate"] = passing[-1] if passing else None
+    rows, pairs = list(peers.values()), []
+    progress.update({**head, "rows": rows, "pairs": pairs})
+    for (_i, w), peer in peers.items():
+        ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], CHOICES, "quark", log)
+        rows.append(ours)
+        pairs.append(pair(peer, ours, GOAL, metric="tokens_per_s",
+                          label=f"tokens/s, MI300X, batch {w}"))
+    return {**head, "rows": rows, "pairs": pairs, "errors": errors}
 
 
 __all__ = ["GOAL", "by_unit", "run"]

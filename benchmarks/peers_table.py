@@ -39,7 +39,7 @@ def pair(peer: dict, ours: dict, goal: float, metric: str = "decode_tok_s",
     out = {"peer": peer["name"], "autoplan": ours["name"], "metric": label or metric,
            "peer_value": peer[metric], "autoplan_value": ours[metric], "ratio": ratio,
            "kl_peer": peer["kl"], "kl_autoplan": ours["kl"], "kl_equal_or_better": kl_ok,
-           "goal": goal, "met": met, "why": why,
+           "goal": goal, "met": met, "why": why, "workload": peer.get("workload"),
            "speed_kind": peer.get("speed_kind", "measured"),
            "peer_command": peer.get("command", ""), "autoplan_command": ours.get("command", "")}
     for key in ("file_mb", "linear_bits", "prefill_tok_s"):
@@ -78,6 +78,34 @@ def pairs_table(pairs: list[dict]) -> list[str]:
     return lines
 
 
+def unpaired_table(rows: list[dict], pairs: list[dict]) -> list[str]:
+    """Rows measured without their other side yet (a section stopped before it paired
+    them): what each is, its size, KL and speed where measured."""
+    paired = {(p[side], p.get("workload")) for p in pairs for side in ("peer", "autoplan")}
+    alone = [r for r in rows if (r["name"], r.get("workload")) not in paired]
+    if not alone:
+        return []
+    lines = ["Measured, not yet paired:", "",
+             "| row | side | workload | size MB / bits | KL | speed | command |",
+             "|---|---|---|---|---:|---|---|"]
+    for r in alone:
+        size = "-"
+        if "file_mb" in r:
+            size = f"{r['file_mb']:.1f} / {_num(r.get('linear_bits'), '.2f')}"
+        elif "effective_bits" in r:
+            size = f"{r['effective_bits']:.2f} effective bits"
+        if "decode_tok_s" in r:
+            speed = f"{r['decode_tok_s']:.1f} decode tok/s ({r.get('speed_kind', 'measured')})"
+        elif "tokens_per_s" in r:
+            speed = f"{r['tokens_per_s']:.0f} tok/s ({r.get('speed_kind', 'predicted')})"
+        else:
+            speed = "not measured (stopped before timing)"
+        lines.append(f"| {_cell(r['name'])} | {r.get('side', '-')} | "
+                     f"{_cell(r.get('workload', 'batch 1'))} | {size} | {r['kl']:.4f} | "
+                     f"{speed} | `{_cell(r.get('command', ''))}` |")
+    return [*lines, ""]
+
+
 def error_lines(errors: list[dict]) -> list[str]:
     """A peer that could not be installed or run: one line with its own error."""
     return [f"- **{_cell(e['peer'])}: not runnable here.** `{_cell(e['error'])}`"
@@ -93,9 +121,10 @@ def section_markdown(name: str, doc: dict) -> list[str]:
                   f"{', machine ' + doc['machine']['cpu'] if doc.get('machine') else ''})", ""]
     if doc.get("pairs"):
         lines += pairs_table(doc["pairs"]) + [""]
+    lines += unpaired_table(doc.get("rows") or [], doc.get("pairs") or [])
     if doc.get("errors"):
         lines += error_lines(doc["errors"]) + [""]
-    if not doc.get("pairs") and not doc.get("errors"):
+    if not doc.get("pairs") and not doc.get("errors") and not doc.get("rows"):
         lines += ["(no rows: the section has not been run)", ""]
     return lines
 
@@ -117,4 +146,4 @@ def goals_summary(docs: dict[str, dict]) -> list[str]:
 
 
 __all__ = ["SECTION_TITLES", "error_lines", "floor_budget", "goals_summary", "pair",
-           "pairs_table", "section_markdown"]
+           "pairs_table", "section_markdown", "unpaired_table"]

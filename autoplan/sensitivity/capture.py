@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from autoplan.models.graph import get_linear
 from autoplan.models.head import chunk_rows, row_chunks, split_lm
+from autoplan.models.moe import counting_routing
 
 
 @dataclass
@@ -29,6 +30,8 @@ class Captured:
     inputs: dict[str, Tensor] = field(default_factory=dict)  # layer -> [T, in]
     grads: dict[str, Tensor] = field(default_factory=dict)  # layer -> [T, out]
     tokens: int = 0
+    # MoE: block -> tokens routed to each expert during the pass (the calibration routing)
+    routing: dict[str, list[int]] = field(default_factory=dict)
 
 
 def _input_embeddings(model: nn.Module) -> nn.Module:
@@ -62,10 +65,20 @@ class Recorder:
             h.remove()
         self._handles.clear()
 
+    def _empty(self, out: Captured, name: str) -> None:
+        weight = get_linear(self._model, name).weight
+        out.inputs[name] = torch.zeros(0, weight.shape[1], device=weight.device)
+        out.grads[name] = torch.zeros(0, weight.shape[0], device=weight.device)
+        self.xs.pop(name)
+        self.gs.pop(name)
+
     def result(self, tokens: int) -> Captured:
         out = Captured(tokens=tokens)
         shared: dict[tuple[int, ...], Tensor] = {}
         for name in self.names:
+            if not self.xs[name]:  # a routed expert no calibration token picked
+                self._empty(out, name)
+                continue
             # q/k/v (and gate/up) read the same input tensor: keep one copy.
             xs = self.xs.pop(name)
             key = tuple(t.data_ptr() for t in xs)
@@ -145,14 +158,17 @@ def capture(
     tokens = 0
     split = split_lm(model)
     rows = chunk_rows(model.config.vocab_size)
-    with activation_grads(model), Recorder(model, layer_names) as rec:
+    with activation_grads(model), Recorder(model, layer_names) as rec, \
+            counting_routing(model) as routing:
         for batch in batches:
             if split is None:
                 fisher_loss(model(input_ids=batch.to(device)).logits, gen).backward()
             else:  # the head a chunk of positions at a time (models/head.py)
                 fisher_backward(split.head, split.body(batch.to(device)), gen, rows)
             tokens += batch.numel()
-    return rec.result(tokens)
+    out = rec.result(tokens)
+    out.routing = routing.as_lists()  # MoE: tokens each expert got (the calibration routing)
+    return out
 
 
 __all__ = ["Captured", "Recorder", "activation_grads", "capture", "fisher_backward",

@@ -77,3 +77,55 @@ def test_empty_sections_and_summary_say_what_is_missing() -> None:
                      "- llamacpp: 1 of 1 pairs meet the goal; lowest ratio 1.20x (a vs b)"]
     assert error_lines([{"peer": "p", "error": "e", "command": "c"}]) == [
         "- **p: not runnable here.** `e` (command: `c`)"]
+
+
+def test_a_stopped_section_is_one_row_that_says_so(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    import peers
+
+    stopped = peers.not_finished("nncf", "stopped by SIGTERM", "timing 4 sides", 1500.0,
+                                 "python benchmarks/peers.py nncf")
+    (row,) = stopped["errors"]
+    assert stopped["finished"] is False and not stopped["pairs"]
+    assert "not finished here: stopped by SIGTERM after 25 min" in row["error"]
+    assert "'timing 4 sides'" in row["error"] and row["command"].endswith("peers.py nncf")
+    assert "nncf (whole section): not runnable here" in "\n".join(
+        section_markdown("nncf", stopped))
+
+    # a stop during a run: the section's own handler-free code is interrupted, one row written
+    def section_run(args, log):  # noqa: ANN001, ANN202
+        log("searching kl<=0.05")
+        raise peers.NotFinished("stopped by SIGTERM")
+
+    monkeypatch.setattr(peers, "_section", lambda name: type("S", (), {"run": staticmethod(
+        section_run)}))
+    monkeypatch.setattr(peers, "start_run", lambda seed, argv: ({"cpu": "x"}, "cmd"))
+    out = tmp_path / "peers_quark.json"
+    assert peers.main(["quark", "--out", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert "while 'searching kl<=0.05'" in doc["errors"][0]["error"]
+
+    # an earlier finished run is kept; the stop is added to its errors
+    pairs = [pair(_row("a", 100, 0.1), _row("b", 120, 0.1), 1.1)]
+    out.write_text(json.dumps({"pairs": pairs, "errors": []}))
+    assert peers.main(["quark", "--out", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["pairs"] == pairs and "not finished here" in doc["errors"][0]["error"]
+
+
+def test_rows_without_their_pair_are_listed_not_dropped() -> None:
+    peer = _row("q4_k_m", 100.0, 0.06, file_mb=100.6, linear_bits=5.53)
+    ours = _row("autoplan-kl0.06", 120.0, 0.05, file_mb=94.0, linear_bits=5.0)
+    halfway = {"rows": [peer, ours, {"name": "q6_k", "side": "peer", "kl": 0.013,
+                                     "file_mb": 132.0, "linear_bits": 8.02, "command": "q"}],
+               "pairs": [pair(peer, ours, 1.1)]}
+    text = "\n".join(section_markdown("llamacpp", halfway))
+    assert "| q6_k | peer |" in text and "not measured (stopped before timing)" in text
+    assert text.count("| q4_k_m |") == 1  # the paired row is in the pairs table only
+    gpu = {"rows": [{"name": "modelopt-e7", "side": "peer", "workload": w, "kl": 0.2,
+                     "tokens_per_s": 900.0, "effective_bits": 7.0} for w in ("1", "32")]}
+    gpu["rows"].append({"name": "autoplan-b1", "side": "autoplan", "workload": "1", "kl": 0.19,
+                        "tokens_per_s": 1200.0})
+    gpu["pairs"] = [pair(gpu["rows"][0], gpu["rows"][2], 1.15, metric="tokens_per_s")]
+    text = "\n".join(section_markdown("modelopt", gpu))
+    assert "| modelopt-e7 | peer | 32 | 7.00 effective bits |" in text
+    assert "| modelopt-e7 | peer | 1 |" not in text

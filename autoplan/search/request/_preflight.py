@@ -23,6 +23,7 @@ from autoplan.runtimes import (
     default_kv,
     default_runtime,
     get_runtime,
+    kv_of_mix,
     kv_supports,
     supports,
 )
@@ -216,13 +217,17 @@ def kv_options(req: SearchRequest, target: Target, runtime: str) -> list[KvForma
         return [own]
     from autoplan.models.loader import load_spec
 
-    head_dim = load_spec(req.model).head_dim
-    if req.kv_cache == (KV_AUTO,):
+    spec = load_spec(req.model)
+    head_dim = spec.head_dim
+    kv_cache = req.kv_cache
+    if req.kv_mix is not None:  # a per-block mix: refused unless it is one format
+        kv_cache = (kv_of_mix(runtime, req.kv_mix, spec.n_layers, own),)
+    if kv_cache == (KV_AUTO,):
         return [own] + [k for k in KvFormat if kv_spec(k).quantized and k != own
                         and kv_supports(target, runtime, k).ok
                         and not kv_spec(k).shape_problem(head_dim)]
     out = [own]
-    for k in req.kv_cache:
+    for k in kv_cache:  # type: ignore[union-attr]
         answer = kv_supports(target, runtime, k)
         if not answer.ok:
             raise UnsupportedFormatError(f"--kv-cache {k.value}: {answer.reason}")

@@ -121,6 +121,7 @@ def run_worker(storage: str | BaseStorage, study: str,
     from autoplan.search.optimize import RoundStudy, run_batch
     from autoplan.search.run._record import check_same_inputs, request_from_record
     from autoplan.search.stages import prepare, run_verify_jobs
+    from autoplan.search.verify import scaled_tables
 
     req, profile = request_from_record(rec, storage, execution or ExecutionSettings())
     prep = prepare(req, _platform(rec, storage, label), rep, profile=profile)
@@ -137,7 +138,10 @@ def run_worker(storage: str | BaseStorage, study: str,
             return
         name = job.attrs["study"]
         if name not in studies:
-            studies[name] = RoundStudy(prep.tables, float(job.attrs["limit"]), prep.cost,
+            # the round's calibrated problem (raw tables for a batch that carries none)
+            tables = scaled_tables(prep.tables, job.attrs.get("scales", {}),
+                                   float(job.attrs.get("base", 1.0)))
+            studies[name] = RoundStudy(tables, float(job.attrs["limit"]), prep.cost,
                                        _config(prep, name), storage)
         before = studies[name].stored_here
         run_batch(queue, job, studies[name])

@@ -5,6 +5,7 @@
         -> [Measurement]                                 through the evaluator (in memory or
                                                          streamed: autoplan.streaming)
     measurement_store(...) -> MeasurementStore           measurements kept on disk across runs
+    Verifier.calibration(prior) -> Calibration           the surrogate scaled per format family
 """
 
 from autoplan.lazy import lazy_exports
@@ -16,6 +17,12 @@ _EXPORTS = {
     "QualityBudget": "autoplan.search.verify._budget",
     "build_gates": "autoplan.search.verify._budget",
     "parse_budgets": "autoplan.search.verify._budget",
+    "Calibration": "autoplan.search.verify._calibration",
+    "Observation": "autoplan.search.verify._calibration",
+    "family_shares": "autoplan.search.verify._calibration",
+    "fit_calibration": "autoplan.search.verify._calibration",
+    "format_family": "autoplan.search.verify._calibration",
+    "scaled_tables": "autoplan.search.verify._calibration",
     "CACHE_VERSION": "autoplan.search.verify._measurement_cache",
     "MeasurementStore": "autoplan.search.verify._measurement_cache",
     "measurement_store": "autoplan.search.verify._measurement_cache",
@@ -31,9 +38,11 @@ __getattr__ = lazy_exports(globals(), _EXPORTS)
 
 __all__ = [
     "CACHE_VERSION",
+    "Calibration",
     "KvSimulation",
     "Measurement",
     "MeasurementStore",
+    "Observation",
     "QualityBudget",
     "SLICE_NAMES",
     "RecoveredCandidate",
@@ -42,6 +51,10 @@ __all__ = [
     "Verifier",
     "build_gates",
     "decisions_key",
+    "family_shares",
+    "fit_calibration",
+    "format_family",
     "measurement_store",
     "parse_budgets",
+    "scaled_tables",
 ]
