@@ -1,7 +1,7 @@
 """`autoplan search`: each layer's format chosen under a quality budget, as a library.
 
 A search is a pipeline of stages, each a function over typed values (``request/`` holds
-the first two lines, ``stages/`` the rest):
+the first two lines, ``preparation/`` the next two, ``stages/`` the rest):
 
     SearchRequest(model, target, budget, ...)        every input, checked when it is built
     preflight(req) -> Platform                       bad input refused before any work
@@ -27,7 +27,8 @@ importing only those listed before it:
     verify/    QualityBudget, the Verifier measuring candidates on the real model, its cache
     recovery/  recovery passes (`--recover`, `autoplan recover PLAN`)
     request/   SearchRequest and preflight
-    stages/    the stages after preflight
+    preparation/ the model, profile and per-platform tables before any trial
+    stages/    uniform recipes, calibrated rounds, the answer and its plan
     run/       Pipeline, run_search (the driver), run_worker, the record workers read
 
 `reporter` (progress sink) and `writable` (can a file be written?) sit below all of them.
@@ -57,7 +58,7 @@ _EXPORTS = {
     "ExecutionSettings": "autoplan.search.request",
     "Outcome": "autoplan.search.stages",
     "Platform": "autoplan.search.request",
-    "Prepared": "autoplan.search.stages",
+    "Prepared": "autoplan.search.preparation",
     "Rounds": "autoplan.search.stages",
     "SearchRequest": "autoplan.search.request",
     "build_plan": "autoplan.search.stages",
@@ -65,8 +66,8 @@ _EXPORTS = {
     "choose": "autoplan.search.stages",
     "parse_choices": "autoplan.search.request",
     "preflight": "autoplan.search.request",
-    "prepare": "autoplan.search.stages",
-    "profile_scope": "autoplan.search.stages",
+    "prepare": "autoplan.search.preparation",
+    "profile_scope": "autoplan.search.preparation",
     "run_rounds": "autoplan.search.stages",
     "Measurement": "autoplan.search.verify",
     "QualityBudget": "autoplan.search.verify",

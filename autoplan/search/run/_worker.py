@@ -31,8 +31,8 @@ if TYPE_CHECKING:  # the search stack (torch, the study) is imported once a sear
     from optuna.storages import BaseStorage
 
     from autoplan.search.optimize import RoundStudy, StudyConfig
+    from autoplan.search.preparation import Prepared
     from autoplan.search.request import Platform
-    from autoplan.search.stages import Prepared
 
 
 @dataclass
@@ -119,8 +119,9 @@ def run_worker(storage: str | BaseStorage, study: str,
         open_store = lambda: given  # noqa: E731
     storage, queue, rec = _wait_for_record(open_store, study, label, wait_s, rep)
     from autoplan.search.optimize import RoundStudy, run_batch
+    from autoplan.search.preparation import prepare
     from autoplan.search.run._record import check_same_inputs, request_from_record
-    from autoplan.search.stages import prepare, run_verify_jobs
+    from autoplan.search.stages import run_verify_jobs
     from autoplan.search.verify import scaled_tables
 
     req, profile = request_from_record(rec, storage, execution or ExecutionSettings())
