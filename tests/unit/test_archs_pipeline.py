@@ -26,8 +26,8 @@ import torch
 from autoplan.backends.cpu.ort_quant import dequantized_weights, records_from_manifest
 from click.testing import CliRunner, Result
 
+import autoplan.search
 from autoplan.cli import cli
-from autoplan.cli import search as cli_search
 from autoplan.modelspec import ModelSpec
 from autoplan.plan.io import load_plan
 from autoplan.search import SearchRequest
@@ -44,7 +44,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTOPLAN_CACHE", str(root))
         # the CLI has no data-size options: small calibration/evaluation blocks keep it fast
-        mp.setattr(cli_search, "SearchRequest", functools.partial(SearchRequest, **FAST))
+        mp.setattr(autoplan.search, "SearchRequest", functools.partial(SearchRequest, **FAST))
         yield root
 
 
