@@ -101,6 +101,7 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
     """Plan one model under one budget for several targets; rank them in one table."""
     from autoplan.atomic import check_writable_dir
     from autoplan.backends.registry import resolve_target
+    from autoplan.formats import parse_choices
     from autoplan.search import QualityBudget
 
     check_writable_dir(out)  # run_compare checks it again, and that it is not a file
@@ -112,9 +113,11 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
     for name in targets.split(","):  # unknown targets: before the search stack is imported
         if name.strip():
             resolve_target(name.strip())
+    picked = None if choices is None else parse_choices(
+        tuple(c.strip() for c in choices.split(",") if c.strip()))
     from autoplan.compare import CompareRequest, parse_entries, run_compare
     from autoplan.compress import CompressionSettings
-    from autoplan.search import SearchRequest, parse_choices
+    from autoplan.search import SearchRequest
     from autoplan.workload import Workload
 
     entries = parse_entries(targets, tuple(runtimes))
@@ -128,8 +131,7 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
         trust_remote_code=trust_remote_code,
         recovery=recovery_settings(recover_method, recover_steps, recover_lr, recover_rank,
                                    recover_text, recover_batch, recover_seq_len, recover_seed),
-        choices=None if choices is None else parse_choices(
-            tuple(c.strip() for c in choices.split(",") if c.strip())))
+        choices=picked)
     req = CompareRequest(base, entries, out)
     with RichReporter(quiet=quiet or as_json) as reporter:
         comparison = run_compare(req, reporter)

@@ -13,7 +13,6 @@ from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
 from autoplan.cli._ray import executor_for, ray_option
 from autoplan.errors import UserInputError
-from autoplan.formats import Choice
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
 
@@ -61,9 +60,19 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
         get_target(target)
         if runtime:
             get_runtime(runtime)
-    from autoplan.models import check_loadable
+    from autoplan.formats import parse_choices
+    from autoplan.models.registry import resolve_model_arg
+    from autoplan.quality.text import check_text_source
+
+    # what the arguments and a file's existence show, before the stack is imported
+    resolve_model_arg(model)  # no such file, folder or alias
+    parsed = None if choices is None else parse_choices(
+        tuple(c.strip() for c in choices.split(",") if c.strip()))
+    if not dry_run:
+        check_text_source(text)
     from autoplan.cache_dir import cache_root
-    from autoplan.quality.text import check_text_source, load_text_dataset
+    from autoplan.models import check_loadable
+    from autoplan.quality.text import load_text_dataset
     from autoplan.search import profile_scope
     from autoplan.sensitivity import calibration_key
     from autoplan.streaming import open_model
@@ -81,8 +90,6 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
         get_runtime(runtime)
     from autoplan.compress import CompressionSettings
 
-    parsed = [Choice.parse(c) for c in choices.split(",") if c.strip()] if choices else None
-    check_text_source(text)
     check_loadable(model)  # headers only: no weights, damaged files, an unreadable GGUF
     settings = CompressionSettings(prune_score, quant_method)
     runner = open_model(model, settings_from(device, execution, offload_dir), workload=work)

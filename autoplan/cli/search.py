@@ -95,6 +95,8 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
 
     from autoplan.backends.registry import resolve_target
     from autoplan.errors import UserInputError
+    from autoplan.formats import parse_choices
+    from autoplan.runtimes import get_runtime
     from autoplan.search import QualityBudget, check_writable_file
     from autoplan.workload import Workload
 
@@ -104,6 +106,12 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     seed_in_range(seed)
     budget = QualityBudget.parse(budgets[0])
     resolve_target(target)
+    if runtime:
+        get_runtime(runtime)
+    price_per_hour = finite_non_negative("price-per-hour", price_per_hour)
+    min_gain = finite_non_negative("min-gain", min_gain)
+    picked = None if choices is None else parse_choices(
+        tuple(c.strip() for c in choices.split(",") if c.strip()))
     check_writable_file(out, "plan", "pass --out FILE in a writable folder")
 
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 32)
@@ -114,7 +122,7 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
         err = exc.errors()[0]
         raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
     from autoplan.compress import CompressionSettings
-    from autoplan.search import CostTable, SearchRequest, parse_choices, run_search
+    from autoplan.search import CostTable, SearchRequest, run_search
 
     # Every option is parsed and checked here, before minutes of loading and profiling.
     req = SearchRequest(
@@ -127,13 +135,11 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
         storage=storage, study=study, out=out, multi_objective=multi_objective,
         settings=CompressionSettings(prune_score, quant_method), text=text,
         protect_first_block=protect_first, protect_last_block=protect_last,
-        price_per_hour=finite_non_negative("price-per-hour", price_per_hour),
-        min_gain=finite_non_negative("min-gain", min_gain), trust_remote_code=trust_remote_code,
+        price_per_hour=price_per_hour, min_gain=min_gain, trust_remote_code=trust_remote_code,
         cost_table=CostTable.load(cost_table) if cost_table else None,
         measure_kernels=measure_kernels, execution=settings_from(device, execution, offload_dir, threads),
         operating=None if operating.mode == "fixed" else operating,
-        choices=None if choices is None else parse_choices(
-            tuple(c.strip() for c in choices.split(",") if c.strip())),
+        choices=picked,
         kv_cache=kv_cache, long_len=long_len,
         # connected now, so a bad --ray fails before the model loads; closed with the command
         executor=click.get_current_context().with_resource(executor_for(ray_address)))

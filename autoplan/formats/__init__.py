@@ -3,7 +3,7 @@
 Reasoning and sources: docs/modules.md.
 """
 
-from autoplan.formats.choice import DENSE, Choice, Sparsity
+from autoplan.formats.choice import DENSE, Choice, Sparsity, parse_choices
 from autoplan.formats.registry import (
     EXPORTERS,
     CompressedTensorsName,
@@ -36,6 +36,7 @@ __all__ = [
     "Refused",
     "Sparsity",
     "format_spec",
+    "parse_choices",
     "register_format",
     "registered_formats",
 ]

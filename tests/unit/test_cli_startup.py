@@ -40,6 +40,10 @@ def _run(*args: str) -> dict:
     ("fleet", "--plan", "p.json", "--node", "h100", "--qps", "nan", "--p99-ms", "1"),
     ("profile", "--model", "x", "--seed", "-1"), ("profile", "--model", "x", "--seq-len", "1"),
     ("profile", "--model", "x", "--device", "tpu"), ("profile", "--target", "nosuchgpu"),
+    ("search", "--choices", "fp7"), ("search", "--choices", ","),
+    ("search", "--min-gain", "nan"), ("search", "--price-per-hour", "inf"),
+    ("search", "--runtime", "nosuchruntime"), ("profile", "--model", "no/such/model"),
+    ("profile", "--choices", "fp7"), ("profile", "--text", "no-such-text.txt"),
 ], ids=lambda a: " ".join(a))
 def test_help_and_argument_errors_import_no_heavy_library(args):
     got = _run(*args)
