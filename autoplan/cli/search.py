@@ -93,11 +93,13 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
     from pydantic import ValidationError
 
-    from autoplan.backends.registry import resolve_target
+    from autoplan.backends.registry import MEASURE_KERNELS_FIX, measured_here, resolve_target
     from autoplan.errors import UserInputError
     from autoplan.formats import parse_choices
+    from autoplan.quality.text import check_text_source
     from autoplan.runtimes import get_runtime
     from autoplan.search import QualityBudget, check_writable_file
+    from autoplan.search.writable import check_journal
     from autoplan.workload import Workload
 
     # what the arguments alone show to be wrong, before the search stack is imported
@@ -105,9 +107,15 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     positive_int("trials", trials)
     seed_in_range(seed)
     budget = QualityBudget.parse(budgets[0])
-    resolve_target(target)
+    tgt = resolve_target(target)
     if runtime:
         get_runtime(runtime)
+    # (with --cost-table too, SearchRequest says "not both")
+    if measure_kernels and cost_table is None and not measured_here(tgt.name):
+        raise UserInputError(MEASURE_KERNELS_FIX)
+    check_text_source(text)
+    if storage:
+        check_journal(storage)  # a journal that could not be written; an RDB URL: preflight
     price_per_hour = finite_non_negative("price-per-hour", price_per_hour)
     min_gain = finite_non_negative("min-gain", min_gain)
     picked = None if choices is None else parse_choices(

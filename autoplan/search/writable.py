@@ -52,4 +52,27 @@ def check_writable_file(path: str | Path, what: str, fix: str) -> Path:
     raise UserInputError(f"cannot write the {what} {p} ({reason}): {fix}")
 
 
-__all__ = ["check_writable_file"]
+JOURNAL_PREFIX = "journal:"
+
+
+def journal_path(url: str) -> Path | None:
+    """The journal file a storage URL names (`journal:PATH`, or a path ending `.journal`),
+    or None for an RDB URL."""
+    if url.startswith(JOURNAL_PREFIX) or url.endswith(".journal"):
+        return Path(url.removeprefix(JOURNAL_PREFIX))
+    return None
+
+
+def check_journal(url: str) -> bool:
+    """For a journal URL, refuse a file that could not be written (nothing is created, so a
+    search refused later leaves no empty journal behind); False for an RDB URL. No Optuna:
+    the CLI asks before importing the search stack."""
+    path = journal_path(url)
+    if path is None:
+        return False
+    check_writable_file(path, "study journal",
+                        "pass a writable --storage journal:PATH (or --out in a writable folder)")
+    return True
+
+
+__all__ = ["JOURNAL_PREFIX", "check_journal", "check_writable_file", "journal_path"]

@@ -44,6 +44,8 @@ def _run(*args: str) -> dict:
     ("search", "--min-gain", "nan"), ("search", "--price-per-hour", "inf"),
     ("search", "--runtime", "nosuchruntime"), ("profile", "--model", "no/such/model"),
     ("profile", "--choices", "fp7"), ("profile", "--text", "no-such-text.txt"),
+    ("search", "--text", "no-such-text.txt"), ("search", "--measure-kernels", "--target", "h100"),
+    ("search", "--storage", "journal:/proc/nope/s.journal"),
 ], ids=lambda a: " ".join(a))
 def test_help_and_argument_errors_import_no_heavy_library(args):
     got = _run(*args)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from optuna.storages import BaseStorage
 
 from autoplan.backends.kernel_timers import KernelTimer
-from autoplan.backends.registry import backend_names, get_backend
+from autoplan.backends.registry import MEASURE_KERNELS_FIX, backend_names, get_backend
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
@@ -98,8 +98,7 @@ def measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:
 
 def _check_kernel_timing(target: Target, runtime: str) -> None:
     if kernel_timer(target.name, runtime) is None:
-        raise UserInputError("--measure-kernels times this machine's kernels: use it with "
-                             "--target local and --runtime onnxruntime or llama.cpp")
+        raise UserInputError(MEASURE_KERNELS_FIX)
     if runtime == "llama.cpp":
         from autoplan.engines import engine_python
 
