@@ -46,6 +46,9 @@ def _run(*args: str) -> dict:
     ("profile", "--choices", "fp7"), ("profile", "--text", "no-such-text.txt"),
     ("search", "--text", "no-such-text.txt"), ("search", "--measure-kernels", "--target", "h100"),
     ("search", "--storage", "journal:/proc/nope/s.journal"),
+    ("worker", "--study", "x", "--storage", "journal:/proc/nope/s.journal"),
+    ("worker", "--study", "x", "--storage", "journal:s.journal", "--device", "tpu"),
+    ("recover", "no-such-plan.json"),
 ], ids=lambda a: " ".join(a))
 def test_help_and_argument_errors_import_no_heavy_library(args):
     got = _run(*args)
