@@ -86,6 +86,9 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
         positive_int(flag, value)
     if plan_path and artifact:
         raise UserInputError("pass --plan or --artifact, not both")
+    from autoplan.plan.io import read_plan
+
+    plan = read_plan(plan_path) if plan_path else None  # before the stack: a missing plan
     from autoplan.backends.cpu.onnx_export import CpuArtifact
     from autoplan.backends.cpu.predict import artifact_decisions, prediction_block
     from autoplan.backends.registry import resolve_target as get_target
@@ -93,9 +96,7 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
     from autoplan.export.apply import apply_format, apply_plan, export_baseline, load_checked
     from autoplan.export.calibration import CalibrationArgs, check_calibration, plan_calibration
     from autoplan.models import check_loadable
-    from autoplan.plan.io import read_plan
 
-    plan = read_plan(plan_path) if plan_path else None
     if plan is not None and apply_format(plan) != "onnx":  # refused before loading the model
         raise UnsupportedFormatError(f"plan targets '{plan.target}'; bench runs ONNX Runtime "
                                      "on this CPU: re-plan with --target local")

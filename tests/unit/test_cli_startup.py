@@ -48,7 +48,7 @@ def _run(*args: str) -> dict:
     ("search", "--storage", "journal:/proc/nope/s.journal"),
     ("worker", "--study", "x", "--storage", "journal:/proc/nope/s.journal"),
     ("worker", "--study", "x", "--storage", "journal:s.journal", "--device", "tpu"),
-    ("recover", "no-such-plan.json"),
+    ("recover", "no-such-plan.json"), ("bench", "--model", "x", "--plan", "no-such-plan.json"),
 ], ids=lambda a: " ".join(a))
 def test_help_and_argument_errors_import_no_heavy_library(args):
     got = _run(*args)
