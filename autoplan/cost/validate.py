@@ -267,7 +267,7 @@ def family_error(family: str, moe: bool = False) -> tuple[float, int, str]:
     family and model kind (dense, or mixture-of-experts with `moe`): the points whose every
     target is of that family; when none is, every point that involves it; when none does,
     every point of the kind. What a ratio the cost model predicts on such a target may be
-    off by (the search's noise rule, search/stages/_uncertainty.py). No leave-one-family-out
+    off by (the search's noise rule, search/preparation/_uncertainty.py). No leave-one-family-out
     predictions: a few seconds less than `validate`."""
     points = [p for p in load_measurements() if _runs_moe(p) == moe]
     fams = []

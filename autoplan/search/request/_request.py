@@ -119,7 +119,7 @@ class SearchRequest:
     max_rounds: int = 6
     # The predicted gain a plan needs over a measured candidate of better quality to be
     # returned instead of it (0.05: 5 %). None: the speed prediction's stated uncertainty on
-    # the target and runtime (search/stages/_uncertainty.py).
+    # the target and runtime (search/preparation/_uncertainty.py).
     min_gain: float | None = None
     price_per_hour: float | None = None
     trust_remote_code: bool = False

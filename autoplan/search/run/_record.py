@@ -11,7 +11,7 @@ from typing import Any
 from autoplan.compress import CompressionSettings
 from autoplan.errors import UserInputError
 from autoplan.search.request import CostTable, ExecutionSettings, SearchRequest
-from autoplan.search.stages import Prepared
+from autoplan.search.preparation import Prepared
 from autoplan.sensitivity import SensitivityProfile
 from autoplan.workload import Workload
 

@@ -29,7 +29,8 @@ from autoplan.search.optimize import RoundStudy, StudyConfig, run_batch
 from autoplan.search.reporter import Reporter
 from autoplan.search.run._record import check_same_inputs, request_from_record
 from autoplan.search.request import ExecutionSettings, Platform, check_model
-from autoplan.search.stages import Prepared, prepare, run_verify_jobs
+from autoplan.search.preparation import Prepared, prepare
+from autoplan.search.stages import run_verify_jobs
 from autoplan.search.verify import scaled_tables
 from autoplan.streaming.device import resolve_device
 

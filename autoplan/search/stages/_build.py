@@ -19,7 +19,7 @@ from autoplan.runtimes import get_runtime, kv_supports
 from autoplan.search.recovery import keep_weights, plan_quality
 from autoplan.search.stages._choose import Chosen
 from autoplan.search.request import kernel_timer
-from autoplan.search.stages._prepare import CALIB_BATCH, Prepared
+from autoplan.search.preparation import CALIB_BATCH, Prepared
 from autoplan.search.stages._rounds import Rounds
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from autoplan.plan import schema as ps
 from autoplan.search.optimize import solve_exact
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._prepare import Prepared
+from autoplan.search.preparation import Prepared
 from autoplan.search.stages._rounds import Rounds, speed_gain
 from autoplan.search.stages._uniform import acceptable, best_uniform
 from autoplan.search.verify import Measurement

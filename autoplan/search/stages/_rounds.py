@@ -24,7 +24,7 @@ from autoplan.search.optimize import (
     run_study,
 )
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._prepare import Prepared
+from autoplan.search.preparation import Prepared
 from autoplan.search.stages._uniform import acceptable, best_uniform
 from autoplan.search.verify import Calibration, Measurement, family_shares
 

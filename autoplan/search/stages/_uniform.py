@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._prepare import Prepared
+from autoplan.search.preparation import Prepared
 from autoplan.search.verify import Measurement
 
 UNIFORM_TRIES = 6  # uniform recipes measured, fastest first, until one passes

@@ -29,7 +29,7 @@ from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._as_is import AsIs, as_is
+from autoplan.search.preparation._as_is import AsIs, as_is
 from autoplan.search.request import (
     ONNX_RUNTIME,
     Platform,
@@ -37,7 +37,7 @@ from autoplan.search.request import (
     in_memory_only,
     kernel_timer,
 )
-from autoplan.search.stages._uncertainty import SpeedUncertainty, speed_uncertainty
+from autoplan.search.preparation._uncertainty import SpeedUncertainty, speed_uncertainty
 from autoplan.search.verify import (KvSimulation, QualityBudget, SharedMeasurements, Verifier,
                                     build_gates, measurement_store)
 from autoplan.quant.kv_cache import kv_quants
