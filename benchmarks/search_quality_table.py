@@ -12,7 +12,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-HEADER = ("| target / runtime | budget | uncertainty | reference mix: KL, evals | "
+HEADER = ("| model | target / runtime | budget | uncertainty | reference mix: KL, evals | "
           "search (min gain 0): KL, evals | x reference | P4 | stopped | answer (noise rule) "
           "| answer KL | answer P4 | goals |")
 
@@ -22,9 +22,9 @@ def _goals(goals: dict) -> str:
     return "all met" if not failed else "missed: " + ", ".join(failed)
 
 
-def row_line(r: dict) -> str:
+def row_line(model: str, r: dict) -> str:
     ref, loose, plan = r["reference"], r["plan_min_gain_0"], r["plan"]
-    return (f"| {r['target']} / {r['runtime']} | {r['budget']} "
+    return (f"| {model} | {r['target']} / {r['runtime']} | {r['budget']} "
             f"| {r['speed_uncertainty']['relative']:.1%} "
             f"| {ref['kl']:.4f}, {ref['real_evaluations']} "
             f"| {loose['kl']:.4f}, {loose['real_evaluations']} "
@@ -38,7 +38,8 @@ def table(paths: list[Path]) -> str:
     lines = [HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
     for path in paths:
         doc = json.loads(path.read_text())
-        lines += [row_line(r) for r in doc["rows"]]
+        model = Path(doc["model"]).name  # a folder: its name, not where it lies
+        lines += [row_line(model, r) for r in doc["rows"]]
     return "\n".join(lines)
 
 
