@@ -10,6 +10,10 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from search_quality import answer_uses_budget  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 HEADER = ("| model | target / runtime | budget | uncertainty | reference mix: KL, evals | "
@@ -17,7 +21,10 @@ HEADER = ("| model | target / runtime | budget | uncertainty | reference mix: KL
           "| answer KL | answer P4 | goals |")
 
 
-def _goals(goals: dict) -> str:
+def _goals(r: dict) -> str:
+    goals = dict(r["goals"])
+    if goals.get("answer_uses_budget") is not None:  # read again from the recorded plan
+        goals["answer_uses_budget"] = answer_uses_budget(r["plan"], r["limit"])
     failed = [k for k, v in goals.items() if v is False]
     return "all met" if not failed else "missed: " + ", ".join(failed)
 
@@ -31,7 +38,7 @@ def row_line(model: str, r: dict) -> str:
             f"| {r['plan_over_reference_ratio']:.4f} | {r['p4_plan_over_best_uniform']:.4f} "
             f"| {loose['stopped'].split(':')[0]} | {plan['label']} ({plan['outcome']}) "
             f"| {plan['kl']:.4f} | {r['p4_answer_over_best_uniform']:.4f} "
-            f"| {_goals(r['goals'])} |")
+            f"| {_goals(r)} |")
 
 
 def table(paths: list[Path]) -> str:
