@@ -58,6 +58,9 @@ def render(report: dict) -> list[str]:
             for part, b in parts.items():
                 lines.append(f"    {label:6s} {part:42s} {gib(b)}")
         gpu = f", GPU peak {gib(p['device_bytes']).strip()}" if dev != "cpu" else ""
+        if p.get("peak_phase"):  # stages never resident together: the largest sets the peak
+            gpu += (f" (stages {', '.join(p['phases'])} never at once; the peak is in "
+                    f"{p['peak_phase']})")
         lines.append(f"    peak: host {gib(p['host_bytes']).strip()}{gpu} -> "
                      f"{'fits' if report['fits'][ex] else 'does NOT fit'}")
     budget = f"host budget {gib(report['host_budget_bytes']).strip()}"

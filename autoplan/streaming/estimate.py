@@ -31,12 +31,17 @@ class Workload:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Bytes per part and per place; `host`/`device` totals are the peaks of the run."""
+    """Bytes per part and per place; `host`/`device` totals are the peaks of the run.
+
+    `phases` name the device parts that are never resident together: each phase lists the
+    parts alive at once in one stage of the run (a part may be in several); a part in no
+    phase is resident throughout. The device peak is those plus the largest phase."""
 
     execution: str
     device: str  # "cpu" or "cuda"
     host_parts: dict[str, int] = field(default_factory=dict)
     device_parts: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def host(self) -> int:
@@ -45,7 +50,19 @@ class MemoryPlan:
 
     @property
     def device_total(self) -> int:
-        return sum(self.device_parts.values())
+        phased = {part for parts in self.phases.values() for part in parts}
+        always = sum(b for part, b in self.device_parts.items() if part not in phased)
+        return always + max(self._phase_bytes().values(), default=0)
+
+    @property
+    def peak_phase(self) -> str | None:
+        """The stage whose parts set the peak (None when every part is resident at once)."""
+        sizes = self._phase_bytes()
+        return max(sizes, key=sizes.__getitem__) if sizes else None
+
+    def _phase_bytes(self) -> dict[str, int]:
+        return {name: sum(self.device_parts[part] for part in parts)
+                for name, parts in self.phases.items()}
 
     @property
     def gpu(self) -> int:
@@ -54,7 +71,9 @@ class MemoryPlan:
     def to_json(self) -> dict:
         return {"execution": self.execution, "device": self.device,
                 "host_bytes": self.host, "device_bytes": self.gpu,
-                "host_parts": self.host_parts, "device_parts": self.device_parts}
+                "host_parts": self.host_parts, "device_parts": self.device_parts,
+                "phases": {name: list(parts) for name, parts in self.phases.items()},
+                "peak_phase": self.peak_phase}
 
 
 def _block_dims(spec: ModelSpec) -> tuple[int, int, int, int]:
@@ -114,22 +133,23 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
     head_capture = t * (h + v) * F32
     if execution == "memory":
         weights = spec.total_params * F32
+        captures, activations = "captures (all layers)", "activations (whole model, 1 batch)"
+        scoring, verification = "scoring (largest layer)", "verification copy + all Hessians"
         parts = {
             "weights (fp32, whole model)": weights,
-            "captures (all layers)": spec.n_layers * t * (block_in + block_out) * F32
-            + head_capture,
-            "activations (whole model, 1 batch)": spec.n_layers * _activations(
-                spec, w.calib_batch_tokens, w.seq_len) + logits,
-            "scoring (largest layer)": _scoring(spec, t),
+            captures: spec.n_layers * t * (block_in + block_out) * F32 + head_capture,
+            activations: spec.n_layers * _activations(spec, w.calib_batch_tokens, w.seq_len)
+            + logits,
+            scoring: _scoring(spec, t),
             # verification: the compressed deep copy and every layer's Hessian at once
-            "verification copy + all Hessians": weights + spec.n_layers * block_h * F32
-            + h * h * F32,
+            verification: weights + spec.n_layers * block_h * F32 + h * h * F32,
             "reference log-probs": reference,
         }
-        host = {"process": PROCESS_BYTES}
-        if dev == "cpu":
-            return MemoryPlan(execution, dev, host, parts)
-        return MemoryPlan(execution, dev, host, parts)
+        # the profile frees its captures before any verification starts (and scores only
+        # after the backward passes): three stages, never all of them at once
+        phases = {"capture": (captures, activations), "scoring": (captures, scoring),
+                  "verification": (verification,)}
+        return MemoryPlan(execution, dev, {"process": PROCESS_BYTES}, parts, phases)
     # the embedding and lm_head are read only while a pass needs them, never both at once
     on_demand = max(spec.embedding_params, v * h) * F32
     device_parts = {

@@ -51,3 +51,36 @@ def test_streamed_equals_in_memory_on_the_embedded_model(tmp_path: Path) -> None
     assert want.kl > 1e-4
     assert got.kl == pytest.approx(want.kl, rel=1e-5)
     assert got.ppl == pytest.approx(want.ppl, rel=1e-6)
+
+
+_CAPTURE_PEAK = """
+import resource, torch
+from autoplan.models import load_model
+from autoplan.quality import load_text_dataset
+from autoplan.sensitivity.capture import capture
+torch.set_num_threads(2)
+loaded = load_model("smollm2-135m")
+data = load_text_dataset(None, tokenizer=loaded.tokenizer, seq_len=256, n_calib=4, n_eval=6,
+                         seed=0)
+capture(loaded.model, [la.name for la in loaded.spec.layers], list(data.calib.split(2)))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def test_in_memory_estimate_bounds_the_measured_capture_peak() -> None:
+    """The search's own workload (4 x 256 calibration tokens, 2 blocks a batch): one capture
+    pass over every layer, the in-memory stage that peaks, measured in a fresh process, is
+    within the estimate, and the estimate is less than twice it (summing every stage, as if
+    all were resident at once, gave 2.1x and refused --measure-kernels with 6.4 GiB free)."""
+    import subprocess
+    import sys
+
+    from autoplan.streaming import estimate
+    from autoplan.streaming.runner import workload_of
+
+    out = subprocess.run([sys.executable, "-c", _CAPTURE_PEAK], capture_output=True,
+                         text=True, check=True, timeout=900)
+    measured = int(out.stdout.split()[-1])
+    spec = load_model("smollm2-135m").spec
+    predicted = estimate.plan(spec, "memory", "cpu", workload_of(256, 4, 6)).host
+    assert measured <= predicted < 2 * measured, (measured / 2**30, predicted / 2**30)
