@@ -49,6 +49,8 @@ class HessianAccumulator:
             if self._hessian is not None:
                 self._hessian = self._hessian.to(x2.device)
         b = x2.shape[0]
+        if b == 0:  # e.g. a routed expert no calibration token picked: nothing to add
+            return
         total = self.tokens + b
         # Rescale the old mean before adding, as GPTQ does, instead of summing and dividing
         # at the end: the sum of squares of millions of tokens would lose float32 precision.

@@ -171,7 +171,8 @@ DENSE = FieldSet("dense decoder", (
           maximum=1, exclusive_min=True),
     Field("rms_norm_eps", "the norm's epsilon", integer=False, minimum=0, maximum=1),
     Field("layer_norm_eps", "the norm's epsilon", integer=False, minimum=0, maximum=1),
-    Field("sliding_window", "the local attention window", maximum=2**24),
+    # 0 is no window: transformers 5 writes 0 for qwen2_moe whenever use_sliding_window is off
+    Field("sliding_window", "the local attention window", minimum=0, maximum=2**24),
 ), (CrossRule("heads per KV head", _heads), CrossRule("hidden split into heads", _hidden_split),
     CrossRule("rotary pairs", _rotary), CrossRule("rotary tables", _rope_tables),
     CrossRule("padding row", _padding)))

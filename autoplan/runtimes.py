@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autoplan.errors import AutoplanError, UnknownNameError
+from autoplan.modelspec import part_of
 from autoplan.formats import DENSE, Choice, Precision
 from autoplan.formats.kv import KvFormat
 from autoplan.targets import Target, check_source, load_catalog
@@ -65,6 +66,9 @@ class Rule(BaseModel):
     precision: tuple[str, ...] = ("*",)
     families: tuple[str, ...] = ("*",)
     platforms: tuple[Platform, ...] = ("*",)
+    # parts of the model the rule is about (modelspec part names, e.g. "routed_experts": an
+    # engine's fused-MoE kernels); "*" every layer
+    parts: tuple[str, ...] = ("*",)
     reason: str = Field(min_length=1)
     source: str = Field(min_length=1)
     # False: the runtime's own kernels run these choices with vector instructions every CPU
@@ -82,13 +86,15 @@ class Rule(BaseModel):
     def _precisions(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return _known(v, {p.value for p in Precision} | {"*"}, "precisions")
 
-    def matches(self, target: Target, choice: Choice) -> bool:
-        """True when the rule covers this target and choice."""
+    def matches(self, target: Target, choice: Choice, part: str | None = None) -> bool:
+        """True when the rule covers this target and choice (and, for a rule about some
+        parts of the model, a layer of one of them)."""
         return (
             _hit(self.sparsity, _sparsity_tokens(choice))
             and _hit(self.precision, {choice.precision.value})
             and _hit(self.families, {target.family})
             and _hit(self.platforms, {target.platform})
+            and (self.parts == ("*",) or part in self.parts)
         )
 
 
@@ -274,13 +280,15 @@ def _hardware_gap(target: Target, choice: Choice) -> str:
     return ""
 
 
-def supports(target: Target, runtime: str, choice: Choice) -> Support:
+def supports(target: Target, runtime: str, choice: Choice, part: str | None = None) -> Support:
     """Whether `runtime` accelerates `choice` on `target`, with the reason and its source.
 
     Args:
         target: a catalog or measured target.
         runtime: a runtime name (see runtime_names()).
         choice: the layer's (sparsity, precision).
+        part: the layer's part of the model (modelspec `part_of`), for rules about some
+            parts only (an engine's fused-MoE kernels); None: rules about every layer.
 
     Returns:
         Support(ok, reason, source); never raises for a known runtime.
@@ -301,7 +309,7 @@ def supports(target: Target, runtime: str, choice: Choice) -> Support:
         prefix = "channel pruning runs as a smaller dense matrix; "
         return replace(inner, reason=prefix + inner.reason)
     for rule in (*load_matrix().deny, *rt.deny):
-        if rule.matches(target, choice):
+        if rule.matches(target, choice, part):
             return Support(False, rule.reason, rule.source)
     for rule in rt.accel:
         if not rule.needs_peak and rule.matches(target, choice):
@@ -328,7 +336,7 @@ def refusals(target: Target, runtime: str, choices: Mapping[str, Choice]) -> dic
     """
     out: dict[str, list[str]] = {}
     for name, choice in sorted(choices.items()):
-        answer = supports(target, runtime, choice)
+        answer = supports(target, runtime, choice, part_of(name))
         if not answer.ok:
             out.setdefault(f"{choice} ({answer.reason})", []).append(name)
     return out
@@ -461,6 +469,30 @@ def check_kv_layers(runtime: str, formats: Mapping[int, KvFormat]) -> None:
             f"-ctk), not a mix per layer ({', '.join(kinds)}): pick one format for every layer")
 
 
+def kv_of_mix(runtime: str, mix: Mapping[int, KvFormat], n_layers: int,
+              own: KvFormat) -> KvFormat:
+    """The one format a per-block mix (``--kv-cache fp8@0-15,...``) amounts to, blocks not
+    named keeping the runtime's own cache ``own``; a real mix is refused.
+
+    Raises:
+        UserInputError: a block the model does not have.
+        UnsupportedFormatError: the blocks differ (the engine's reason, `check_kv_layers`;
+            autoplan plans one format per model even where an engine would take more).
+    """
+    from autoplan.errors import UnsupportedFormatError, UserInputError
+
+    beyond = sorted(i for i in mix if i >= n_layers)
+    if beyond:
+        raise UserInputError(f"--kv-cache names block {beyond[0]}, but the model has "
+                             f"blocks 0-{n_layers - 1}")
+    full = {i: mix.get(i, own) for i in range(n_layers)}
+    check_kv_layers(runtime, full)
+    kinds = set(full.values())
+    if len(kinds) > 1:
+        raise UnsupportedFormatError("autoplan plans one KV-cache format per model: give one")
+    return kinds.pop()
+
+
 __all__ = [
     "KvRule",
     "KvSupport",
@@ -470,6 +502,7 @@ __all__ = [
     "Support",
     "accelerated_choices",
     "check_kv_layers",
+    "kv_of_mix",
     "default_kv",
     "default_runtime",
     "format_family",

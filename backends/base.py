@@ -1,20 +1,6 @@
 """The backend interface and registry.
 
-A backend is a vendor adapter (nvidia, amd, cpu). Each one says, in one class:
-
-- ``probe()``: the hardware it finds; never raises (a missing driver is a reason, not an error);
-- ``measured_targets()``: targets it measures itself, registered into the catalog when the
-  backend is loaded (the CPU backend yields ``local``);
-- ``kernels``: an ordered list of kernels, each with requirement predicates; the first whose
-  requirements all hold runs a choice (``select_kernel``), as compressed-tensors picks a
-  compressor;
-- ``kernel_timer(runtime)``: how a search times its layer shapes with that runtime's own
-  kernels on this machine (a cost table the cost model reads), None when it cannot;
-- ``exporters`` and ``default_format``: the export formats its runtimes load; ``autoplan
-  apply`` is ``autoplan export`` with ``default_format``.
-
-Vendor libraries (pynvml, amdsmi, triton, onnxruntime) stay lazy: importing a backend costs
-nothing on a machine without its hardware.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

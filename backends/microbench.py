@@ -1,30 +1,6 @@
 """Layer-shape microbenchmarks and the measured cost table they produce.
 
-For a linear layer y[M, N] = x[M, K] @ W[N, K]^T and a Choice (autoplan.formats), build the
-real kernel its FormatSpec names (dense F.linear, FP8 `_scaled_mm`, 2:4 bf16/fp8, Triton
-block-sparse, NVFP4) on the weight autoplan.prune and autoplan.quant make of it, and time
-it: CUDA events on a GPU, `time.perf_counter` on CPU, median of `repeats` calls after
-`warmup` calls. On CPU only dense and the block-sparse *reference* run, which keeps the
-harness testable; their rows say so in `kernel`.
-
-Measured cost table (JSON, sorted keys), what the cost model ingests::
-
-    {
-      "schema_version": 1,
-      "device": "NVIDIA H200",            # torch.cuda.get_device_name, or "cpu (N threads)"
-      "torch": "2.13.0",
-      "rows": [
-        {"m": 16, "n": 4096, "k": 4096,    # tokens, out features, in features
-         "choice": "2:4+fp8_e4m3",         # canonical Choice text
-         "kernel": "cusparselt",           # which implementation was timed
-         "median_us": 41.2, "p10_us": 40.8, "p90_us": 43.0}
-      ],
-      "skipped": [{"m": .., "n": .., "k": .., "choice": .., "reason": "one line"}]
-    }
-
-Times are per call in microseconds and include the per-call activation quantization of
-W8A8 paths (a real layer pays it too). Decode-sized weights would sit in L2 if one copy were
-reused, so on GPU the harness rotates through enough weight copies to exceed the cache.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

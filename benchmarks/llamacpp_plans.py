@@ -55,6 +55,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m",
+                    help="a GGUF model (default: the embedded SmolLM2; benchmarks/moefy.py "
+                         "--gguf writes its MoEfied version)")
     ap.add_argument("--budget", default="kl<=0.01")
     ap.add_argument("--objective", default="tpot",
                     help="search objective (tpot: decode speed, what this benchmark ranks)")
@@ -69,6 +72,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gguf-dir", default=None,
                     help="where the GGUF files go (default: <cache>/llamacpp_plans)")
     ap.add_argument("--no-simulated-kl", action="store_true")
+    ap.add_argument("--sides", default=",".join(UNIFORM + tuple(KQUANTS)),
+                    help="the uniform sides beside the plan and the original (q8_0 always; "
+                         "fewer sides: a shorter run on a busy machine)")
     ap.add_argument("--exactness-only", action="store_true",
                     help="only compare ggml's mul_mat with autoplan's simulated layer per type")
     ap.add_argument("--out", default=str(RESULTS / "llamacpp_plans.json"))
@@ -82,7 +88,7 @@ def _search(args: argparse.Namespace, plan_path: Path):  # noqa: ANN202 - a Plan
 
     if args.plan:
         return load_plan(args.plan)
-    req = SearchRequest(model="smollm2-135m", target="local", runtime="llama.cpp",
+    req = SearchRequest(model=args.model, target="local", runtime="llama.cpp",
                         budget=args.budget, workload=Workload(batch=1, input_len=args.input_len,
                                                               output_len=args.output_len),
                         objective=args.objective, trials=args.trials, seed=args.seed,
@@ -126,21 +132,38 @@ def _type_counts(path: Path) -> dict[str, int]:
     from gguf import GGUFReader
 
     return dict(Counter(t.tensor_type.name for t in GGUFReader(str(path)).tensors
-                        if t.name.endswith(".weight") and len(t.shape) == 2))
+                        if t.name.endswith(".weight") and len(t.shape) >= 2))  # MoE: 3-D
+
+
+def _sides(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The sides of `names` this run measures (q8_0 always: the goal's comparison)."""
+    wanted = set(args.sides.split(",")) | {"q8_0"}
+    return tuple(n for n in names if n in wanted)
+
+
+def _stem(args: argparse.Namespace) -> str:
+    """File-name stem of the exported GGUFs: the model's name."""
+    return "smollm2" if args.model == "smollm2-135m" else Path(args.model).stem
 
 
 def _files(plan, loaded, args, gguf_dir: Path) -> dict[str, Path]:  # noqa: ANN001
     from autoplan.export import export_plan
 
-    files = {"plan": export_plan(plan, loaded, "gguf", gguf_dir / "smollm2-plan.gguf")}
-    for precision in UNIFORM:
+    stem = _stem(args)
+    files = {"plan": export_plan(plan, loaded, "gguf", gguf_dir / f"{stem}-plan.gguf")}
+    for precision in _sides(args, UNIFORM):
         files[precision] = export_plan(_uniform(plan, precision), loaded, "gguf",
-                                       gguf_dir / f"smollm2-{precision}.gguf")
-    f32 = export_plan(_uniform(plan, "fp32"), loaded, "gguf", gguf_dir / "smollm2-f32.gguf")
+                                       gguf_dir / f"{stem}-{precision}.gguf")
+    kquants = _sides(args, tuple(KQUANTS))
+    if not kquants:
+        files["original"] = loaded.source.path
+        return files
+    f32 = export_plan(_uniform(plan, "fp32"), loaded, "gguf", gguf_dir / f"{stem}-f32.gguf")
     from autoplan.engines.llamacpp import default_threads
 
-    for side, (name, type_id) in KQUANTS.items():
-        files[side] = _kquant(f32, gguf_dir / f"smollm2-{side}.gguf", type_id,
+    for side in kquants:
+        _name, type_id = KQUANTS[side]
+        files[side] = _kquant(f32, gguf_dir / f"{stem}-{side}.gguf", type_id,
                               args.threads or default_threads())
     files["original"] = loaded.source.path
     return files
@@ -255,9 +278,10 @@ def _eval_tokens(plan, loaded):  # noqa: ANN001, ANN202 - int64 [n, seq]
                              n_calib=cal.n_calib, n_eval=cal.n_eval, seed=cal.seed).eval
 
 
-def exactness(loaded, layer: str = "model.layers.3.mlp.down_proj", rows: int = 4) -> dict:  # noqa: ANN001
-    """Per GGUF type: max |ggml - simulated| / max |y| for one real layer and random inputs,
-    next to the same gap when activations are left unrounded (weight-only simulation)."""
+def exactness(loaded, layer: str | None = None, rows: int = 4) -> dict:  # noqa: ANN001
+    """Per GGUF type: max |ggml - simulated| / max |y| for one real layer (block 3's MLP
+    down projection, or its first expert's) and random inputs, next to the same gap when
+    activations are left unrounded (weight-only simulation)."""
     import torch
 
     from autoplan.engines.ggml_microbench import GGML_TYPE_IDS
@@ -266,6 +290,8 @@ def exactness(loaded, layer: str = "model.layers.3.mlp.down_proj", rows: int = 4
     from autoplan.models.graph import get_linear
     from autoplan.quant import SimulatedLinear
 
+    layer = layer or next(la.name for la in loaded.spec.layers
+                          if la.block == 3 and la.role in ("down", "expert_down"))
     linear = get_linear(loaded.model, layer)
     x = torch.randn(rows, linear.in_features, generator=torch.Generator().manual_seed(0)) * 2
     out = {}
@@ -310,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     gguf_dir = Path(args.gguf_dir) if args.gguf_dir else cache_root() / "llamacpp_plans"
     budget = QualityBudget.parse(args.budget)
-    loaded = load_model("smollm2-135m")
+    loaded = load_model(args.model)
     exact = exactness(loaded)
     for name, e in exact["relative_max_error"].items():
         print(f"ggml vs simulated {name}: {e['simulated']:.1e} (weight-only: {e['weight_only']:.1e})")
@@ -337,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                        "simulated_kl": simulated.get(name),
                        "meets_budget": budget.metric != "kl" or q["kl"] <= budget.limit}
     plan_side, q8 = sides["plan"], sides["q8_0"]
-    meeting = [n for n in UNIFORM + tuple(KQUANTS) if sides[n]["meets_budget"]]
+    meeting = [n for n in UNIFORM + tuple(KQUANTS) if n in sides and sides[n]["meets_budget"]]
     goals = {
         "plan_beats_q8_0_tok_s_at_equal_or_better_kl":
             plan_side["decode_tok_s"] > q8["decode_tok_s"] and plan_side["kl"] <= q8["kl"],

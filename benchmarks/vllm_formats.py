@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     except AutoplanError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    from autoplan.search.stages import CALIB_BATCH
+    from autoplan.search.preparation import CALIB_BATCH
 
     loaded = load_model("smollm2-135m")
     template = load_plan(TEMPLATE)

@@ -8,6 +8,7 @@ from collections import Counter
 from rich.console import Group
 from rich.table import Table
 
+from autoplan.modelspec import part_of
 from autoplan.plan.schema import Plan
 from autoplan.search.verify import SLICE_NAMES
 
@@ -17,6 +18,7 @@ _ROWS = (
     ("TPOT ms (predicted)", "tpot_s", "{:,.3f}", 1e3),
     ("memory GB (predicted)", "memory_gb", "{:,.3f}"),
     ("weights GB", "weight_gb", "{:,.3f}"),
+    ("  active weights GB read per token", "active_weight_gb", "{:,.3f}"),
     ("energy J/token (predicted)", "energy_j_per_token", "{:,.5f}"),
     ("$ / 1M tokens (predicted)", "usd_per_1m_tokens", "{:,.4f}"),
 )
@@ -36,7 +38,12 @@ def summary_table(plan: Plan) -> Table:
     for row in _ROWS:
         label, attr, fmt = row[:3]
         scale = row[3] if len(row) > 3 else 1.0
-        table.add_row(label, *[fmt.format(getattr(plan.predicted[k], attr) * scale) for k in cols])
+        values = [getattr(plan.predicted[k], attr) for k in cols]
+        if any(v is None for v in values):  # a plan from before the field existed
+            continue
+        if attr == "active_weight_gb" and not any(".experts." in n for n in plan.decisions):
+            continue  # a dense model: every token reads (nearly) every weight
+        table.add_row(label, *[fmt.format(v * scale) for v in values])
     q = plan.quality
     uniform_kl = plan.search.best_uniform_kl
     extra = [f"{uniform_kl:.5f}" if uniform_kl is not None else "-"] if len(cols) > 2 else []
@@ -48,13 +55,34 @@ def summary_table(plan: Plan) -> Table:
     return table
 
 
+_PARTS = ("attention", "mlp", "shared_expert", "routed_experts", "lm_head")
+
+
 def decisions_table(plan: Plan) -> Table:
-    counts = Counter(plan.decisions.values())
-    table = Table(title="per-layer decisions")
+    """Decisions by part of the model (attention / MLP / shared / routed experts / lm_head):
+    how many layers (and, for routed experts, how many blocks' expert groups) per choice."""
+    counts: Counter = Counter()
+    blocks: dict[tuple[str, str], set[str]] = {}
+    for name, choice in plan.decisions.items():
+        part = part_of(name)
+        counts[(part, choice)] += 1
+        if part == "routed_experts":
+            blocks.setdefault((part, choice), set()).add(name.split(".experts.")[0])
+    moe = any(part == "routed_experts" for part, _ in counts)
+    table = Table(title="decisions by part" if moe else "per-layer decisions")
+    if moe:
+        table.add_column("part")
     table.add_column("choice")
     table.add_column("layers", justify="right")
-    for choice, n in counts.most_common():
-        table.add_row(choice, str(n))
+    if moe:
+        table.add_column("expert groups", justify="right")
+    order = {p: i for i, p in enumerate(_PARTS)}
+    for (part, choice), n in sorted(counts.items(), key=lambda kv: (order[kv[0][0]], -kv[1])):
+        row = [choice, str(n)]
+        if moe:
+            group = blocks.get((part, choice))
+            row = [part.replace("_", " "), *row, str(len(group)) if group else "-"]
+        table.add_row(*row)
     return table
 
 
@@ -138,6 +166,10 @@ def render(plan: Plan) -> Group:
         text.append(f"predicted gain over best uniform recipe ({s.best_uniform}): "
                     f"{s.gain_over_best_uniform:.3f}x "
                     f"{'decode tokens/s' if plan.objective == 'tpot' else 'tokens/s'}")
+    if s.why:
+        text.append(f"why this plan: {s.why}")
+    if s.stopped:
+        text.append(f"search stopped: {s.stopped}")
     return Group(*lines, *text)
 
 

@@ -34,7 +34,7 @@ def _table(c: Comparison) -> Table:
                           "that the row's runtime cannot accelerate; each with its reason in "
                           "compare.json")
     cols = ("target / runtime", "batch", "plan tok/s", "baseline tok/s", "TTFT ms", "TPOT ms",
-            "$/1M tok", "J/tok", "memory GB", "KL", "x baseline", "x best uniform",
+            "$/1M tok", "J/tok", "memory GB", "KL", "x baseline", "x best uniform (or as is)",
             "not accelerated")
     for col in cols:
         table.add_column(col, justify="left" if col in (cols[0], cols[-1]) else "right",

@@ -17,8 +17,9 @@ from autoplan.cost.measured import load_cost_table
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
-from autoplan.formats.kv import KvFormat
-from autoplan.runtimes import default_kv, default_runtime, kv_supports, runtime_names, supports
+from autoplan.formats.kv import KvFormat, parse_kv_mix
+from autoplan.runtimes import (default_kv, default_runtime, kv_of_mix, kv_supports,
+                               runtime_names, supports)
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.workload import Workload
 
@@ -160,6 +161,7 @@ def _pick_runtime(tgt, runtime: str | None, choice: Choice):
     return default, first
 
 
+
 @click.command("estimate")
 @click.option("--model", "model", required=True,
               help="HF model folder, config.json, or bundled name (e.g. llama-3.1-8b).")
@@ -186,7 +188,8 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     With `--batch max` or an SLO each side is evaluated at its own operating point (a
     smaller format fits, or meets the SLO at, a larger batch), as vendors' "max throughput"
     tables compare them."""
-    kv_asked = KvFormat.parse(kv_cache) if kv_cache else None
+    kv_mix = parse_kv_mix(kv_cache) if kv_cache else None  # FORMAT@BLOCKS items
+    kv_asked = KvFormat.parse(kv_cache) if kv_cache and kv_mix is None else None
     for name, value in (("input-len", input_len), ("output-len", output_len)):
         positive_int(name, value)
     finite_non_negative("price-per-hour", price_per_hour)
@@ -211,6 +214,8 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     if not support.ok:
         raise UnsupportedFormatError(support.reason)
     kv_base = default_kv(tgt, runtime)
+    if kv_mix is not None:
+        kv_asked = kv_of_mix(runtime, kv_mix, spec.n_layers, kv_base)
     kv_cand = kv_asked or kv_base
     kv_ok = kv_supports(tgt, runtime, kv_cand)
     if not kv_ok.ok:

@@ -38,7 +38,7 @@ def command(plan_path: str, method: str, recover_steps: int, recover_lr: float,
     from autoplan.plan.io import load_plan
     from autoplan.search import RecoverOptions, recover_plan
     from autoplan.search.recovery import default_out
-    from autoplan.search.stages import at_least
+    from autoplan.search.request import at_least
     from autoplan.search.writable import check_writable_file
 
     settings = recovery_settings(method, recover_steps, recover_lr, recover_rank, recover_text,

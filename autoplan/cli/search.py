@@ -61,6 +61,10 @@ from autoplan.workload import Workload
 @click.option("--threads", type=int, default=None,
               help="Engine threads the measured kernels are timed with (default: physical "
                    "cores); use what the engine will run with.")
+@click.option("--min-gain", type=float, default=None,
+              help="Predicted speed gain (0.05 = 5 %) a plan needs over a measured candidate "
+                   "of better quality to be returned instead of it. Default: the speed "
+                   "prediction's uncertainty for the target and runtime (the plan says it).")
 @click.option("--kv-cache", "kv_cache", default=None,
               help="KV-cache formats searched with the weights, each at its own operating "
                    "point: auto (every one the runtime serves here) or a list, e.g. "
@@ -85,7 +89,7 @@ from autoplan.workload import Workload
 def command(model, target, runtime, budgets, objective, batch, input_len, output_len, ttft_ms,  # noqa: ANN001, PLR0913
             tpot_ms, trials, seed, storage, study, out, multi_objective, prune_score, quant_method, text,
             protect_first, protect_last, price_per_hour, cost_table, measure_kernels, choices,
-            threads, device, execution, offload_dir, trust_remote_code, as_json, quiet,
+            threads, min_gain, device, execution, offload_dir, trust_remote_code, as_json, quiet,
             recover_method, recover_steps, recover_lr, recover_rank, recover_text, recover_batch,
             recover_seq_len, recover_seed, lm_eval_tasks, lm_eval_limit, slices,
             ray_address, kv_cache=None, long_len=0) -> None:
@@ -113,7 +117,7 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
         settings=CompressionSettings(prune_score, quant_method), text=text,
         protect_first_block=protect_first, protect_last_block=protect_last,
         price_per_hour=finite_non_negative("price-per-hour", price_per_hour),
-        trust_remote_code=trust_remote_code,
+        min_gain=finite_non_negative("min-gain", min_gain), trust_remote_code=trust_remote_code,
         cost_table=CostTable.load(cost_table) if cost_table else None,
         measure_kernels=measure_kernels, execution=settings_from(device, execution, offload_dir, threads),
         operating=None if operating.mode == "fixed" else operating,

@@ -146,6 +146,11 @@ class CostModel:
             return expert_step(self.target, self.eff, layer, choice, share, tokens, base)
 
         decode = step(self.workload.batch) + overhead
+        reads = touched(share, self.workload.batch)
+        rows = max(1, round(self.workload.batch * share / reads)) if reads else 1
+        hit = self.measured.seconds(rows, layer.out_features, layer.in_features, choice)
+        if hit is not None:  # a measured GEMM of the rows a touched expert gets, when touched
+            decode = reads * hit + (0.0 if self.measured.includes_dispatch else overhead)
         prefill = (self._chunks - 1) * step(self._chunk_m) + step(self._last_m)
         result = PhaseTime(prefill + self._chunks * overhead, decode)
         self._memo[key] = result

@@ -61,6 +61,26 @@ class Routing:
             shares[block] = tuple(c / tokens for c in row)
         return cls(shares, f"calibration routing ({tokens} tokens)")
 
+    @classmethod
+    def from_json(cls, spec: ModelSpec, doc: Mapping[str, Any] | None) -> Routing:
+        """What `to_json` wrote (a plan's `routing`); uniform when absent or for another model."""
+        moe = spec.moe
+        if moe is None or not doc:
+            return cls.uniform(spec)
+        shares = {int(b): tuple(float(x) for x in s) for b, s in doc.get("shares", {}).items()}
+        if set(shares) != set(moe.moe_blocks) or any(len(s) != moe.n_experts
+                                                     for s in shares.values()):
+            return cls.uniform(spec)
+        return cls(shares, str(doc.get("source", "plan")))
+
+    @classmethod
+    def of_profile(cls, spec: ModelSpec, counts: Mapping[str, Sequence[int]],
+                   tokens: int) -> Routing:
+        """The profile's calibration routing, or uniform when it recorded none."""
+        if spec.moe is None or not counts or tokens <= 0:
+            return cls.uniform(spec)
+        return cls.from_counts(spec, counts, tokens)
+
     def share(self, block: int, expert: int) -> float:
         return self.shares[block][expert]
 

@@ -261,5 +261,41 @@ def validate() -> ValidationReport:
     return ValidationReport(tuple(validate_point(p) for p in load_measurements()))
 
 
-__all__ = ["PointResult", "ValidationReport", "kv_pool_fits", "load_measurements", "validate",
-           "validate_point"]
+@cache
+def family_error(family: str, moe: bool = False) -> tuple[float, int, str]:
+    """(mean |error| of the predicted speedup ratios, points, which points) for one efficiency
+    family and model kind (dense, or mixture-of-experts with `moe`): the points whose every
+    target is of that family; when none is, every point that involves it; when none does,
+    every point of the kind. What a ratio the cost model predicts on such a target may be
+    off by (the search's noise rule, search/preparation/_uncertainty.py). No leave-one-family-out
+    predictions: a few seconds less than `validate`."""
+    points = [p for p in load_measurements() if _runs_moe(p) == moe]
+    fams = []
+    for p in points:
+        try:
+            fams.append(tuple(family_of(get_target(p[s]["target"]))
+                              for s in ("candidate", "baseline")))
+        except AutoplanError:
+            fams.append(())
+    kind = "mixture-of-experts" if moe else "dense"
+    alone = [p for p, f in zip(points, fams, strict=True) if f and set(f) == {family}]
+    involving = [p for p, f in zip(points, fams, strict=True) if family in f]
+    chosen, which = ((alone, f"of {kind} models on {family} targets alone") if alone else
+                     (involving, f"of {kind} models involving a {family} target")
+                     if involving else (points, f"of {kind} models, every family"))
+    errors = [e for p in chosen if (e := validate_point_fast(p)) is not None]
+    return _mape(errors), len(errors), which
+
+
+def validate_point_fast(point: dict[str, Any]) -> float | None:
+    """One point's signed relative error (None: skipped), without the held-out families."""
+    try:
+        predicted, _ = _ratio(point)
+    except AutoplanError:
+        return None
+    published = float(point["published"])
+    return (predicted - published) / published
+
+
+__all__ = ["PointResult", "ValidationReport", "family_error", "kv_pool_fits",
+           "load_measurements", "validate", "validate_point", "validate_point_fast"]

@@ -189,6 +189,16 @@ def decode_step_seconds(gguf: Path, input_len: int, output_len: int,
     return statistics.median(runs)
 
 
+def _runs(layer: Any, spec: Any, batch: int) -> float:
+    """How often a decode step runs a layer: a routed expert only when a token of the batch
+    picks it (uniform routing: top_k / E per token), every other layer once."""
+    if layer.expert < 0 or spec.moe is None:
+        return 1.0
+    from autoplan.cost.moe import touched
+
+    return touched(spec.moe.top_k / spec.moe.n_experts, batch)
+
+
 def non_gemm_decode(loaded: LoadedModel, workload: Any, threads: int | None = None,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measured non-GEMM seconds of a decode step: the source GGUF's decode step minus its
@@ -197,7 +207,8 @@ def non_gemm_decode(loaded: LoadedModel, workload: Any, threads: int | None = No
     rows = decode_rows(loaded.spec, workload.batch, decisions)
     table = measure_rows(rows, threads, progress=progress)
     times = {(r["m"], r["n"], r["k"], r["choice"]): r["median_us"] * 1e-6 for r in table["rows"]}
-    gemm = sum(times[r] for r in rows)
+    gemm = sum(times[r] * _runs(layer, loaded.spec, workload.batch)
+               for r, layer in zip(rows, loaded.spec.layers))
     if progress:
         progress(f"timing the source GGUF's decode step in llama.cpp ({workload.input_len} in, "
                  f"{workload.output_len} out)")

@@ -77,4 +77,44 @@ def write_sidecars(folder: Path, plan: Plan, fmt: str, runtime: str,
         write_deploy(folder, plan, artifact)
 
 
-__all__ = ["AUDIT_FILE", "PLAN_FILE", "is_export", "tensor_digests", "write_sidecars"]
+def engine_names(folder: Path, model_type: str) -> None:
+    """Rename a written checkpoint's routed-expert tensors (and the module names its
+    quantization config targets) to the names its architecture's checkpoints use, which
+    the engines load by (Mixtral: `block_sparse_moe.experts.{e}.w1/w3/w2`); every other
+    architecture keeps transformers' names."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from autoplan.models.moe import checkpoint_key
+
+    if model_type != "mixtral":
+        return
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            metadata = fh.metadata()
+        tensors = load_file(str(path))
+        save_file({checkpoint_key(k, model_type): v for k, v in tensors.items()}, str(path),
+                  metadata=metadata)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        doc = json.loads(index.read_text())
+        doc["weight_map"] = {checkpoint_key(k, model_type): v
+                             for k, v in doc["weight_map"].items()}
+        index.write_text(json.dumps(doc, indent=2))
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    quant = config.get("quantization_config") or {}
+
+    def module(name: str) -> str:
+        return name if name.startswith("re:") else checkpoint_key(f"{name}.x", model_type)[:-2]
+
+    for group in (quant.get("config_groups") or {}).values():
+        group["targets"] = [module(t) for t in group.get("targets", [])]
+    if "ignore" in quant:
+        quant["ignore"] = [module(t) for t in quant["ignore"]]
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+__all__ = ["AUDIT_FILE", "PLAN_FILE", "engine_names", "is_export", "tensor_digests",
+           "write_sidecars"]

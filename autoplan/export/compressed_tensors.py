@@ -14,7 +14,7 @@ from torch import nn
 from autoplan.atomic import atomic_dir
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.export._prepare import Prepared
-from autoplan.export._write import is_export, write_sidecars
+from autoplan.export._write import engine_names, is_export, write_sidecars
 from autoplan.export.kv import kv_scheme
 from autoplan.formats import CompressedTensorsName, Precision, format_spec
 from autoplan.models.graph import get_linear, is_tied
@@ -225,6 +225,7 @@ class CompressedTensorsExporter:
         with atomic_dir(out_dir, is_ours=is_export) as tmp:
             model.save_pretrained(str(tmp))
             compressor.update_config(str(tmp))
+            engine_names(tmp, prep.loaded.spec.model_type)  # MoE experts as vLLM names them
             if prep.loaded.tokenizer is not None:
                 prep.loaded.tokenizer.save_pretrained(str(tmp))
             layers = {n: str(c) for n, c in prep.choices.items()}

@@ -103,6 +103,27 @@ class _Planned:
     order: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class _PlannedStack:
+    """A stacked expert tensor (`ffn_*_exps` [E, out, in]) written from the plan: every
+    expert's simulated layer, in expert order; they share one type (one decision unit)."""
+
+    sims: tuple[Any, ...]
+
+    @property
+    def sim(self) -> Any:
+        return self.sims[0]
+
+    def data(self) -> tuple[np.ndarray, str]:
+        parts = [_linear_bytes(s, None) for s in self.sims]
+        if len({kind for _, kind in parts}) != 1:
+            raise UnsupportedFormatError(
+                f"the experts of one stacked GGUF tensor are planned in "
+                f"{sorted({kind for _, kind in parts})}: llama.cpp stores them with one type; "
+                "re-plan with --runtime llama.cpp")
+        return np.stack([data for data, _ in parts]), parts[0][1]
+
+
 def _linear_bytes(sim: Any, index: torch.Tensor | None) -> tuple[np.ndarray, str]:
     """The plan's layer as GGUF tensor data (rows in GGUF order) and its type name."""
     precision = sim.choice.precision
@@ -161,13 +182,19 @@ def write_gguf(prep: Prepared, path: Path) -> dict[str, dict[str, Any]]:
     src = source_gguf(prep.loaded)
     reader = GGUFReader(str(src))
     model = prep.loaded.model
-    names = {g: h for h, g in hf_to_gguf_names(model, prep.loaded.spec.n_layers).items()}
+    names: dict[str, list[str]] = {}  # GGUF tensor -> HF parameters (a stack: every expert's)
+    for h, g in hf_to_gguf_names(model, prep.loaded.spec.n_layers).items():
+        names.setdefault(g, []).append(h)
     by_name = {t.name: t for t in reader.tensors}
     spec = prep.loaded.spec
     heads = (spec.n_heads, spec.n_kv_heads)
     plan: list[tuple[str, Any]] = []  # (gguf name, source tensor or _Planned)
     for tensor in reader.tensors:
-        hf = names.get(tensor.name, "").removesuffix(".weight")
+        hfs = [h.removesuffix(".weight") for h in names.get(tensor.name, [])]
+        if len(hfs) > 1 and all(h in prep.sims for h in hfs):  # routed experts, stacked
+            plan.append((tensor.name, _PlannedStack(tuple(prep.sims[h] for h in hfs))))
+            continue
+        hf = hfs[0] if hfs else ""
         if hf in prep.sims:
             deq = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy())
             order = row_order(get_linear(model, hf).weight, deq, heads)
@@ -189,7 +216,7 @@ def write_gguf(prep: Prepared, path: Path) -> dict[str, dict[str, Any]]:
     audit: dict[str, dict[str, Any]] = {}
     linear_types: dict[str, tuple[str, int]] = {}
     for name, item in plan:
-        if isinstance(item, _Planned):
+        if isinstance(item, (_Planned, _PlannedStack)):
             sim = item.sim
             kind = ggml_type_name(sim.choice.precision)
             qtype = GGMLQuantizationType[kind]
@@ -198,9 +225,11 @@ def write_gguf(prep: Prepared, path: Path) -> dict[str, dict[str, Any]]:
             if cols % block:
                 raise UnsupportedFormatError(f"{name} has {cols} inputs, not a multiple of the "
                                              f"{kind} block ({block}); re-plan it")
-            writer.add_tensor_info(name, (rows, cols), np.dtype(np.float32),
-                                   rows * cols // block * size, raw_dtype=qtype)
-            linear_types[name] = (kind, rows * cols)
+            shape = (rows, cols) if isinstance(item, _Planned) else (len(item.sims), rows, cols)
+            count = int(np.prod(shape))
+            writer.add_tensor_info(name, shape, np.dtype(np.float32), count // block * size,
+                                   raw_dtype=qtype)
+            linear_types[name] = (kind, count)
         else:
             writer.add_tensor_info(name, item.data.shape, item.data.dtype, item.data.nbytes,
                                    item.tensor_type)
@@ -212,12 +241,14 @@ def write_gguf(prep: Prepared, path: Path) -> dict[str, dict[str, Any]]:
     for name, item in plan:
         if isinstance(item, _Planned):
             data, kind = _linear_bytes(item.sim, item.order)
+        elif isinstance(item, _PlannedStack):
+            data, kind = item.data()
         else:
             data, kind = np.asarray(item.data), item.tensor_type.name
         writer.write_tensor_data(np.ascontiguousarray(data))
         audit[name] = {"type": kind, "sha256": hashlib.sha256(
             np.ascontiguousarray(data).view(np.uint8).tobytes()).hexdigest(),
-            "source": "plan" if isinstance(item, _Planned) else "copied"}
+            "source": "copied" if not isinstance(item, (_Planned, _PlannedStack)) else "plan"}
     writer.close()
     return audit
 

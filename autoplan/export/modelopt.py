@@ -21,6 +21,7 @@ from autoplan.export._write import is_export, write_sidecars
 from autoplan.export.kv import kv_scheme
 from autoplan.formats import format_spec
 from autoplan.models.graph import get_linear, is_tied
+from autoplan.models.moe import checkpoint_key
 
 FORMAT = "modelopt"
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -90,6 +91,17 @@ def _quant_section(quantized: dict[str, dict], excluded: list[str], kv_algo: str
     return section, False
 
 
+def _renamed(section: dict, model_type: str) -> dict:
+    """hf_quant_config's module names under the checkpoint's own (Mixtral's experts)."""
+    def name(n: str) -> str:
+        return checkpoint_key(f"{n}.x", model_type)[:-2]
+
+    out = dict(section, exclude_modules=[name(n) for n in section["exclude_modules"]])
+    if "quantized_layers" in section:
+        out["quantized_layers"] = {name(n): v for n, v in section["quantized_layers"].items()}
+    return out
+
+
 class ModelOptExporter:
     """Writes ModelOpt unified checkpoints for TensorRT-LLM."""
 
@@ -120,6 +132,9 @@ class ModelOptExporter:
         kv_algo = kv_scheme(prep.plan, FORMAT)
         state.update(_kv_tensors(prep))
         section, mixed = _quant_section(quantized, excluded + undecided, kv_algo)
+        mt = prep.loaded.spec.model_type  # MoE: experts under the checkpoint's own names
+        state = {checkpoint_key(k, mt): v for k, v in state.items()}
+        section = _renamed(section, mt)
         sparse = {n: str(c.sparsity) for n, c in prep.choices.items() if c.sparsity.kind == "nm"}
         hf_quant = {"producer": {"name": "modelopt", "version": f"autoplan-{__version__}"},
                     "quantization": section}

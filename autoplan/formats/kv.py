@@ -243,4 +243,33 @@ def kv_formats() -> tuple[KvSpec, ...]:
     return tuple(_REGISTRY[k] for k in KvFormat)
 
 
-__all__ = ["Granularity", "KvFormat", "KvSpec", "kv_formats", "kv_spec"]
+def parse_kv_mix(text: str) -> dict[int, KvFormat] | None:
+    """A per-block cache mix, ``FORMAT@BLOCKS`` items (``fp8@0-15,bf16@16-31``; blocks a
+    number or an inclusive range), as block -> format; None when ``text`` names no blocks
+    (plain formats). Which engine takes a mix is ``runtimes.check_kv_layers``'s question.
+
+    Raises:
+        UserInputError: an item without ``@``, a bad range, or a block given twice.
+    """
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not any("@" in t for t in items):
+        return None
+    out: dict[int, KvFormat] = {}
+    for item in items:
+        name, _, blocks = item.partition("@")
+        lo, _, hi = blocks.partition("-")
+        if not (lo.strip().isdigit() and (not hi or hi.strip().isdigit())):
+            raise UserInputError(f"--kv-cache {item!r}: a per-block mix is FORMAT@BLOCKS "
+                                 "items, e.g. fp8@0-15,bf16@16-31")
+        first, last = int(lo), int(hi or lo)
+        if last < first:
+            raise UserInputError(f"--kv-cache {item!r}: the range runs backwards")
+        fmt = KvFormat.parse(name)
+        for i in range(first, last + 1):
+            if i in out:
+                raise UserInputError(f"--kv-cache: block {i} is given twice")
+            out[i] = fmt
+    return out
+
+
+__all__ = ["Granularity", "KvFormat", "KvSpec", "kv_formats", "kv_spec", "parse_kv_mix"]

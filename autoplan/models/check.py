@@ -135,8 +135,8 @@ def check_config_matches(folder: str | Path, spec: ModelSpec, config: str = "con
     """
     check_safetensors(folder)  # the headers below are whole
     shapes = tensor_shapes(folder)
-    expected = {f"{la.name}.weight": la for la in spec.layers
-                if not (la.role == "lm_head" and spec.tie_embeddings)}
+    expected = {f"{la.name}.weight": la for la in spec.layers  # routed experts: models/moe.py
+                if not (la.role == "lm_head" and spec.tie_embeddings) and la.expert < 0}
     if not any(name in shapes for name in expected):
         return  # another naming: nothing to compare
     fix = f"fix {config} (or pass the folder the checkpoint came with)"

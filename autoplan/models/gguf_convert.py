@@ -21,6 +21,7 @@ from autoplan.errors import AutoplanError, UserInputError
 from autoplan.atomic import atomic_new_dir
 from autoplan.models._cache import is_model_folder
 from autoplan.modelspec import ModelSpec
+from autoplan.models.gguf_moe import expert_value, moe_config, moe_state, stacked_stem
 
 # GGUF block types whose values lie on a 4-bit grid per 32-weight block.
 _FOUR_BIT = {"Q4_0", "Q4_1"}
@@ -84,7 +85,7 @@ def _gguf_tensors(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
 # transformers' own GGUF loader uses the same spellings (get_gguf_hf_weights_map), and
 # llama.cpp writes Mistral models as "llama".
 _GGUF_ALIASES = {"cohere": "command-r", "gemma3_text": "gemma3", "gemma4_text": "gemma4",
-                 "umt5": "t5", "mistral": "llama"}
+                 "umt5": "t5", "mistral": "llama", "mixtral": "llama"}
 # llama.cpp's convert_hf_to_gguf.py stores these architectures' RMSNorm weights as 1 + w
 # (the multiplier the kernel applies); transformers subtracts the 1 again on the way in.
 _NORMS_PLUS_ONE = {"gemma", "gemma2", "gemma3", "gemma3n", "gemma4", "gemma-embedding",
@@ -203,7 +204,7 @@ def hf_to_gguf_names(model: torch.nn.Module, n_layers: int) -> dict[str, str]:
     out = {}
     for hf_name in model.state_dict():
         stem, _, suffix = hf_name.rpartition(".")
-        gguf_stem = name_map.get_name(stem)
+        gguf_stem = name_map.get_name(stacked_stem(stem)[0])  # an expert: its stacked tensor
         if gguf_stem is not None:
             out[hf_name] = f"{gguf_stem}.{suffix}"
     return out
@@ -262,6 +263,7 @@ def verify_against_gguf(model: torch.nn.Module, gguf_path: Path) -> dict[str, in
         if hf_name in tied or gguf_name not in ref:
             continue
         kind, expect = ref[gguf_name]
+        expect = expert_value(expect, hf_name)  # a routed expert: its row of the stack
         if not _same_rows(state[hf_name], _stored_value(arch, gguf_name, expect)):
             raise AutoplanError(f"converted tensor {hf_name} differs from GGUF {gguf_name}")
         if kind in _FOUR_BIT:
@@ -361,6 +363,7 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
         except (ValueError, OSError, KeyError) as exc:
             raise UserInputError(f"cannot read GGUF '{src}': {exc}".splitlines()[0]) from None
         check_name_map(config.model_type, gguf_architecture(src))  # before any tensor
+        config = moe_config(config, src)  # a llama GGUF with experts is a Mixtral
         ModelSpec.from_config(config.to_dict())  # a model autoplan cannot plan: refused now
         apply_dropped_keys(config, src)
         remove_stale_temps(dest)
@@ -386,6 +389,10 @@ def _convert_into(tmp: Path, src: Path, config, bar: Progress,  # noqa: ANN001 -
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     step(2)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    spec = ModelSpec.from_config(config.to_dict())
+    if spec.moe is not None:
+        _convert_moe(tmp, src, model, spec, tokenizer, step, t0)
+        return
     with _tensor_progress(bar):
         tensors = load_gguf_checkpoint(str(src), return_tensors=True,
                                        model_to_load=model)["tensors"]
@@ -408,6 +415,48 @@ def _convert_into(tmp: Path, src: Path, config, bar: Progress,  # noqa: ANN001 -
     for name, value in model.state_dict().items():
         if name in saved and not torch.equal(saved[name], value):
             raise AutoplanError(f"{name} did not survive the safetensors round trip")
+    (tmp / "autoplan_source.json").write_text(json.dumps({
+        "gguf": src.name, "gguf_tensors": counts["tensors"], "four_bit_tensors": counts["four_bit"],
+        "convert_seconds": round(time.perf_counter() - t0, 2), "dtype": "float32",
+    }, indent=1, sort_keys=True))
+    step(6)
+
+
+def _convert_moe(tmp: Path, src: Path, model, spec: ModelSpec, tokenizer,  # noqa: ANN001
+                 step: Callable[[int], None], t0: float) -> None:
+    """An MoE GGUF: every expert a row of its stacked tensor (models/gguf_moe.py), verified
+    against the GGUF, written with the checkpoint's own tensor names."""
+    from gguf import MODEL_ARCH_NAMES
+    from safetensors.torch import load_file, save_file
+
+    from autoplan.models.moe import checkpoint_name, unfuse_experts
+
+    unfuse_experts(model, spec)
+    names = hf_to_gguf_names(model, spec.n_layers)
+    arch = MODEL_ARCH_NAMES[gguf_arch(spec.model_type)]
+    state = moe_state(model, names, _gguf_tensors(src), arch)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if set(missing) - {"lm_head.weight"} or unexpected:
+        raise AutoplanError(f"GGUF tensors do not fit the MoE model: missing {missing[:3]}, "
+                            f"unexpected {unexpected[:3]}")
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = model.get_input_embeddings().weight
+    step(3)
+    counts = verify_against_gguf(model, src)
+    step(4)
+    stored = {}
+    for name, value in model.state_dict().items():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        module, _, kind = name.rpartition(".")
+        stored[f"{checkpoint_name(module, spec.model_type)}.{kind}"] = value.contiguous()
+    save_file(stored, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    step(5)
+    back = load_file(str(tmp / "model.safetensors"))
+    if any(not torch.equal(back[k], v) for k, v in stored.items()):
+        raise AutoplanError("an MoE tensor did not survive the safetensors round trip")
     (tmp / "autoplan_source.json").write_text(json.dumps({
         "gguf": src.name, "gguf_tensors": counts["tensors"], "four_bit_tensors": counts["four_bit"],
         "convert_seconds": round(time.perf_counter() - t0, 2), "dtype": "float32",

@@ -21,8 +21,10 @@ from autoplan.errors import UserInputError
 from autoplan.modelspec import ModelSpec
 from autoplan.models._cache import models_dir
 from autoplan.models.gguf_convert import convert_gguf, quiet_transformers
+from autoplan.models.gguf_moe import moe_config
 from autoplan.models.graph import verify_layer_graph
 from autoplan.models.hashing import file_hash, weights_hash
+from autoplan.models.moe import check_moe_checkpoint, source_quantization, unfuse_experts
 from autoplan.models.registry import ModelSource, resolve_model_arg
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -104,6 +106,7 @@ def _check_config(folder: Path) -> None:
     if not config.is_file():  # the loader's own message names the missing file
         return
     check_config_matches(folder, ModelSpec.from_path(config), str(config))
+    check_moe_checkpoint(folder)  # routed experts: as many as the config says
     from transformers import AutoConfig
 
     try:  # the fields autoplan does not use, as transformers' own config class checks them
@@ -145,7 +148,8 @@ def _gguf_config(path: Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        return moe_config(config, path).to_dict()  # a llama GGUF with experts: Mixtral
     except (ValueError, OSError, KeyError, TypeError, ArithmeticError) as exc:
         raise UserInputError(f"cannot read GGUF '{path}': {exc}".splitlines()[0]) from None
 
@@ -222,10 +226,12 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
 
     source = resolve_model_arg(spec)
     folder = ensure_hf_folder(source)
+    quantized = source_quantization(folder)  # gpt-oss MXFP4: read at its exact values
     try:
         with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
-                folder, use_safetensors=True, trust_remote_code=trust_remote_code, dtype=dtype)
+                folder, use_safetensors=True, trust_remote_code=trust_remote_code, dtype=dtype,
+                **quantized)
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise UserInputError(f"'{folder}' needs its own Python code to load; pass "
@@ -238,7 +244,11 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
                              f"{str(exc).strip()[:200]})".splitlines()[0]) from None
     tokenizer = _tokenizer(folder, trust_remote_code)
     model.eval()
-    model_spec = ModelSpec.from_config(model.config.to_dict(), name=source.model_id)
+    config = model.config.to_dict()
+    if quantized and not config.get("quantization_config"):  # dropped once dequantized
+        config["quantization_config"] = {"quant_method": "mxfp4"}
+    model_spec = ModelSpec.from_config(config, name=source.model_id)
+    unfuse_experts(model, model_spec)  # MoE: each routed expert's projections as nn.Linear
     verify_layer_graph(model, model_spec)
     return LoadedModel(model, tokenizer, model_spec, source.model_id, weights_hash(folder), folder,
                        source)

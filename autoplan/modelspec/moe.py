@@ -157,7 +157,7 @@ def moe_from_config(cfg: dict[str, Any], model_type: str) -> MoESpec:
         blocks = tuple(range(n_layers))
         dense, shared = inter, 0
     else:  # qwen2_moe / qwen3_moe
-        experts = _positive(cfg, "num_experts")
+        experts = _positive(cfg, "num_experts", "num_local_experts")  # transformers 5 renames it
         inter = _positive(cfg, "moe_intermediate_size")
         top_k = _positive(cfg, "num_experts_per_tok")
         dense = _positive(cfg, "intermediate_size")

@@ -242,6 +242,20 @@ class ModelSpec:
         return sum(min(w - w * w / (2 * queries), full) if w else full for w in self.windows)
 
 
+def part_of(name: str) -> str:
+    """The part of the model a layer name belongs to (attention | mlp | shared_expert |
+    routed_experts | lm_head), from the name alone: plans carry names, not specs."""
+    if ".experts." in name:
+        return "routed_experts"
+    if ".shared_expert." in name or ".shared_experts." in name:
+        return "shared_expert"
+    if "attn" in name or ".attention." in name:
+        return "attention"
+    if name in ("lm_head", "embed_out"):
+        return "lm_head"
+    return "mlp"
+
+
 def _llama_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: int,
                   vocab: int) -> list[LinearLayer]:
     out: list[LinearLayer] = []
@@ -314,4 +328,4 @@ def _neox_layers(n_layers: int, hidden: int, inter: int, q_out: int, kv_out: int
     return _own_gemms(n_layers, rows, "embed_out", hidden, vocab)
 
 
-__all__ = ["LinearLayer", "ModelSpec", "ROLES"]
+__all__ = ["LinearLayer", "ModelSpec", "ROLES", "part_of"]

@@ -36,10 +36,17 @@ def _v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "schema_version": 3}
 
 
+def _v3_to_v4(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 4 added the search's stop reason, the noise rule's why, the per-family
+    calibration, the speed uncertainty and the quality reference, all with defaults."""
+    return {**raw, "schema_version": 4}
+
+
 # from_version -> function upgrading a raw dict by one version; load_plan applies them in
 # order, so a v1 plan keeps loading after every future bump.
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2,
-                                                                      2: _v2_to_v3}
+                                                                      2: _v2_to_v3,
+                                                                      3: _v3_to_v4}
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

@@ -16,10 +16,13 @@ from autoplan.workload import Workload
 # 2: rounds, points and the operating point are typed models, outcome a Literal (a version 1
 # plan holds the same keys; autoplan/plan/io.py migrates it)
 # 3: the KV cache (`kv_cache`), the serving command (`deploy`), `quality.kl_long`
-SCHEMA_VERSION = 3
+# 4: why the search stopped and what the plan holds, the per-family calibration of each
+# round, the speed uncertainty and quality reference; outcome "as-is" (a quantized source
+# returned unchanged); a version 3 plan lacks only these (their defaults)
+SCHEMA_VERSION = 4
 
-Outcome = Literal["plan", "uniform-fallback", "baseline-fallback"]
-PointKind = Literal["baseline", "uniform", "candidate", "front", "plan"]
+Outcome = Literal["plan", "uniform-fallback", "baseline-fallback", "as-is"]
+PointKind = Literal["baseline", "as-is", "uniform", "candidate", "front", "plan"]
 
 
 class _Strict(BaseModel):
@@ -72,6 +75,8 @@ class Predicted(_Strict):
     energy_j_per_token: float
     usd_per_1m_tokens: float
     weight_gb: float
+    # weight GB one token reads (a mixture-of-experts model: top_k of each block's experts)
+    active_weight_gb: float | None = None
 
 
 class GateScore(_Strict):
@@ -127,7 +132,8 @@ class Recovery(_Strict):
 
 
 class Certificate(_Strict):
-    """Exact optimum of the additive surrogate problem and the search's gap to it."""
+    """Exact optimum of the additive surrogate problem (calibrated per format family) and
+    the search's gap to it."""
 
     solver: str
     optimum_objective: float
@@ -141,6 +147,8 @@ class VerifiedCandidate(_Strict):
 
     label: str
     surrogate_kl: float
+    predicted: float | None = Field(None, description="the calibrated surrogate: predicted "
+                                    "badness")
     badness: float = Field(description="the budget's measured metric (0: the original)")
     passed: bool
 
@@ -149,7 +157,11 @@ class Round(_Strict):
     """One round: a study under a surrogate limit, then its best candidates measured."""
 
     round: int
-    surrogate_limit: float
+    study: str = ""
+    surrogate_limit: float = Field(description="limit on the calibrated surrogate (predicted "
+                                   "badness)")
+    aim: float | None = Field(None, description="the limit over the budget")
+    calibration: dict[str, Any] = Field({}, description="the round's per-family scales")
     trials: int
     resumed_trials: int = Field(0, description="trials found in the storage, not rerun")
     verified: list[VerifiedCandidate] = []
@@ -236,6 +248,14 @@ class SearchMeta(_Strict):
     best_uniform_kl: float | None = Field(None, description="measured KL of the best uniform recipe")
     outcome: Outcome
     note: str = ""
+    stopped: str = Field("", description="why the rounds of the search stopped")
+    why: str = Field("", description="why the plan holds what it holds: the fastest "
+                     "acceptable candidate, or the noise rule's better-quality one")
+    calibration: dict[str, Any] = Field({}, description="the last round's measured badness "
+                                        "per surrogate nat, per format family")
+    speed_uncertainty: dict[str, Any] = Field({}, description="relative uncertainty of "
+                                              "predicted speed ratios here, and its source")
+    quality_reference: str = Field("", description="what measured quality is relative to")
     # Every uniform recipe and measured candidate (and the Pareto front, multi-objective)
     points: list[Point] = []
 
@@ -281,6 +301,9 @@ class Plan(_Strict):
     audit: Audit
     operating_point: OperatingPoint | None = None
     recovery: Recovery | None = None
+    # Mixture-of-experts: the routing shares the predictions assumed (the profile's
+    # calibration routing, per block the share of tokens each expert gets; cost/moe.py)
+    routing: dict[str, Any] | None = None
     kv_cache: KvCache | None = None
     deploy: Deploy | None = None
 

@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from torch import nn
 from autoplan.quality.metrics import ReferenceLogprobs, bounded_compare_pass, reference_pass
 from autoplan.quality.slices import SliceSet, slice_kl, slice_reference
 from autoplan.quality.suite import PromptSuite, score_suite, suite_reference
+
+if TYPE_CHECKING:
+    from autoplan.models import LoadedModel
 
 
 class Gate(Protocol):
@@ -103,7 +106,7 @@ class QualityResult:
         return None if g is None else g.delta
 
 
-def as_module(model: Any) -> nn.Module:
+def as_module(model: nn.Module | LoadedModel) -> nn.Module:
     """The nn.Module of a model given as one or as a LoadedModel."""
     return getattr(model, "model", model) if not isinstance(model, nn.Module) else model
 
@@ -147,7 +150,7 @@ class QualityEvaluator:
         gates: further checks scored against the original (``Gate``).
     """
 
-    def __init__(self, reference_model: Any, eval_tokens: torch.Tensor, *,
+    def __init__(self, reference_model: nn.Module | LoadedModel, eval_tokens: torch.Tensor, *,
                  suite: PromptSuite | None = None, batch_size: int = 4,
                  max_new_tokens: int = 16, reference: ReferenceLogprobs | None = None,
                  slices: SliceSet | None = None, gates: Sequence[Gate] = ()) -> None:

@@ -51,6 +51,7 @@ def _estimates(plan: Plan, model: str | None):  # noqa: ANN202 - (plan, baseline
     config (`model` overrides the plan's model id); None when either cannot be resolved."""
     from autoplan.backends.registry import resolve_target
     from autoplan.cost.model import CostModel
+    from autoplan.cost.moe import Routing
     from autoplan.formats import Choice
     from autoplan.models.loader import load_spec
     from autoplan.search import load_space_file
@@ -61,7 +62,8 @@ def _estimates(plan: Plan, model: str | None):  # noqa: ANN202 - (plan, baseline
         return None
     baseline = Choice.parse(load_space_file(target.platform).baseline)
     cm = CostModel(spec, target, plan.workload, baseline=baseline,
-                   price_per_hour=plan.target.price_per_hour)
+                   price_per_hour=plan.target.price_per_hour,
+                   routing=Routing.from_json(spec, plan.routing))
     try:
         return cm.evaluate(plan.decisions), cm.evaluate(None)
     except AutoplanError:  # decisions for another model
@@ -74,7 +76,11 @@ def _summary(plan: Plan) -> str:
             ("TPOT ms (predicted)", "tpot_s", "{:,.3f}", 1e3),
             ("$ / 1M tokens (predicted)", "usd_per_1m_tokens", "{:,.4f}", 1.0),
             ("J / token (predicted)", "energy_j_per_token", "{:,.5f}", 1.0),
-            ("memory GB (predicted)", "memory_gb", "{:,.3f}", 1.0)]
+            ("memory GB (predicted)", "memory_gb", "{:,.3f}", 1.0),
+            ("weights GB", "weight_gb", "{:,.3f}", 1.0)]
+    if any(".experts." in n for n in plan.decisions) and all(
+            plan.predicted[k].active_weight_gb is not None for k in plan.predicted):
+        rows.append(("active weights GB read per token", "active_weight_gb", "{:,.3f}", 1.0))
     cols = [k for k in ("plan", "baseline", "best_uniform") if k in plan.predicted]
     head = "".join(f"<th>{html.escape(plan.predicted[k].label)}</th>" for k in cols)
     body = "".join(
@@ -83,11 +89,26 @@ def _summary(plan: Plan) -> str:
         + "</tr>" for label, attr, fmt, scale in rows)
     q, w = plan.quality, plan.workload
     point = plan.operating_point.detail if plan.operating_point else f"batch {w.batch}"
-    return (f"<table><tr><th>metric</th>{head}</tr>{body}</table>"
+    return (f"<table><tr><th>metric</th>{head}</tr>{body}</table>{_parts(plan)}"
             f"<p class='note'>measured KL {q.kl:.5f} (budget {html.escape(plan.budget.text)}, "
             f"{'met' if q.budget_met else 'NOT met'}); outcome {plan.search.outcome}; "
             f"{w.input_len} in / {w.output_len} out, {html.escape(point)}; "
             f"{html.escape(plan.search.note)}</p>")
+
+
+def _parts(plan: Plan) -> str:
+    """Decisions by part of the model (attention, MLP, shared expert, routed experts,
+    lm_head): layers per choice."""
+    from collections import Counter
+
+    from autoplan.modelspec import part_of
+
+    counts = Counter((part_of(n), c) for n, c in plan.decisions.items())
+    order = ("attention", "mlp", "shared_expert", "routed_experts", "lm_head")
+    rows = "".join(f"<tr><td>{p.replace('_', ' ')}</td><td>{html.escape(c)}</td><td>{n}</td></tr>"
+                   for (p, c), n in sorted(counts.items(),
+                                           key=lambda kv: (order.index(kv[0][0]), -kv[1])))
+    return f"<table><tr><th>part</th><th>choice</th><th>layers</th></tr>{rows}</table>"
 
 
 def plan_section(plan: Plan, title: str, model: str | None = None) -> tuple[str, int]:
@@ -108,6 +129,13 @@ def plan_section(plan: Plan, title: str, model: str | None = None) -> tuple[str,
             len(figs))
 
 
+def _gain_cell(gain: float, name: str | None) -> str:
+    """The gain over the best uniform recipe, with the recipe it is over (the model as is
+    when no uniform recipe that passes is faster)."""
+    label = (name or "").removeprefix("uniform ").removeprefix("dense+")
+    return f"{gain:.3f}x" + (f"<br><small>{html.escape(label)}</small>" if label else "")
+
+
 def _refused_cell(refused: dict[str, str]) -> str:
     """What the row's runtime cannot accelerate of what was asked for: a one-line summary,
     the formats and their reasons behind it (a details element)."""
@@ -122,7 +150,8 @@ def _refused_cell(refused: dict[str, str]) -> str:
 def _compare_table(doc: dict[str, Any]) -> str:
     head = ("<tr><th>target / runtime</th><th>batch</th><th>plan tok/s</th><th>baseline "
             "tok/s</th><th>TTFT ms</th><th>TPOT ms</th><th>$/1M tok</th><th>J/tok</th>"
-            "<th>memory GB</th><th>KL (measured)</th><th>x baseline</th><th>x best uniform</th>"
+            "<th>memory GB</th><th>KL (measured)</th><th>x baseline</th>"
+            "<th>x best uniform (or as is)</th>"
             "<th>not accelerated</th></tr>")
     rows = []
     for r in doc["rows"]:
@@ -140,7 +169,8 @@ def _compare_table(doc: dict[str, Any]) -> str:
             f"<td>{p['energy_j_per_token']:,.4f}</td><td>{p['memory_gb']:,.2f}"
             f"{'' if p['fits'] else ' (no fit)'}</td><td>{r['kl']:.5f}</td>"
             f"<td>{r['gain_over_baseline']:.3f}x</td>"
-            f"<td>{'-' if gain_u is None else f'{gain_u:.3f}x'}</td>"
+            f"<td>{'-' if gain_u is None else _gain_cell(gain_u, r.get('best_uniform_name'))}"
+            "</td>"
             f"<td style='text-align:left'>{_refused_cell(r['not_accelerated'])}</td></tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 

@@ -50,7 +50,8 @@ def pareto_front(plan: Plan) -> bytes:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     points = plan.search.points
     styles = {"uniform": ("s", "tab:blue"), "candidate": ("o", "tab:orange"),
-              "front": ("^", "tab:gray"), "baseline": ("D", "black"), "plan": ("*", "tab:red")}
+              "front": ("^", "tab:gray"), "baseline": ("D", "black"),
+              "as-is": ("P", "tab:green"), "plan": ("*", "tab:red")}
     for kind, (marker, color) in styles.items():
         sel = [p for p in points if p.kind == kind]
         if not sel:
@@ -92,7 +93,12 @@ def block_and_role(layer: str) -> tuple[int | None, str]:
     """(block index, role) of a layer name (`model.layers.3.mlp.up_proj` -> (3, "up_proj"));
     layers outside the blocks (lm_head) have block None."""
     m = _BLOCK.search(layer)
-    return (int(m.group(1)), m.group(2)) if m else (None, layer.rsplit(".", 1)[-1])
+    if not m:
+        return None, layer.rsplit(".", 1)[-1]
+    for marker, prefix in ((".experts.", "experts."), (".shared_expert.", "shared.")):
+        if marker in layer:  # a block's routed (or shared) experts: one column per projection
+            return int(m.group(1)), prefix + m.group(2)
+    return int(m.group(1)), m.group(2)
 
 
 def choice_map(plan: Plan) -> bytes:

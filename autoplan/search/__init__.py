@@ -1,6 +1,7 @@
 """`autoplan search`: each layer's format chosen under a quality budget, as a library.
 
-A search is a pipeline of stages, each a function over typed values (``stages/``):
+A search is a pipeline of stages, each a function over typed values (``request/`` holds
+the first two lines, ``preparation/`` the next two, ``stages/`` the rest):
 
     SearchRequest(model, target, budget, ...)        every input, checked when it is built
     preflight(req) -> Platform                       bad input refused before any work
@@ -25,7 +26,9 @@ importing only those listed before it:
     optimize/  SearchSpace, Tables, the Optuna study and sampler, the exact (MILP) solver
     verify/    QualityBudget, the Verifier measuring candidates on the real model, its cache
     recovery/  recovery passes (`--recover`, `autoplan recover PLAN`)
-    stages/    the stages above
+    request/   SearchRequest and preflight
+    preparation/ the model, profile and per-platform tables before any trial
+    stages/    uniform recipes, calibrated rounds, the answer and its plan
     run/       Pipeline, run_search (the driver), run_worker, the record workers read
 
 `reporter` (progress sink) and `writable` (can a file be written?) sit below all of them.
@@ -45,24 +48,16 @@ from autoplan.search.run import (
     run_search,
     run_worker,
 )
-from autoplan.search.stages import (
-    Chosen,
+from autoplan.search.request import (
     CostTable,
     ExecutionSettings,
-    Outcome,
     Platform,
-    Prepared,
-    Rounds,
     SearchRequest,
-    build_plan,
-    certify,
-    choose,
     parse_choices,
     preflight,
-    prepare,
-    profile_scope,
-    run_rounds,
 )
+from autoplan.search.preparation import Prepared, prepare, profile_scope
+from autoplan.search.stages import Chosen, Outcome, Rounds, build_plan, certify, choose, run_rounds
 from autoplan.search.verify import Measurement, QualityBudget, Verifier
 from autoplan.search.writable import check_writable_file
 

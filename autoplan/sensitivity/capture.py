@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from autoplan.models.graph import get_linear
+from autoplan.models.moe import counting_routing
 
 
 @dataclass
@@ -28,6 +29,8 @@ class Captured:
     inputs: dict[str, Tensor] = field(default_factory=dict)  # layer -> [T, in]
     grads: dict[str, Tensor] = field(default_factory=dict)  # layer -> [T, out]
     tokens: int = 0
+    # MoE: block -> tokens routed to each expert during the pass (the calibration routing)
+    routing: dict[str, list[int]] = field(default_factory=dict)
 
 
 def _input_embeddings(model: nn.Module) -> nn.Module:
@@ -61,10 +64,20 @@ class Recorder:
             h.remove()
         self._handles.clear()
 
+    def _empty(self, out: Captured, name: str) -> None:
+        weight = get_linear(self._model, name).weight
+        out.inputs[name] = torch.zeros(0, weight.shape[1], device=weight.device)
+        out.grads[name] = torch.zeros(0, weight.shape[0], device=weight.device)
+        self.xs.pop(name)
+        self.gs.pop(name)
+
     def result(self, tokens: int) -> Captured:
         out = Captured(tokens=tokens)
         shared: dict[tuple[int, ...], Tensor] = {}
         for name in self.names:
+            if not self.xs[name]:  # a routed expert no calibration token picked
+                self._empty(out, name)
+                continue
             # q/k/v (and gate/up) read the same input tensor: keep one copy.
             xs = self.xs.pop(name)
             key = tuple(t.data_ptr() for t in xs)
@@ -126,11 +139,14 @@ def capture(
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     tokens = 0
-    with activation_grads(model), Recorder(model, layer_names) as rec:
+    with activation_grads(model), Recorder(model, layer_names) as rec, \
+            counting_routing(model) as routing:
         for batch in batches:
             fisher_loss(model(input_ids=batch.to(device)).logits, gen).backward()
             tokens += batch.numel()
-    return rec.result(tokens)
+    out = rec.result(tokens)
+    out.routing = routing.as_lists()  # MoE: tokens each expert got (the calibration routing)
+    return out
 
 
 __all__ = ["Captured", "Recorder", "activation_grads", "capture", "fisher_loss",

@@ -39,6 +39,8 @@ class SensitivityProfile:
     tokens: int = 0
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
     outliers: dict[str, float] = field(default_factory=dict)
+    # MoE: block -> calibration tokens routed to each expert (the cost model's routing shares)
+    routing: dict[str, list[int]] = field(default_factory=dict)
     # KV-cache formats: sensitivity.kv's unit (one per block) -> its key -> KL estimate
     kv: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -54,14 +56,15 @@ class SensitivityProfile:
             "calib_hash": self.calib_hash, "tokens": self.tokens,
             "settings": {"prune_score": self.settings.prune_score,
                          "quant_method": self.settings.quant_method},
-            "scores": self.scores, "outliers": self.outliers, "kv": self.kv,
+            "scores": self.scores, "outliers": self.outliers, "routing": self.routing,
+            "kv": self.kv,
         }
 
     @classmethod
     def from_json(cls, raw: dict) -> SensitivityProfile:
         return cls(raw["model_hash"], raw["calib_hash"], CompressionSettings(**raw["settings"]),
                    raw.get("tokens", 0), raw.get("scores", {}), raw.get("outliers", {}),
-                   raw.get("kv", {}))
+                   raw.get("routing", {}), raw.get("kv", {}))
 
 
 def calibration_key(batches: Sequence[Tensor]) -> str:
@@ -130,6 +133,8 @@ def score_task(task: ScoreTask) -> ScoreResult:
     if task.bias is not None:
         linear.bias = torch.nn.Parameter(task.bias, requires_grad=False)
     x, g = task.inputs, task.grads
+    if x.shape[0] == 0:  # a routed expert no calibration token picked: no loss in any format
+        return ScoreResult(task.layer, {str(c): 0.0 for c in task.choices}, 0.0)
     stats = HessianAccumulator(linear.in_features, full=task.settings.needs_hessian)
     stats.add(x)
     y_ref = x @ linear.weight.detach().float().T
@@ -227,9 +232,13 @@ class ProfileRun:
         if self.on_progress:
             self.on_progress(self.done, self.total)
 
-    def score(self, tasks: Iterable[ScoreTask], tokens: int) -> None:
-        """Run `tasks` on the executor, writing the cache after each finished layer."""
+    def score(self, tasks: Iterable[ScoreTask], tokens: int,
+              routing: dict[str, list[int]] | None = None) -> None:
+        """Run `tasks` on the executor, writing the cache after each finished layer (and the
+        pass's MoE routing counts, the first time a pass records them)."""
         self.profile.tokens = tokens
+        if routing and not self.profile.routing:
+            self.profile.routing = dict(routing)
         for _i, res in self.executor.imap_unordered(score_task, tasks):
             self.profile.scores.setdefault(res.layer, {}).update(res.scores)
             self.profile.outliers[res.layer] = res.outlier
@@ -261,7 +270,7 @@ def build_profile(
         chunk, pending = pending[:step], pending[step:]
         cap = capture(model, chunk, calib_batches, seed=seed)
         run.score((make_task(model, name, run.todo[name], cap, settings) for name in chunk),
-                  cap.tokens)
+                  cap.tokens, cap.routing)
         del cap
     return run.profile
 

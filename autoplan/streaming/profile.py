@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from autoplan.compress import CompressionSettings
+from autoplan.models.moe import counting_routing
 from autoplan.plan.io import write_json_atomic
 from autoplan.quant.kv_cache import kv_hooks
 from autoplan.sensitivity.capture import Recorder, fisher_loss
@@ -32,11 +33,12 @@ def _block_of(sm: StreamedModel, name: str) -> int:
     return -1
 
 
-def _score_resident(run, model, layers, rec, tokens, settings) -> None:  # noqa: ANN001
+def _score_resident(run, model, layers, rec, tokens, settings, routing) -> None:  # noqa: ANN001
     """Score the resident block's `layers` from the recorder's captures (freed on return)."""
     if layers:
         cap = rec.result(tokens)
-        run.score((make_task(model, n, run.todo[n], cap, settings) for n in layers), tokens)
+        run.score((make_task(model, n, run.todo[n], cap, settings) for n in layers), tokens,
+                  routing)
 
 
 def _forward(sm: StreamedModel, calib_batches: Sequence[Tensor], lowest: int,
@@ -100,13 +102,15 @@ def build_profile_streamed(
     lowest = min((b for b in by_block if b >= 0), default=sm.n_blocks)
     tokens = sum(b.numel() for b in calib_batches)
     states = BoundaryStore(offload_dir)
-    kwargs, hidden = _forward(sm, calib_batches, lowest, states)
+    with counting_routing(sm.model) as counter:  # MoE: the calibration routing, as capture
+        kwargs, hidden = _forward(sm, calib_batches, lowest, states)
+    routing = counter.as_lists()
     head_layers = by_block.pop(-1, [])
     with sm.head_resident():
         with Recorder(sm.model, head_layers) as rec:
             grads = _head_grads(sm, hidden, seed)
         del hidden
-        _score_resident(run, sm.model, head_layers, rec, tokens, settings)
+        _score_resident(run, sm.model, head_layers, rec, tokens, settings, routing)
 
     for i in reversed(range(lowest, sm.n_blocks)):
         layers = by_block.get(i, [])
@@ -115,7 +119,7 @@ def build_profile_streamed(
             with torch.enable_grad(), Recorder(sm.model, layers) as rec:
                 grads = _reverse_block(sm, i, inputs, kwargs, grads)
             del inputs
-            _score_resident(run, sm.model, layers, rec, tokens, settings)
+            _score_resident(run, sm.model, layers, rec, tokens, settings, routing)
     states.close()
     return run.profile
 

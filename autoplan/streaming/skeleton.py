@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from autoplan.errors import UserInputError
+from autoplan.modelspec import ModelSpec
+from autoplan.models.moe import tensor_sources, unfuse_experts
 from autoplan.streaming.weights import CheckpointReader
 
 
@@ -85,6 +87,11 @@ class StreamedModel:
 
         self.folder, self.device, self.dtype = Path(folder), device, dtype
         self.trust_remote_code = trust_remote_code
+        from autoplan.models.moe import source_quantization
+
+        if source_quantization(self.folder):
+            raise UserInputError("streamed execution does not read MXFP4 expert blocks yet "
+                                 "(gpt-oss): use --execution memory")
         self.reader = CheckpointReader(self.folder)
         with quiet_transformers():
             config = AutoConfig.from_pretrained(self.folder, trust_remote_code=trust_remote_code)
@@ -92,6 +99,10 @@ class StreamedModel:
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype,
                                                          trust_remote_code=trust_remote_code)
         model.eval()
+        # MoE: every routed expert an nn.Linear, read from its checkpoint tensor (renamed,
+        # or a row of a stacked one: models/moe.py)
+        spec = ModelSpec.from_config(config.to_dict())
+        unfuse_experts(model, spec)
         self.model = model
         self.config = config
         self.base = _base(model)
@@ -99,10 +110,11 @@ class StreamedModel:
         names = {m: n for n, m in model.named_modules()}
         prefix = names[self.blocks]
         keys = list(model.state_dict().keys())
+        self.sources = tensor_sources(spec, keys)
         self.block_keys: list[list[str]] = [
             [k for k in keys if k.startswith(f"{prefix}.{i}.")] for i in range(len(self.blocks))]
         in_blocks = {k for ks in self.block_keys for k in ks}
-        missing = [k for ks in self.block_keys for k in ks if k not in self.reader]
+        missing = [k for ks in self.block_keys for k in ks if not self._stored(k)]
         if missing:
             raise UserInputError(f"checkpoint in '{folder}' lacks {missing[0]} "
                                  f"(+{len(missing) - 1} more); re-save it with save_pretrained")
@@ -114,24 +126,33 @@ class StreamedModel:
         head_keys = [k for k in keys if k.startswith(f"{names[self.head]}.")]
         # A tied lm_head is the embedding matrix: the checkpoint stores it once.
         self.tied = bool(getattr(config, "tie_word_embeddings", False)) or not all(
-            k in self.reader for k in head_keys)
+            self._stored(k) for k in head_keys)
         self.head_keys = self.embed_keys if self.tied else head_keys
         on_demand = set(self.embed_keys) | set(head_keys)
         for k in [*self.embed_keys, *self.head_keys]:
-            if k not in self.reader:
+            if not self._stored(k):
                 raise UserInputError(f"checkpoint in '{folder}' lacks {k}; re-save it with "
                                      "save_pretrained")
         always = [k for k in keys if k not in in_blocks and k not in on_demand]
-        for name, t in self.reader.read([k for k in always if k in self.reader],
-                                        dtype=dtype).items():
+        for name, t in self._read([k for k in always if self._stored(k)]).items():
             _set_tensor(model, name, device, value=t)
-        left = [k for k in always if k not in self.reader]
+        left = [k for k in always if not self._stored(k)]
         if left:
             raise UserInputError(f"checkpoint in '{folder}' lacks {left[0]}; re-save it with "
                                  "save_pretrained")
         for p in model.parameters():
             p.requires_grad_(False)
         self._holds: dict[str, int] = {}
+
+    def _stored(self, key: str) -> bool:
+        return self.sources[key].key in self.reader
+
+    def _read(self, keys: list[str]) -> dict[str, Tensor]:
+        """Module tensors by key in the compute dtype, each stored tensor read once (a
+        stacked expert tensor gives every expert of the block its row)."""
+        stored = self.reader.read(list(dict.fromkeys(self.sources[k].key for k in keys)),
+                                  dtype=self.dtype)
+        return {k: self.sources[k].take(stored[self.sources[k].key]) for k in keys}
 
     def _tie(self) -> None:
         if self.tied:
@@ -144,7 +165,7 @@ class StreamedModel:
         for k in keys:
             self._holds[k] = self._holds.get(k, 0) + 1
         try:
-            for name, t in self.reader.read(fresh, dtype=self.dtype).items():
+            for name, t in self._read(fresh).items():
                 _set_tensor(self.model, name, self.device, value=t)
                 self.model.get_parameter(name).requires_grad_(False)
             self._tie()

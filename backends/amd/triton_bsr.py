@@ -1,39 +1,6 @@
 """Block-sparse (BSR) linear layers in Triton: the vendor-neutral kernel behind `blockB@P`.
 
-A weight W[out, in] is cut into B x B tiles (B in 16, 32, 64); only the kept tiles are
-stored, row-block by row-block (BSR = block compressed sparse row):
-
-    values       [nnz_blocks, B, B]  kept tiles, each [out-slice, in-slice], row-major
-    col_indices  [nnz_blocks] int32  input block index of each kept tile
-    row_ptr      [out / B + 1] int32 kept tiles of output row-block r are row_ptr[r]:row_ptr[r+1]
-    scale        [out] float32       per-output-channel scale, only for fp8 / int8 values
-
-`bsr_linear(x, w)` computes x @ W^T with one Triton program per (M tile, output row-block)
-that loops over that row-block's kept tiles only, accumulating in fp32 (int32 for int8).
-Precision paths:
-
-- bf16 / fp16 / fp32 values: x must have the same dtype; fp32 accumulation.
-- fp8 (e4m3fn, or e4m3fnuz on MI300) values with per-channel scales: x is quantized per
-  token (row) to the same fp8 type on the fly (W8A8, dynamic activations); the fp32 tile
-  products are scaled by x_scale[m] * w_scale[n] in the epilogue.
-- int8 values with per-channel scales: x is quantized per token to int8; int32
-  accumulation, then the same two scales.
-
-Quantized values and masks are never made here: `BsrWeight.from_quantized` packs the
-QuantizedWeight autoplan.quant made (after autoplan.prune's block mask), and inputs are
-rounded by autoplan.quant.quantize_activation_codes, so the kernel runs the numerics the
-simulation measured. MI300's e4m3fnuz is reached exactly from autoplan's e4m3fn codes the
-way vLLM does it: the same bits mean half the value in fnuz, so the scale doubles (and the
-fn bit pattern of -0, NaN in fnuz, becomes +0).
-
-`bsr_linear_reference` does the same quantized math with dense torch ops, so the kernel can
-be checked exactly (int8) or to fp32 summation-order rounding (others).
-
-Triton runs on CPU tensors through its interpreter. Triton decides between compiling and
-interpreting when a function is decorated (`triton.jit` reads TRITON_INTERPRET then, not at
-import), so this module decorates lazily: CPU tensors always get an interpreted kernel, GPU
-tensors a compiled one (or an interpreted one if TRITON_INTERPRET=1 is set). triton is an
-optional dependency: the format helpers work without it.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
@@ -89,7 +56,7 @@ def block_mask_of(w: torch.Tensor, block: int) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class BsrWeight:
-    """A linear weight W[out, in] in BSR form (see the module docstring for the layout)."""
+    """A linear weight W[out, in] in BSR form (the layout: docs/modules.md)."""
 
     values: torch.Tensor
     col_indices: torch.Tensor

@@ -1,31 +1,6 @@
 """What autoplan's ONNX decoder needs to know about an architecture, read from the model.
 
-The graph builder (onnx_graph.py) writes one decoder for every supported model_type; the
-differences between them are facts this module reads from the loaded transformers model:
-its modules (q_norm, pre_feedforward_layernorm, qkv_proj, the activation's class, the
-rotary tables), its attention modules' scale and its config (windows, soft-caps); only
-Gemma's (1 + w) norm is known by model_type, as transformers' own Gemma norms define it:
-
-| fact | llama / mistral / qwen2 | qwen3 | gemma | gemma2 | gemma3_text | phi3 |
-|---|---|---|---|---|---|---|
-| RMSNorm weight | w | w | 1 + w | 1 + w | 1 + w | w |
-| embedding x sqrt(hidden) | - | - | yes | yes | yes | - |
-| per-head q/k RMSNorm | - | yes | - | - | yes | - |
-| norms after attention and MLP too | - | - | - | yes | yes | - |
-| MLP activation | SiLU | SiLU | GELU-tanh | GELU-tanh | GELU-tanh | SiLU |
-| attention scale | head_dim^-0.5 | same | same | query_pre_attn_scalar^-0.5 | same | hd^-0.5 |
-| attention / final soft-cap | - | - | - | tanh(x/c)*c | if configured | - |
-| sliding window | mistral: all | layer_types | - | alternate | 5 local : 1 global | all |
-| rotary tables | one | one | one | one | local and global | one (partial) |
-| q/k/v, gate/up weights | separate | separate | separate | separate | separate | one each |
-
-Longrope (Phi-3 128k, Phi-3.5, Phi-4-mini) switches from its short to its long frequencies
-once a call's largest position reaches original_max_position_embeddings; the graph makes the
-same switch per call (primitive attention only: GroupQueryAttention takes one table).
-
-A fact the graph cannot reproduce exactly is refused here, in one line, before any export:
-dynamic-NTK RoPE (its frequencies follow the longest sequence seen so far, a state no graph
-input holds), bidirectional attention, an activation other than SiLU / GELU / GELU-tanh.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

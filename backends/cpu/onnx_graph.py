@@ -1,24 +1,6 @@
 """Build a transformers decoder-only causal LM as one ONNX decoder graph with a KV cache.
 
-We write the graph with onnx.helper instead of tracing it with torch.onnx: a decoder block is
-about forty primitive ops, the exporters of torch 2.x and transformers 5.x disagree on how
-the cache object is traced, and writing it ourselves lets every linear layer be exactly one
-`MatMul` node named after its module (`model.layers.3.mlp.up_proj`), so the layer -> node
-mapping the quantizer and the audit rely on is exact by construction.
-
-Graph signature (one graph serves prefill and decode; past length may be 0):
-    inputs   input_ids [batch, seq] int64, attention_mask [batch, past+seq] int64 (1 = keep,
-             left padding allowed), position_ids [batch, seq] int64, logits_to_keep [1] int64,
-             past_key_values.{i}.key / .value [batch, kv_heads, past, head_dim] float32
-    outputs  logits [batch, logits_to_keep, vocab] float32,
-             present.{i}.key / .value [batch, kv_heads, past+seq, head_dim] float32
-Supported: model_type llama, mistral, qwen2 (q/k/v biases), qwen3 (q/k norms), gemma,
-gemma2 (soft-capping, alternating sliding window, four norms per block), gemma3_text
-(q/k norms, local and global layers with their own rotary tables) and phi3 (q/k/v and
-gate/up stored as one weight each, which stay one MatMul node each). What differs between
-them is read from the model by onnx_arch.py. Rotary embeddings come from the model's own
-`rotary_emb` (so rope scaling variants carry over); the KV cache keeps every position and a
-sliding-window layer masks keys outside its window, as transformers' mask does.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

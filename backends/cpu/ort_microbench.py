@@ -1,32 +1,6 @@
 """Measured ONNX Runtime kernel times for linear-layer shapes: the `local` cost table.
 
-For a row (m, n, k, choice) we build a small ONNX graph the way the artifact is built --
-fp32 `MatMul` nodes (onnx_graph), rewritten by the very ort_quant.quantize_graph the export
-uses (int8 W8A8 -> DynamicQuantizeLinear/MatMulInteger/... which ORT fuses into
-DynamicQuantizeMatMul; int4_gN / int8_wo -> MatMulNBits at accuracy_level 0, int4a8_gN /
-int8a8_g128 -> MatMulNBits at level 4) -- and run it with ort_runtime's session options
-(intra-op threads = physical cores, sequential, ORT_ENABLE_ALL, spinning as generation runs).
-
-
-The graph holds R independent copies of the node (own input, own weight, own output), so
-one `run_with_iobinding` times R kernel calls back to back; per-call time = run time / R
-(this amortizes the Python -> ORT call overhead over R calls). In a decoder step ~120 other
-weights pass between two calls of one layer, so its weight comes from DRAM, not from the
-L2/L3 where the previous call left it: before every timed run we read a `FLUSH_BYTES`
-buffer (3x this box's 32 MB L3), and the R weight copies of one run are distinct, so each
-call streams its own weight from memory. (Rotation alone is not enough: 8 copies of a
-1.8 MB int8 layer still fit in L3, which made int8 GEMVs look ~2x faster than in the
-decoder -- measured 2026-11-30, predicted/measured 1.27 for the INT8 side before the flush.) The time therefore
-includes ORT's per-node dispatch (thread-pool fan-out, output allocation from the arena):
-the table says `"includes_dispatch": true`, and the cost model does not add its analytic
-per-kernel overhead on top of these rows.
-
-Cost table: backends/microbench.py's schema v1 (read_cost_table reads it), plus header
-fields `runtime`, `onnxruntime`, `threads`, `includes_dispatch`, `method` and per row `kernel`
-(the ORT op) and `accuracy_level` (MatMulNBits rows, implied by the format; None otherwise).
-Cached per machine (CPU model, cores), ORT version, thread count and spinning mode under
-cache_root()/"cost_tables"; rows
-accumulate there, only missing rows are measured.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,6 @@
 """Per-layer weight quantization of an exported ONNX decoder, in the formats ONNX Runtime runs.
 
-Each planned linear layer is one `MatMul` node named after the layer (see onnx_export.py).
-This module rewrites that node in place, so the layer -> node mapping stays exact. Which
-node a format becomes is its FormatSpec's ``onnx`` name (autoplan.formats); which formats
-ONNX Runtime *accelerates* is the runtime matrix's answer (autoplan.runtimes.supports,
-checked by ``autoplan.export._prepare.check_runtime``), asked by apply and export -- this writer itself packs any format
-that has an ONNX name, so benchmarks can also time the ones the matrix refuses.
-
-- `int8` (W8A8): the pattern ORT's own `quantize_dynamic` emits,
-  `DynamicQuantizeLinear(x) -> MatMulInteger(x_q, W_q) -> Cast -> Mul(x_scale * w_scale)`,
-  which ORT's optimizer fuses into one `DynamicQuantizeMatMul` kernel. Weights are int8 codes per
-  output channel, stored as uint8 + 128 with zero point 128 (u8u8 is exact on AVX2) (autoplan.quant: symmetric, amax / 127). ORT quantizes activations per
-  *tensor* (uint8, asymmetric) at run time, where autoplan.quant simulates vLLM's per-token
-  int8: identical at decode batch 1, coarser for prefill and batched decode (the manifest
-  records it).
-- `int4_g32/g64/g128` (W4A16) and `int8_wo` (W8A16): com.microsoft `MatMulNBits` at
-  accuracy_level 0 (fp32 math on the dequantized weights: exact weight-only numerics), codes
-  stored with the op's default zero point 2**(bits-1). int4 groups run along K (codes
-  -8..7, amax / 7.5); int8_wo is per output channel (the scale repeated for every block).
-- `int4a8_g32/g64/g128` and `int8a8_g128`: the same MatMulNBits weights at accuracy_level 4,
-  where MLAS quantizes each activation row to int8 per block (its fast VNNI/AVX2 path);
-  autoplan.quant simulates that rounding exactly (BlockInt8ActScheme).
-- `uint4_gN` (level 0) and `uint4a8_gN` (level 4): asymmetric 4-bit codes 0..15 with a
-  packed uint4 zero point per block (the op's optional `zero_points` input), dequantized as
-  (code - zero point) * scale.
-
-Codes and scales come from autoplan.quant.quantize_weight (or the plan's own GPTQ-rounded
-QuantizedWeight), never from a second rounding rule, so the ONNX model holds exactly the
-weights the PyTorch simulation measured. We pack them ourselves rather than calling ORT's
-`MatMulNBitsQuantizer` (which rounds on its own and needs the optional `onnx_ir` package);
-tests/unit/test_onnx_export.py checks the packing against ORT's kernels.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

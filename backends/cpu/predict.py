@@ -1,25 +1,6 @@
 """The cost model's prediction for each bench side, on the measured `local` target.
 
-It lives with the CPU backend, not in `autoplan.bench`: bench only measures, and this is the
-CPU backend's measured-kernel prediction (its microbenchmarks replacing the roofline).
-
-Bench exists to check the planner: every ONNX side is predicted by the same CostModel the
-search used (`local` target, Workload(batch=concurrency, input_len, output_len)) and the
-report shows predicted next to measured with their ratio. The baseline is predicted as
-dense fp32 on every linear layer, lm_head included, which is what the baseline export runs.
-
-With the artifacts at hand (ONNX Runtime on this CPU, the `local` target is present), the
-linear layers are not predicted from the roofline: every GEMM node the artifact runs --
-packed q/k/v and gate/up nodes as packed, each MatMulNBits at the accuracy_level its format
-implies -- is timed in ONNX Runtime (backends/cpu/ort_microbench.py, cached per
-machine) at the workload's shapes (decode m = concurrency; prefill m = the chunk of
-concurrency x input_len, see CostModel's PREFILL_CHUNK; lm_head m = concurrency), and those
-rows replace the analytic GEMM time (CostModel(measured=...)). The non-GEMM part of a decode
-step (attention over the KV cache, norms, elementwise, per-node dispatch, the loop's argmax)
-is measured too, once, on the baseline export with its linear layers taken out
-(ort_microbench.non_gemm_decode_seconds at the workload's mean decode context), and
-replaces the analytic fixed decode terms; prefill keeps the analytic fixed terms. The
-analytic-only figure is kept next to it (`predicted_analytic`).
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

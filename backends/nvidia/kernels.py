@@ -1,25 +1,6 @@
 """NVIDIA linear-layer kernels for the choices autoplan plans: 2:4, FP8 (W8A8), 2:4 FP8, NVFP4.
 
-Kernels only pack and launch: weights are the ``QuantizedWeight`` that autoplan.quant made
-(after the keep-mask autoplan.prune chose) and inputs are rounded by
-``autoplan.quant.quantize_activation_codes``, so a microbenchmark times exactly the numerics
-whose quality the simulation measured. All run through PyTorch's own bindings (torch 2.13):
-
-- 2:4 bf16/fp16: `torch.sparse.to_sparse_semi_structured` (cuSPARSELt, else CUTLASS); the
-  result drops into `F.linear`.
-- FP8 e4m3 W8A8: `torch._scaled_mm` with row-wise scales, i.e. a per-token activation scale
-  [M, 1] times a per-output-channel weight scale [1, N], fp32 accumulation.
-- 2:4 FP8: `torch._cslt_compress` + `torch._cslt_sparse_mm`. cuSPARSELt has no per-operand
-  scales, so the per-channel weight scale goes in as its `alpha` vector and the per-token
-  activation scale is applied to the output (torch's own fp8 2:4 path supports only
-  per-tensor scales; this keeps the W8A8 recipe of `fp8_linear`).
-- NVFP4 (E2M1 values, E4M3 scale per 16, FP32 global scale g): `torch._scaled_mm` on
-  `float4_e2m1fn_x2` with block scales in cuBLAS's swizzled layout; SM100+ only. autoplan
-  stores g = 448 * 6 / amax and dequantizes (q * s) / g, so the product is divided by
-  g_x * g_w once in the epilogue.
-
-Packing helpers (FP4 nibbles, the scale swizzle) are plain torch and run anywhere. Every
-kernel entry point raises a one-line AutoplanError without CUDA.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations

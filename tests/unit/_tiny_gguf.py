@@ -1,7 +1,10 @@
 """Write a tiny transformers model as a GGUF the way llama.cpp's convert_hf_to_gguf.py does,
 with gguf-py only (no llama.cpp needed): the architecture's metadata keys, a sentencepiece
 ("llama") vocabulary, Q8_0 / Q4_1 linears and F32 norms, and llama.cpp's storage quirks (q/k
-rows permuted per head for Llama/Mistral, Gemma's RMSNorm weights stored as 1 + w)."""
+rows permuted per head for Llama/Mistral/Mixtral, Gemma's RMSNorm weights stored as 1 + w);
+an MoE model (its experts unfused) as llama.cpp's Mixtral: a "llama" GGUF with
+`llama.expert_count`, each projection's experts stacked in one `ffn_*_exps` tensor, the
+router (`ffn_gate_inp`) in F32."""
 
 from __future__ import annotations
 
@@ -12,8 +15,9 @@ import torch
 
 from autoplan.export.gguf import llama_permutation
 from autoplan.models.gguf_convert import gguf_arch, hf_to_gguf_names
+from autoplan.models.gguf_moe import stacked_stem
 
-_PERMUTED = ("llama", "mistral")
+_PERMUTED = ("llama", "mistral", "mixtral")
 _PLUS_ONE = ("gemma", "gemma2", "gemma3_text")
 
 
@@ -33,6 +37,9 @@ def write_tiny_gguf(model: torch.nn.Module, path: Path, vocab: list[str]) -> Pat
     w.add_block_count(cfg.num_hidden_layers)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
+    if getattr(cfg, "num_local_experts", 0):
+        w.add_expert_count(cfg.num_local_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_key_length(head_dim)
@@ -46,6 +53,8 @@ def write_tiny_gguf(model: torch.nn.Module, path: Path, vocab: list[str]) -> Pat
             getattr(w, f"add_{key}")(getattr(cfg, key))
     rope = getattr(cfg, "rope_parameters", None) or {}
     scaled = rope.get("full_attention", rope)
+    if scaled.get("rope_theta"):  # as llama.cpp's converter writes it (llama's default: 1e4)
+        w.add_rope_freq_base(scaled["rope_theta"])
     if scaled.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(scaled["factor"])
@@ -60,6 +69,7 @@ def write_tiny_gguf(model: torch.nn.Module, path: Path, vocab: list[str]) -> Pat
     names = hf_to_gguf_names(model, cfg.num_hidden_layers)
     q = gguf.GGMLQuantizationType
     tied = getattr(cfg, "tie_word_embeddings", False)
+    stacks: dict[str, dict[int, torch.Tensor]] = {}  # ffn_*_exps -> expert -> weight
     for hf, tensor in model.state_dict().items():
         if hf not in names or (tied and hf == "lm_head.weight"):
             continue
@@ -71,9 +81,18 @@ def write_tiny_gguf(model: torch.nn.Module, path: Path, vocab: list[str]) -> Pat
             value = value[llama_permutation(value.shape[0], heads)]
         if cfg.model_type in _PLUS_ONE and name.endswith("norm.weight"):
             value = value + 1
-        kind = q.F32 if value.ndim == 1 else (q.Q8_0 if name == "token_embd.weight" else q.Q4_1)
+        expert = stacked_stem(hf.rpartition(".")[0])[1]
+        if expert is not None:
+            stacks.setdefault(name, {})[expert] = value
+            continue
+        kind = q.F32 if value.ndim == 1 or "ffn_gate_inp" in name else (
+            q.Q8_0 if name == "token_embd.weight" else q.Q4_1)
         w.add_tensor(name, gguf.quantize(np.ascontiguousarray(value.numpy()), kind),
                      raw_dtype=kind)
+    for name, experts in stacks.items():  # [E, out, in], expert order
+        value = torch.stack([experts[e] for e in sorted(experts)])
+        w.add_tensor(name, gguf.quantize(np.ascontiguousarray(value.numpy()), q.Q4_1),
+                     raw_dtype=q.Q4_1)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

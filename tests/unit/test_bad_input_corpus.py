@@ -145,6 +145,8 @@ CASES = [
     C(_SN + " --budget fast", 2, "cannot read budget", ARGS),
     C(_SN + " --price-per-hour nan", 2, "--price-per-hour", ARGS),
     C(_SN + " --price-per-hour inf", 2, "--price-per-hour", ARGS),
+    C(_SN + " --min-gain -0.1", 2, "--min-gain", ARGS),
+    C(_SN + " --min-gain nan", 2, "--min-gain", ARGS),
     C(_SN + " --cost-table {ct_obj}", 2, "no measured rows", FILES),
     C(_SN + " --cost-table {ct_list}", 2, "no measured rows", FILES),
     C(_SN + " --trials 0", 2, "--trials", ARGS),

@@ -48,7 +48,7 @@ _CFG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
      "rope_parameters.rope_theta must be a number > 0"),
     ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "rope_scaling.factor"),
     ({"final_logit_softcapping": 0.0}, "final_logit_softcapping must be a number > 0"),
-    ({"sliding_window": 0}, "sliding_window must be an integer from 1"),
+    ({"sliding_window": -1}, "sliding_window must be an integer from 0"),
 ])
 def test_each_rule_names_its_field(change, needle):
     cfg = {**_CFG, **change}

@@ -135,6 +135,9 @@ def test_estimate_breakdown_lists_every_blocks_cache() -> None:
     (["--kv-cache", "int8"], "serves no int8 KV cache"),
     (["--kv-cache", "nvfp4", "--runtime", "tensorrt-llm"], "Blackwell"),
     (["--kv-cache", "q9"], "unknown KV-cache format"),
+    (["--kv-cache", "fp8@0-15,bf16@16-31"], "one KV-cache type for the whole model"),
+    (["--kv-cache", "fp8@0-15"], "not a mix per layer (bf16, fp8_e4m3)"),
+    (["--kv-cache", "fp8@0-40"], "has blocks 0-31"),
 ])
 def test_estimate_refuses_a_cache_the_runtime_does_not_serve(args: list[str],
                                                              needle: str) -> None:

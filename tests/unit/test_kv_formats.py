@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from autoplan.errors import UnknownNameError, UnsupportedFormatError, UserInputError
-from autoplan.formats.kv import KvFormat, kv_formats, kv_spec
-from autoplan.runtimes import (check_kv_layers, default_kv, kv_supports, load_matrix,
+from autoplan.formats.kv import KvFormat, kv_formats, kv_spec, parse_kv_mix
+from autoplan.runtimes import (check_kv_layers, default_kv, kv_of_mix, kv_supports, load_matrix,
                                served_kv_formats)
 from autoplan.targets import get_target, load_references
 
@@ -172,6 +172,25 @@ def test_one_kv_type_per_model_is_enforced() -> None:
     check_kv_layers("vllm", {0: KvFormat.FP8_E4M3, 1: KvFormat.FP8_E4M3})
     with pytest.raises(UnsupportedFormatError, match="one KV-cache type"):
         check_kv_layers("vllm", {0: KvFormat.FP8_E4M3, 1: KvFormat.BF16})
+
+
+def test_a_per_block_mix_is_read_and_refused_on_one_type_engines() -> None:
+    assert parse_kv_mix("fp8,q8_0") is None  # plain formats: alternatives, not a mix
+    mix = parse_kv_mix("fp8@0-1, bf16@2")
+    assert mix == {0: KvFormat.FP8_E4M3, 1: KvFormat.FP8_E4M3, 2: KvFormat.BF16}
+    for bad, needle in (("fp8@1-0", "backwards"), ("fp8@0,bf16@0", "twice"),
+                        ("fp8@a", "FORMAT@BLOCKS"), ("fp8@0,bf16", "FORMAT@BLOCKS")):
+        with pytest.raises(UserInputError, match=needle):
+            parse_kv_mix(bad)
+    # every block named with one format, or the rest at the engine's own: one type
+    assert kv_of_mix("vllm", {0: KvFormat.BF16}, 2, KvFormat.BF16) is KvFormat.BF16
+    assert kv_of_mix("vllm", {0: KvFormat.FP8_E4M3, 1: KvFormat.FP8_E4M3}, 2,
+                     KvFormat.BF16) is KvFormat.FP8_E4M3
+    for runtime in ("vllm", "llama.cpp", "tensorrt-llm", "sglang"):
+        with pytest.raises(UnsupportedFormatError, match="one KV-cache type for the whole"):
+            kv_of_mix(runtime, {0: KvFormat.FP8_E4M3}, 2, KvFormat.BF16)
+    with pytest.raises(UserInputError, match="blocks 0-1"):
+        kv_of_mix("vllm", {2: KvFormat.FP8_E4M3}, 2, KvFormat.BF16)
 
 
 def test_vllm_cpu_fp8_cache_needs_avx512_as_vllm_says() -> None:

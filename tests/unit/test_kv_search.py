@@ -10,6 +10,7 @@ import pytest
 
 from autoplan.cost.operating import OperatingRequest
 from autoplan.errors import UnsupportedFormatError, UserInputError
+from autoplan.formats.kv import KvFormat
 from autoplan.plan.io import load_plan
 from autoplan.search import SearchRequest, preflight, run_search
 from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, tiny_model_dir  # noqa: F401
@@ -59,6 +60,17 @@ def test_nvfp4_cache_before_blackwell_names_the_engines_reason(model_dir: Path,
     with pytest.raises(UnsupportedFormatError, match="Blackwell"):
         preflight(_request(model_dir, tmp_path / "p.json", runtime="tensorrt-llm",
                            target="h100-sxm", kv_cache="nvfp4"))
+
+
+def test_a_per_layer_cache_mix_is_refused_before_any_work(model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedFormatError, match="one KV-cache type for the whole model"):
+        preflight(_request(model_dir, tmp_path / "p.json", target="h100-sxm",
+                           kv_cache="fp8@0,bf16@1"))
+    assert not (tmp_path / "p.json").exists()
+    # one format named for every block is that format
+    assert preflight(_request(model_dir, tmp_path / "p.json", target="h100-sxm",
+                              kv_cache="fp8@0-1")).kv is KvFormat.FP8_E4M3
 
 
 def test_kv_cache_option_errors() -> None:

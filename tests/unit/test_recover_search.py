@@ -30,9 +30,11 @@ RS = {"steps": 20, "lr": 1e-3, "seq_len": 64, "checkpoint_every": 0}
 
 
 def _request(model_dir: Path, out: Path, **kw) -> SearchRequest:  # noqa: ANN003
+    """min_gain 0: the tiny model's mixes are all predicted within H100's stated speed
+    uncertainty of bf16, which the noise rule would keep; these tests recover a mix."""
     return SearchRequest(**({"model": str(model_dir), "target": "h100-sxm",
                              "runtime": "tensorrt-llm", "budget": "kl<=0.05", "trials": 100,
-                             "out": out, "workload": WORKLOAD, **FAST} | kw))
+                             "out": out, "workload": WORKLOAD, "min_gain": 0.0, **FAST} | kw))
 
 
 @pytest.fixture(scope="module")

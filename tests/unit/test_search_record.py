@@ -11,7 +11,7 @@ from autoplan.compress import CompressionSettings
 from autoplan.recover import RecoverySettings
 from autoplan.search import ExecutionSettings, SearchRequest
 from autoplan.search.run import request_from_record, request_record
-from autoplan.search.stages import study_name
+from autoplan.search.preparation import study_name
 from autoplan.sensitivity import SensitivityProfile
 
 

@@ -145,7 +145,7 @@ def test_repeated_choices_are_searched_once() -> None:
 
 def test_kernels_are_measured_by_default_only_when_planning_for_this_machine() -> None:
     from autoplan.search import CostTable, SearchRequest
-    from autoplan.search.stages import measures_kernels
+    from autoplan.search.request import measures_kernels
 
     local = SearchRequest(target="local")
     assert measures_kernels(local, "local", "onnxruntime")

@@ -80,7 +80,8 @@ def _kill_mid_batch(storage, victim: subprocess.Popen, search: threading.Thread)
 
 
 def _check_exact(storage, outcome: SearchOutcome) -> None:  # noqa: ANN001
-    names = [STUDY] + [f"{STUDY}-r{k}" for k in range(1, len(outcome.plan.search.rounds))]
+    names = [r.study for r in outcome.plan.search.rounds]
+    assert names[0] == STUDY
     for name, logged in zip(names, outcome.plan.search.rounds, strict=True):
         trials = _stored(storage, name)
         assert {t.state for t in trials} == {TrialState.COMPLETE}

@@ -92,7 +92,7 @@ def test_device_without_a_gpu_is_refused_before_loading(tmp_path: Path,
 
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU refusal")
-    monkeypatch.setattr("autoplan.search.stages._prepare.open_model",
+    monkeypatch.setattr("autoplan.search.preparation._prepare.open_model",
                         lambda *a, **k: pytest.fail("loaded before refusing"))
     folder = save_tiny_folder(tmp_path / "model")
     with pytest.raises(UserInputError, match="no CUDA/ROCm GPU"):

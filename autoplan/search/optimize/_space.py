@@ -88,6 +88,10 @@ class SearchSpace:
         return tuple(seen)
 
 
+# parts of a model the runtime matrix has rules about of their own (engines' fused-MoE kernels)
+_SCOPED = ("routed_experts",)
+
+
 def _fits(choice: Choice, layer: LinearLayer) -> bool:
     """Whether the pattern tiles the layer (2:4 needs in % 4 == 0, blocks need both dims) and
     the format's scale groups / blocks fit it (``PrecisionInfo.shape_problem``)."""
@@ -142,13 +146,18 @@ def build_space(
         if layer.role in sf.protect_roles or layer.block in protected_blocks:
             protected.append(layer)
         else:  # one unit per GEMM the runtime runs
-            groups.setdefault(layer.fuse_group if rt.fused_projections else layer.name,
+            # a runtime that stores a block's experts stacked per projection gives each
+            # stacked tensor (llama.cpp's ffn_gate_exps ...) one type: one unit per tensor
+            groups.setdefault(layer.fuse_group if rt.fused_projections else layer.stored_as,
                               []).append(layer)
     units = []
     for name, layers in groups.items():
         role_pool = sf.roles.get(layers[0].role)
+        part = layers[0].part
         ok = [c for c in allowed if all(_fits(c, la) for la in layers)
-              and (role_pool is None or str(c) in role_pool or c == baseline)]
+              and (role_pool is None or str(c) in role_pool or c == baseline)
+              and not (c.sparsity.kind != "dense" and layers[0].expert >= 0)
+              and (c == baseline or part not in _SCOPED or supports(target, runtime, c, part).ok)]
         ok.sort(key=lambda c: c != baseline)  # baseline first: index 0 is "no change"
         units.append(DecisionUnit(name, tuple(layers), tuple(ok)))
     if not any(len(u.choices) > 1 for u in units):

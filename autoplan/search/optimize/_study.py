@@ -246,13 +246,15 @@ def run_batch(queue: JobQueue, job: Job, study: RoundStudy,
 def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
               warm_starts: Sequence[Sequence[int]] = (),
               on_trial: Callable[[int, int], None] | None = None,
-              queue: JobQueue | None = None) -> StudyResult:
+              queue: JobQueue | None = None,
+              batch_attrs: dict | None = None) -> StudyResult:
     """Run (or continue) the study and return feasible candidates, best first.
 
     With a storage, the study's trials are planned as batches in the search's job `queue`
     (default: the study's own) and this process runs batches until every one is done,
     whoever ran them: the study then holds exactly `cfg.n_trials` trials (or what an
-    earlier, larger run stored)."""
+    earlier, larger run stored). `batch_attrs` go into every batch (what a worker needs to
+    rebuild `tables`: the round's calibration)."""
     direction = DIRECTION[cfg.objective]
     total = cfg.n_trials
     if cfg.storage is None:
@@ -275,7 +277,7 @@ def run_study(tables: Tables, limit: float, cost: CostModel, cfg: StudyConfig,
         name = cfg.study_name
         if queue.attr(f"plan:{name}") is None and resumed == 0:
             queue.set_attr(f"warm:{name}", [[int(c) for c in p] for p in warm_starts])
-        queue.plan_batches(name, total, resumed, {"limit": limit})
+        queue.plan_batches(name, total, resumed, {"limit": limit, **(batch_attrs or {})})
         drain(queue, lambda: queue.batches_done(name),
               lambda j: j.kind == "trials" and j.attrs.get("study") == name,
               lambda j: run_batch(queue, j, study, on_trial, total))
@@ -289,10 +291,10 @@ def _collect(trials: list[FrozenTrial], tables: Tables, limit: float, cfg: Study
     sign = -1.0 if direction == "maximize" else 1.0
     feasible: dict[tuple[int, ...], Candidate] = {}
     for t in trials:
-        surrogate = float(t.user_attrs["surrogate"])
+        picks = tables.picks_of_params(t.params)
+        surrogate = tables.surrogate(picks)  # these tables' (a trial stores its own run's)
         if surrogate > limit:
             continue
-        picks = tables.picks_of_params(t.params)
         if picks not in feasible:
             feasible[picks] = Candidate(picks, float(t.values[0]), surrogate, t.number)
     ranked = sorted(feasible.values(), key=lambda c: (sign * c.value, c.surrogate))

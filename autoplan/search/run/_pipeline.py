@@ -24,21 +24,9 @@ from autoplan.search.optimize import SearchSpace
 from autoplan.search.recovery import work_dir_for
 from autoplan.search.reporter import Prefixed, Reporter
 from autoplan.search.run._record import request_record
-from autoplan.search.stages import (
-    Platform,
-    Prepared,
-    SearchRequest,
-    SharedWork,
-    build_plan,
-    certify,
-    choose,
-    fixed_fit,
-    kv_options,
-    preflight,
-    prepare_platform,
-    prepare_shared,
-    run_rounds,
-)
+from autoplan.search.request import Platform, SearchRequest, fixed_fit, kv_options, preflight
+from autoplan.search.preparation import Prepared, SharedWork, prepare_platform, prepare_shared
+from autoplan.search.stages import build_plan, certify, choose, run_rounds
 
 
 @dataclass(frozen=True)

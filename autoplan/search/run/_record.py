@@ -10,7 +10,8 @@ from typing import Any
 
 from autoplan.compress import CompressionSettings
 from autoplan.errors import UserInputError
-from autoplan.search.stages import CostTable, ExecutionSettings, Prepared, SearchRequest
+from autoplan.search.request import CostTable, ExecutionSettings, SearchRequest
+from autoplan.search.preparation import Prepared
 from autoplan.sensitivity import SensitivityProfile
 from autoplan.workload import Workload
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from autoplan.plan import schema as ps
 from autoplan.search.reporter import Reporter
 from autoplan.search.run._pipeline import Pipeline, Searched
-from autoplan.search.stages import SearchRequest
+from autoplan.search.request import SearchRequest
 
 
 @dataclass

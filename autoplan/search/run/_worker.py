@@ -28,14 +28,10 @@ from autoplan.search.jobs import (
 from autoplan.search.optimize import RoundStudy, StudyConfig, run_batch
 from autoplan.search.reporter import Reporter
 from autoplan.search.run._record import check_same_inputs, request_from_record
-from autoplan.search.stages import (
-    ExecutionSettings,
-    Platform,
-    Prepared,
-    check_model,
-    prepare,
-    run_verify_jobs,
-)
+from autoplan.search.request import ExecutionSettings, Platform, check_model
+from autoplan.search.preparation import Prepared, prepare
+from autoplan.search.stages import run_verify_jobs
+from autoplan.search.verify import scaled_tables
 from autoplan.streaming.device import resolve_device
 
 
@@ -131,7 +127,10 @@ def run_worker(storage: str | BaseStorage, study: str,
             return
         name = job.attrs["study"]
         if name not in studies:
-            studies[name] = RoundStudy(prep.tables, float(job.attrs["limit"]), prep.cost,
+            # the round's calibrated problem (raw tables for a batch that carries none)
+            tables = scaled_tables(prep.tables, job.attrs.get("scales", {}),
+                                   float(job.attrs.get("base", 1.0)))
+            studies[name] = RoundStudy(tables, float(job.attrs["limit"]), prep.cost,
                                        _config(prep, name), storage)
         before = studies[name].stored_here
         run_batch(queue, job, studies[name])

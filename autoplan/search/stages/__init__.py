@@ -1,4 +1,6 @@
-"""The stages of a search, each a function over typed values (see `autoplan.search`).
+"""The stages of a search after preparation, each a function over typed values: the uniform
+recipes, the calibrated rounds, the choice of the answer and the plan it builds (see
+`autoplan.search`).
 
 Reasoning and sources: docs/modules.md.
 """
@@ -6,92 +8,40 @@ Reasoning and sources: docs/modules.md.
 from __future__ import annotations
 
 from autoplan.search.stages._build import SpeedSource, build_plan
-from autoplan.search.stages._choose import Chosen, Outcome, best_uniform, choose, certify
-from autoplan.search.stages._preflight import (
-    Platform,
-    check_model,
-    fixed_fit,
-    kv_options,
-    in_memory_only,
-    kernel_timer,
-    measures_kernels,
-    operating_point,
-    preflight,
-)
-from autoplan.search.stages._prepare import (
-    CALIB_BATCH,
-    ModelWork,
-    Prepared,
-    SharedWork,
-    model_work,
-    open_model_work,
-    platform_space,
-    prepare,
-    prepare_platform,
-    prepare_shared,
-    profile_spaces,
-    study_name,
-)
-from autoplan.search.stages._request import (
-    MAX_SEED,
-    CostTable,
-    ExecutionSettings,
-    SearchRequest,
-    at_least,
-    parse_choices,
-)
+from autoplan.search.stages._choose import Chosen, Outcome, certify, choose
 from autoplan.search.stages._rounds import (
     RECOVERED_SLOPE,
     SAFETY,
+    USED,
     Rounds,
+    incumbent,
     measurement_result,
     round_study_name,
     run_rounds,
     run_verify_jobs,
+    speed_gain,
 )
-from autoplan.search.stages._scope import profile_scope
+from autoplan.search.stages._uniform import UNIFORM_TRIES, acceptable, best_uniform, recipes
 
 __all__ = [
-    "CALIB_BATCH",
-    "Chosen",
-    "CostTable",
-    "ExecutionSettings",
-    "MAX_SEED",
-    "ModelWork",
-    "Outcome",
-    "Platform",
-    "Prepared",
     "RECOVERED_SLOPE",
-    "Rounds",
     "SAFETY",
-    "SearchRequest",
-    "SharedWork",
+    "UNIFORM_TRIES",
+    "USED",
+    "Chosen",
+    "Outcome",
+    "Rounds",
     "SpeedSource",
-    "at_least",
+    "acceptable",
     "best_uniform",
     "build_plan",
     "certify",
-    "check_model",
-    "fixed_fit",
-    "kv_options",
     "choose",
-    "in_memory_only",
-    "kernel_timer",
+    "incumbent",
     "measurement_result",
-    "measures_kernels",
-    "model_work",
-    "open_model_work",
-    "operating_point",
-    "parse_choices",
-    "platform_space",
-    "preflight",
-    "prepare",
-    "prepare_platform",
-    "prepare_shared",
-    "profile_scope",
-    "profile_spaces",
+    "recipes",
     "round_study_name",
     "run_rounds",
     "run_verify_jobs",
-    "study_name",
+    "speed_gain",
 ]

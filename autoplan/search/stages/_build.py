@@ -18,8 +18,8 @@ from autoplan.formats.kv import kv_spec
 from autoplan.runtimes import get_runtime, kv_supports
 from autoplan.search.recovery import keep_weights, plan_quality
 from autoplan.search.stages._choose import Chosen
-from autoplan.search.stages._preflight import kernel_timer
-from autoplan.search.stages._prepare import CALIB_BATCH, Prepared
+from autoplan.search.request import kernel_timer
+from autoplan.search.preparation import CALIB_BATCH, Prepared
 from autoplan.search.stages._rounds import Rounds
 
 
@@ -57,7 +57,8 @@ def _predicted(prep: Prepared, label: str, picks) -> ps.Predicted:  # noqa: ANN0
                         tpot_s=m.tpot_s, request_latency_s=m.request_latency_s,
                         memory_gb=est.memory.total_bytes / 1e9, fits=est.memory.fits,
                         energy_j_per_token=m.energy, usd_per_1m_tokens=m.cost,
-                        weight_gb=est.memory.weights_bytes / 1e9)
+                        weight_gb=est.memory.weights_bytes / 1e9,
+                        active_weight_gb=est.active_weight_bytes / 1e9)
 
 
 def _predictions(prep: Prepared, chosen: Chosen) -> tuple[dict[str, ps.Predicted], float | None]:
@@ -75,8 +76,9 @@ def _predictions(prep: Prepared, chosen: Chosen) -> tuple[dict[str, ps.Predicted
 
 
 def _points(prep: Prepared, rounds: Rounds, chosen: Chosen) -> list[ps.Point]:
-    """Objective (predicted) vs KL (surrogate; measured where measured) of every uniform
-    recipe, every measured candidate, and the study's Pareto front when there is one."""
+    """Objective (predicted) vs KL (surrogate; measured where measured) of the baseline, a
+    quantized source as is, every uniform recipe, every measured candidate, and the study's
+    Pareto front when there is one."""
     measured = prep.verifier.measured
     out = []
 
@@ -89,9 +91,12 @@ def _points(prep: Prepared, rounds: Rounds, chosen: Chosen) -> list[ps.Point]:
                         passed=m.passed if m else None)
 
     out.append(point("baseline", "baseline", prep.baseline_picks))
+    if prep.as_is.quantized_source:
+        out.append(point("as-is", prep.as_is.label, prep.as_is.picks))
     for name, picks in prep.uniform.items():
         out.append(point("uniform", f"uniform {name}", picks))
-    uniform = {tuple(p) for p in prep.uniform.values()} | {prep.baseline_picks}
+    uniform = {tuple(p) for p in prep.uniform.values()} | {prep.baseline_picks,
+                                                           prep.as_is.picks}
     for key, m in measured.items():
         if key not in uniform:
             out.append(point("candidate", m.label, key))
@@ -100,6 +105,17 @@ def _points(prep: Prepared, rounds: Rounds, chosen: Chosen) -> list[ps.Point]:
                             surrogate_kl=f["surrogate_kl"]))
     out.append(point("plan", "plan", chosen.measurement.picks))
     return out
+
+
+def _reference(prep: Prepared) -> str:
+    """What every measured figure of the plan is relative to, with the model as is."""
+    keep = prep.as_is
+    text = keep.reference
+    m = prep.verifier.measured.get(keep.picks)
+    if keep.quantized_source and m is not None:
+        text += (f" ({m.label} measures {prep.req.budget.metric} {m.badness:.4g} against it, "
+                 "and is always acceptable)")
+    return text + (f"; {keep.note}" if keep.note else "")
 
 
 def solver_audit(settings: CompressionSettings) -> dict:
@@ -124,7 +140,9 @@ def _search_meta(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps
         gain_over_best_uniform=gain, best_uniform=uniform.label if uniform else None,
         best_uniform_kl=uniform.quality.kl if uniform else None,
         outcome=chosen.outcome.value, note=SpeedSource.of(prep).note(),
-        points=_points(prep, rounds, chosen))
+        points=_points(prep, rounds, chosen), stopped=rounds.stopped, why=chosen.why,
+        calibration=rounds.calibration.to_json() if rounds.calibration else {},
+        speed_uncertainty=prep.uncertainty.to_json(), quality_reference=_reference(prep))
 
 
 def _kv_section(prep: Prepared) -> ps.KvCache | None:
@@ -205,6 +223,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
         operating_point=ps.OperatingPoint(**prep.platform.point.to_json())
         if prep.platform.point else None,
         recovery=keep_weights(m, req.out),
+        routing=cost.routing.to_json() if loaded.spec.moe is not None else None,
         kv_cache=_kv_section(prep),
         deploy=_deploy(prep),
     )

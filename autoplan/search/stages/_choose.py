@@ -1,25 +1,22 @@
-"""Stages 3 and 4: choose what the plan holds (with the fallback policy), and certify it.
+"""Stages 3 and 4: choose what the plan holds, and certify it.
 
-The measured budget metric alone decides whether a plan passes. The best uniform recipe
-that passes when measured is the bar a searched plan must beat; if no searched plan passes,
-that uniform recipe is returned, and the uncompressed baseline (which always passes) if no
-uniform recipe does: the search never ends with nothing and never exceeds the budget.
+The plan is the fastest acceptable measurement (a mix, a uniform recipe or the model as is,
+always acceptable), unless the noise rule makes it a measured candidate of better quality;
+`Chosen.why` says which. Reasoning: docs/modules.md, docs/search-quality.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from autoplan.plan import schema as ps
 from autoplan.search.optimize import solve_exact
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._prepare import Prepared
-from autoplan.search.stages._rounds import Rounds
+from autoplan.search.preparation import Prepared
+from autoplan.search.stages._rounds import Rounds, speed_gain
+from autoplan.search.stages._uniform import acceptable, best_uniform
 from autoplan.search.verify import Measurement
 from autoplan.textenum import TextEnum
-
-UNIFORM_TRIES = 6  # uniform recipes measured, fastest first, until one passes
 
 
 class Outcome(TextEnum):
@@ -27,56 +24,76 @@ class Outcome(TextEnum):
 
     __noun__ = "outcome"
 
-    PLAN = "plan"  # a searched plan, better than every passing uniform recipe
-    UNIFORM = "uniform-fallback"  # the best passing uniform recipe
+    PLAN = "plan"  # a searched mix, faster than every acceptable uniform recipe
+    UNIFORM = "uniform-fallback"  # a uniform recipe
     BASELINE = "baseline-fallback"  # the uncompressed model
+    AS_IS = "as-is"  # the quantized source, unchanged
 
 
 @dataclass(frozen=True)
 class Chosen:
     measurement: Measurement
     outcome: Outcome
-    best_uniform: Measurement | None  # labelled "uniform NAME"
+    best_uniform: Measurement | None  # labelled "uniform NAME", or the model as is
+    why: str = ""  # why the plan holds this measurement (the plan's `search.why`)
 
 
-def best_uniform(prep: Prepared, rep: Reporter) -> Measurement | None:
-    """The fastest uniform recipe that passes when measured (among the UNIFORM_TRIES fastest).
-    Only whether each passes matters until one does, so each pass stops as soon as its KL
-    is certain to exceed the budget (`Verifier.measure(bounded=True)`); the one that passes
-    is measured in full."""
-    rep.stage("best uniform recipe")
-    ordered = sorted(prep.uniform.items(), key=lambda kv: prep.sign * prep.value(kv[1]))
-    for name, picks in ordered[:UNIFORM_TRIES]:
-        if tuple(picks) == prep.baseline_picks:
-            continue
-        m = prep.verifier.measure(picks, f"uniform {name}", bounded=True)
-        if m.passed:
-            return dataclasses.replace(m, label=f"uniform {name}")
-    return None
+def _quality_rank(prep: Prepared, m: Measurement) -> float:
+    """Lower is better quality: the measured badness, and 0 for the model as is (nothing
+    lost against what the user runs today)."""
+    return 0.0 if m.picks == prep.as_is.picks else m.badness
+
+
+def _noise_rule(prep: Prepared, fastest: Measurement, options: list[Measurement]
+                ) -> tuple[Measurement, str]:
+    """`fastest`, or the best-quality option whose speed it beats by no more than the
+    speed prediction's uncertainty (and why)."""
+    u = prep.uncertainty
+    rank = _quality_rank(prep, fastest)
+    within = [m for m in options if _quality_rank(prep, m) < rank
+              and speed_gain(prep, fastest.picks, m.picks) <= 1.0 + u.relative]
+    if not within:
+        return fastest, f"{fastest.label}: the fastest measured candidate that is acceptable"
+    pick = min(within, key=lambda m: (_quality_rank(prep, m), prep.sign * prep.value(m.picks)))
+    gain = speed_gain(prep, fastest.picks, pick.picks)
+    metric = prep.req.budget.metric
+    return pick, (f"{pick.label}: the fastest acceptable candidate, {fastest.label} (measured "
+                  f"{metric} {fastest.badness:.4g}), is predicted only {gain:.4f}x as fast, "
+                  f"within the speed prediction's uncertainty of +-{u.relative:.1%} "
+                  f"({u.source}); {pick.label} measures {metric} {pick.badness:.4g}")
+
+
+def _outcome(prep: Prepared, m: Measurement) -> Outcome:
+    if m.picks == prep.as_is.picks and prep.as_is.quantized_source:
+        return Outcome.AS_IS
+    if m.picks == prep.baseline_picks:
+        return Outcome.BASELINE
+    if any(tuple(p) == m.picks for p in prep.uniform.values()):
+        return Outcome.UNIFORM
+    return Outcome.PLAN
 
 
 def choose(prep: Prepared, rounds: Rounds, rep: Reporter) -> Chosen:
-    """The rounds' best passing plan, unless a passing uniform recipe beats it or it is None."""
-    uniform = best_uniform(prep, rep)
-    chosen, outcome = rounds.chosen, Outcome.PLAN
-    if chosen is None:
-        outcome = Outcome.UNIFORM if uniform else Outcome.BASELINE
-        chosen = uniform or prep.verifier.measure(prep.baseline_picks, "baseline")
-        rep.note("no searched plan met the budget when measured; returning the best "
-                 f"{'uniform recipe' if uniform else 'baseline'} that passes")
-    elif uniform and prep.sign * prep.value(uniform.picks) < prep.sign * prep.value(chosen.picks):
-        chosen, outcome = uniform, Outcome.UNIFORM
+    """The fastest acceptable measurement, under the noise rule (module doc)."""
+    uniform = best_uniform(prep, rep)  # measured by the rounds already: no new pass
+    # the model as is is always a candidate (the uncompressed one: known without a pass)
+    prep.verifier.measure(prep.as_is.picks, prep.as_is.label)
+    options = [m for m in prep.verifier.measured.values()
+               if acceptable(prep, m) and not m.quality.stopped_early]
+    fastest = min(options, key=lambda m: prep.sign * prep.value(m.picks))
+    chosen, why = _noise_rule(prep, fastest, options)
+    outcome = _outcome(prep, chosen)
     if chosen.picks == prep.baseline_picks:
-        outcome = Outcome.BASELINE
         rep.note("nothing beats the baseline within the budget")
     # the plan reports its KL per slice: measured for it alone unless a budget needed them
-    return Chosen(prep.verifier.with_slices(chosen), outcome, uniform)
+    return Chosen(prep.verifier.with_slices(chosen), outcome, uniform, why)
 
 
 def certify(prep: Prepared, rounds: Rounds, rep: Reporter) -> ps.Certificate:
     """The exact optimum of the additive surrogate problem, and the search's gap to it."""
     rep.stage("certificate")
-    exact = solve_exact(prep.tables, rounds.limit)
+    tables = rounds.calibration.tables(prep.tables) if rounds.calibration else prep.tables
+    exact = solve_exact(tables, rounds.limit)
     best = rounds.best_searched
     nan = float("nan")
     return ps.Certificate(
@@ -87,4 +104,4 @@ def certify(prep: Prepared, rounds: Rounds, rep: Reporter) -> ps.Certificate:
         surrogate_limit=rounds.limit)
 
 
-__all__ = ["Chosen", "Outcome", "best_uniform", "choose", "certify"]
+__all__ = ["Chosen", "Outcome", "certify", "choose"]

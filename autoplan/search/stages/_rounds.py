@@ -1,10 +1,13 @@
-"""Stage 2: rounds of (study on the surrogate -> verify the best candidates for real).
+"""Stage 2: rounds of (calibrate -> study on the calibrated surrogate -> verify).
 
 Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 
@@ -15,15 +18,19 @@ from autoplan.search.optimize import (
     Candidate,
     StudyConfig,
     StudyResult,
+    Tables,
     lagrangian_allocations,
     owl_allocations,
     run_study,
 )
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._prepare import Prepared
-from autoplan.search.verify import Measurement
+from autoplan.search.preparation import Prepared
+from autoplan.search.stages._uniform import acceptable, best_uniform
+from autoplan.search.verify import Calibration, Measurement, family_shares
 
-SAFETY = 0.9  # aim the surrogate limit 10% inside the calibrated budget
+SAFETY = 0.9  # aim the calibrated limit 10 % inside the budget
+USED = 0.85  # the budget is used: the best acceptable measurement is within 15 % of it
+AIM_RANGE = (0.3, 1.5)  # how far one round's correction may move the aim
 # With --recover, finalists are measured after a recovery pass, which removed about two
 # thirds of uniform 2:4's KL on SmolLM2-135M (docs/lab/benchmarks.md, "Recovery"): the first
 # round aims at a 3x looser surrogate limit, and the measurements refit it from there.
@@ -34,30 +41,37 @@ RECOVERED_SLOPE = 1 / 3
 class Rounds:
     """What the rounds found, for `choose`, `certify` and the plan's search record."""
 
-    limit: float  # the last surrogate limit
+    limit: float  # the last limit on the calibrated surrogate (predicted badness)
     chosen: Measurement | None  # the best measured candidate that passed, if any
-    best_searched: Candidate | None  # the last round's best surrogate-feasible trial
+    best_searched: Candidate | None  # the last round's best calibrated-feasible trial
     trials: int  # trials over all rounds
-    log: list[ps.Round] = field(default_factory=list)  # per round: limit, trials, verified
+    log: list[ps.Round] = field(default_factory=list)  # per round: limit, calibration, ...
     front: list[dict] = field(default_factory=list)  # Pareto front (multi-objective)
+    calibration: Calibration | None = None  # the last round's (the certificate's problem)
+    stopped: str = ""  # why the rounds ended
 
 
-def _warm_starts(prep: Prepared, limit: float) -> list:
-    tables = prep.tables
+def _warm_starts(prep: Prepared, tables: Tables, limit: float) -> list:
     warm = [p for p in prep.uniform.values() if tables.surrogate(p) <= limit]
     warm += owl_allocations(tables, prep.profile) + lagrangian_allocations(tables, limit)
     return warm + [list(m.picks) for m in prep.verifier.measured.values()
-                   if m.surrogate <= limit]
+                   if tables.surrogate(m.picks) <= limit]
 
 
-def round_study_name(study: str, k: int) -> str:
-    return study if k == 0 else f"{study}-r{k}"
+def round_study_name(study: str, k: int, cal: Calibration | None = None) -> str:
+    """Round k's study: a later round's name carries a digest of its calibration, which
+    sets its trials' values, so a re-run resumes it only where it measured the same."""
+    if k == 0:
+        return study
+    tag = hashlib.sha256(json.dumps(cal.to_json() if cal else {}, sort_keys=True)
+                         .encode()).hexdigest()[:8]
+    return f"{study}-r{k}-{tag}"
 
 
-def _study_config(prep: Prepared, k: int, storage: object) -> StudyConfig:
+def _study_config(prep: Prepared, k: int, storage: object, cal: Calibration) -> StudyConfig:
     req = prep.req
     return StudyConfig(req.objective, req.trials if k == 0 else max(req.trials // 4, 1),
-                       req.seed + k, round_study_name(prep.study_name, k),
+                       req.seed + k, round_study_name(prep.study_name, k, cal),
                        storage, req.multi_objective, sampler=req.sampler)
 
 
@@ -76,55 +90,50 @@ def run_verify_jobs(prep: Prepared, queue: JobQueue, jobs: list[Job],
         queue.complete(job, measurement_result(m))
 
 
-def _settled(prep: Prepared, best: Candidate | None) -> Measurement | None:
-    """The best passing measurement so far, when it ends the rounds: it is the round's best
-    searched candidate or beats it (else None)."""
-    passing = [m for m in prep.verifier.measured.values() if m.passed]
-    if not passing:
-        return None
-    chosen = min(passing, key=lambda m: prep.sign * prep.value(m.picks))
-    if best is None or chosen.picks == best.picks or \
-            prep.sign * prep.value(chosen.picks) <= prep.sign * prep.value(best.picks):
-        return chosen
-    return None
+def speed_gain(prep: Prepared, picks, than) -> float:  # noqa: ANN001 - pick sequences
+    """How many times faster (by the objective, predicted) `picks` is than `than`."""
+    a, b = prep.value(picks), prep.value(than)
+    return a / b if prep.sign < 0 else b / a
 
 
-def _verify(prep: Prepared, result: StudyResult, k: int, rep: Reporter,
+def incumbent(prep: Prepared) -> Measurement | None:
+    """The fastest acceptable measurement so far (passing, or the model as is)."""
+    ok = [m for m in prep.verifier.measured.values() if acceptable(prep, m)]
+    return min(ok, key=lambda m: prep.sign * prep.value(m.picks)) if ok else None
+
+
+def _worth_measuring(prep: Prepared, result: StudyResult, best: Measurement | None
+                     ) -> list[Candidate]:
+    """The round's candidates not measured yet and faster than `best` by more than the
+    speed prediction's uncertainty, best first: any other could not be planned (the noise
+    rule in `choose` would return `best`, or a better-quality one, instead)."""
+    bar = 1.0 + prep.uncertainty.relative
+    return [c for c in result.candidates if c.picks not in prep.verifier.measured
+            and (best is None or speed_gain(prep, c.picks, best.picks) > bar)]
+
+
+def _verify(prep: Prepared, todo: list[Candidate], k: int, rep: Reporter,
             queue: JobQueue | None) -> list[Measurement]:
-    """Measure the round's best candidates not measured yet, on the request's executor (each
+    """Measure the round's best candidates worth measuring, on the request's executor (each
     measurement is independent of the others), or through the job queue, where workers may
-    measure some of them. A process measuring alone (no executor, no worker has joined)
-    measures them one at a time, best first, and stops once one settles the rounds
-    (`_settled`): the others could not change the plan, only cost a whole-model measurement
-    each. A streamed model measures them together instead: one pass over its blocks serves
-    them all."""
+    measure some of them: `verify_top` of them. A process measuring alone (no executor, no
+    worker has joined) measures only the best one: the next round re-fits the calibration
+    on it before choosing another. A streamed model measures `verify_top` together: one
+    pass over its blocks serves them all."""
     verifier = prep.verifier
-    todo = [c for c in result.candidates if c.picks not in verifier.measured]
-    todo = todo[:prep.req.verify_top]
+    alone = prep.req.executor is None and prep.runner.execution != "stream" and \
+        (queue is None or not queue.workers())
+    todo = todo[:1 if alone else prep.req.verify_top]
     labelled = [(c.picks, f"round{k + 1}-candidate{i + 1}") for i, c in enumerate(todo)]
     rep.progress("verify", 0, len(todo))
     recover = prep.req.recovery is not None
     if recover:
         verifier.check_recoverable()  # before any measurement
-
-    def measure(items: list) -> list[Measurement]:
-        if queue is None:
-            return verifier.measure_many(items, prep.req.executor, recover=recover)
-        return _measure_queued(prep, queue, items)
-
-    alone = prep.req.executor is None and prep.runner.execution != "stream" and \
-        (queue is None or not queue.workers())
-    if not alone:
-        done = measure(labelled)
-        rep.progress("verify", len(todo), len(todo))
-        return done
-    best = result.candidates[0] if result.candidates else None
-    done = []
-    for item in labelled:
-        done += measure([item])
-        rep.progress("verify", len(done), len(todo))
-        if _settled(prep, best) is not None:
-            break
+    if queue is None:
+        done = verifier.measure_many(labelled, prep.req.executor, recover=recover)
+    else:
+        done = _measure_queued(prep, queue, labelled)
+    rep.progress("verify", len(todo), len(todo))
     return done
 
 
@@ -168,46 +177,99 @@ def _front(prep: Prepared, result: StudyResult) -> list[dict]:
             for c in result.front]
 
 
+def _next_aim(prep: Prepared, cal: Calibration, checked: list[Measurement],
+              aim: float) -> float:
+    """The next round's aim (limit / budget): SAFETY over the calibrated surrogate's
+    remaining error on the round's measurement nearest the budget (above 1: it still
+    under-predicts, the aim moves down; below 1: it over-predicts, the aim moves up)."""
+    limit = prep.req.budget.limit
+    full = [m for m in checked if not m.quality.stopped_early and m.badness > 0]
+    if not full:
+        return aim
+    near = min(full, key=lambda m: abs(math.log(m.badness / limit)))
+    predicted = cal.predict(family_shares(prep.tables, near.picks))
+    if predicted <= 0:
+        return aim
+    return min(max(SAFETY * predicted / near.badness, AIM_RANGE[0]), AIM_RANGE[1])
+
+
+def _round_entry(k: int, study: str, limit: float, aim: float, cal: Calibration,
+                 result: StudyResult, checked: list[Measurement], tables: Tables) -> ps.Round:
+    return ps.Round(round=k + 1, study=study, surrogate_limit=limit, aim=aim,
+                    calibration=cal.to_json(), trials=result.n_trials,
+                    resumed_trials=result.resumed,
+                    verified=[ps.VerifiedCandidate(label=m.label, surrogate_kl=m.surrogate,
+                                                   predicted=tables.surrogate(m.picks),
+                                                   badness=m.badness, passed=m.passed)
+                              for m in checked])
+
+
 def run_rounds(prep: Prepared, rep: Reporter, queue: JobQueue | None = None) -> Rounds:
-    """Search and verify until a measured plan is the best the surrogate offers (with a
-    job queue: sharing the trials and measurements with the search's workers)."""
-    budget, verifier, sign = prep.req.budget, prep.verifier, prep.sign
+    """Calibrate, search and verify until the budget is used or nothing faster is left
+    (with a job queue: sharing the trials and measurements with the search's workers)."""
+    budget, verifier = prep.req.budget, prep.verifier
     prior = budget.prior_slope * (RECOVERED_SLOPE if prep.req.recovery is not None else 1.0)
-    limit = budget.limit / prior * SAFETY
+    best_uniform(prep, rep)  # the first measurements: they calibrate round 1
+    leave_out = [prep.as_is.picks] if prep.as_is.quantized_source else []
     log: list[ps.Round] = []
     front: list[dict] = []
-    chosen: Measurement | None = None
     best: Candidate | None = None
-    trials = 0
+    trials, aim, limit = 0, SAFETY, budget.limit * SAFETY
+    cal = verifier.calibration(prior, leave_out)
+    stopped = f"round limit: {prep.req.max_rounds} rounds ran"
     for k in range(prep.req.max_rounds):
-        rep.stage(f"search round {k + 1}: surrogate KL <= {limit:.4g}")
-        result = run_study(prep.tables, limit, prep.cost,
-                           _study_config(prep, k, queue.storage if queue else
-                                         prep.platform.storage),
-                           _warm_starts(prep, limit),
-                           on_trial=lambda d, t: rep.progress("trials", d, t), queue=queue)
+        cal = verifier.calibration(prior, leave_out)
+        tables = cal.tables(prep.tables)
+        limit = budget.limit * aim
+        rep.stage(f"search round {k + 1}: predicted {budget.metric} <= {limit:.4g}")
+        cfg = _study_config(prep, k, queue.storage if queue else prep.platform.storage, cal)
+        result = run_study(tables, limit, prep.cost, cfg,
+                           _warm_starts(prep, tables, limit),
+                           on_trial=lambda d, t: rep.progress("trials", d, t), queue=queue,
+                           batch_attrs={"scales": cal.scales, "base": cal.base})
         trials += result.n_trials
         front = _front(prep, result) or front
         best = result.candidates[0] if result.candidates else None
+        held = incumbent(prep)
+        todo = _worth_measuring(prep, result, held)
+        if not todo:
+            log.append(_round_entry(k, cfg.study_name, limit, aim, cal, result, [], tables))
+            stopped = _nothing_faster(prep, result, held)
+            break
         rep.stage(f"verifying round {k + 1}")
-        checked = _verify(prep, result, k, rep, queue)
-        log.append(ps.Round(round=k + 1, surrogate_limit=limit, trials=result.n_trials,
-                            resumed_trials=result.resumed,
-                            verified=[ps.VerifiedCandidate(label=m.label, surrogate_kl=m.surrogate,
-                                                           badness=m.badness, passed=m.passed)
-                                      for m in checked]))
-        settled = _settled(prep, best)
-        passing = [m for m in verifier.measured.values() if m.passed]
-        if passing:
-            chosen = min(passing, key=lambda m: sign * prep.value(m.picks))
-        if settled is not None:
+        checked = _verify(prep, todo, k, rep, queue)
+        log.append(_round_entry(k, cfg.study_name, limit, aim, cal, result, checked, tables))
+        held = incumbent(prep)
+        if held is not None and held.badness >= USED * budget.limit:
+            stopped = (f"budget used: the best measurement that passes ({held.label}) is at "
+                       f"{held.badness:.4g}, at least {USED:.0%} of the budget "
+                       f"{budget.limit:g}")
             break
-        new_limit = budget.limit / verifier.slope(prior) * SAFETY
-        limit = new_limit if new_limit < limit else limit * 0.5
-        if not checked:
-            break
-    return Rounds(limit, chosen, best, trials, log, front)
+        aim = _next_aim(prep, verifier.calibration(prior, leave_out), checked, aim)
+    passing = [m for m in verifier.measured.values() if m.passed]
+    chosen = min(passing, key=lambda m: prep.sign * prep.value(m.picks)) if passing else None
+    return Rounds(limit, chosen, best, trials, log, front, cal, stopped)
 
 
-__all__ = ["RECOVERED_SLOPE", "SAFETY", "Rounds", "measurement_result", "round_study_name",
-           "run_rounds", "run_verify_jobs"]
+def _nothing_faster(prep: Prepared, result: StudyResult, held: Measurement | None) -> str:
+    """Why a round found nothing to measure (the plan's `search.stopped`)."""
+    if held is None:
+        return "no candidate: every candidate the calibrated problem offers is measured"
+    u = prep.uncertainty.relative
+    faster = [c for c in result.candidates
+              if speed_gain(prep, c.picks, held.picks) > 1.0 + u]
+    if not faster:
+        top = speed_gain(prep, result.candidates[0].picks, held.picks) \
+            if result.candidates else 1.0
+        return (f"no faster candidate: the calibrated problem's best is {top:.3f}x "
+                f"{held.label}, within the speed prediction's uncertainty (+-{u:.1%})"
+                if top > 1.0 else
+                f"no faster candidate: the calibrated problem's best is not faster than "
+                f"{held.label}")
+    return (f"converged: the {len(faster)} candidate(s) faster than {held.label} by more "
+            f"than the uncertainty (+-{u:.1%}) are measured already")
+
+
+__all__ = ["AIM_RANGE", "RECOVERED_SLOPE", "SAFETY", "USED", "Rounds", "incumbent",
+           "measurement_result", "round_study_name", "run_rounds", "run_verify_jobs",
+           "speed_gain"]

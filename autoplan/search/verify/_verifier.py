@@ -22,6 +22,12 @@ from autoplan.quality.evaluator import QualityResult, original_quality
 from autoplan.quant.kv_cache import KvQuant
 from autoplan.search.optimize import SearchSpace, Tables
 from autoplan.search.verify._budget import QualityBudget
+from autoplan.search.verify._calibration import (
+    Calibration,
+    Observation,
+    family_shares,
+    fit_calibration,
+)
 from autoplan.search.verify._measurement_cache import MeasurementStore
 from autoplan.sensitivity.executor import Executor
 from autoplan.streaming.candidates import CandidateTask, Evaluator, Measured
@@ -192,7 +198,7 @@ class Verifier:
         each new measurement is then replaced by the one after its recovery pass.
         `bounded`: only whether it passes matters, so a pass stops as soon as the KL budget
         is certain to be exceeded (in memory; a streamed pass measures every block). Such a
-        measurement is `stopped_early` and does not calibrate the surrogate (`slope`)."""
+        measurement is `stopped_early`: a lower bound to the surrogate's calibration."""
         keys = [tuple(p) for p, _ in candidates]
         labels = dict(zip(keys, (lb for _, lb in candidates), strict=True))
         todo = [k for k in dict.fromkeys(keys) if k not in self.measured
@@ -317,13 +323,17 @@ class Verifier:
                                          badness, self.passes(quality), audit)
         return self.measured[key]
 
-    def slope(self, prior: float) -> float:
-        """Measured badness per surrogate nat: the largest ratio seen (conservative)."""
-        # a measurement stopped early has a lower bound for its badness: left out
-        ratios = [m.badness / m.surrogate for m in self.measured.values()
-                  if m.surrogate > 1e-12 and not m.quality.stopped_early]
-        return max(ratios) if ratios else prior
-
+    def calibration(self, prior: float, leave_out: Sequence[tuple[int, ...]] = ()
+                    ) -> Calibration:
+        """The surrogate calibrated per format family from every measurement so far (a pass
+        stopped early as a lower bound), but those in `leave_out` (_calibration.py). With a
+        recovery stage, only the measurements taken after a recovery pass: the uniform
+        recipes, measured unrecovered, would mix two relations into one."""
+        skip = {tuple(p) for p in leave_out}
+        return fit_calibration(
+            [Observation(family_shares(self.tables, key), m.badness, m.quality.stopped_early)
+             for key, m in self.measured.items() if key not in skip
+             and (self.recovery is None or m.recovery is not None)], prior)
 
 __all__ = ["KvSimulation", "Measurement", "RecoveredCandidate", "RecoveryHook",
            "SharedMeasurements", "Verifier", "decisions_key", "is_original"]

@@ -19,9 +19,9 @@ from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_op
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats.kv import KvFormat, kv_spec
 from autoplan.quality.text import check_text_source
-from autoplan.runtimes import default_kv, default_runtime, get_runtime, kv_supports
+from autoplan.runtimes import default_kv, default_runtime, get_runtime, kv_of_mix, kv_supports
 from autoplan.search.jobs import check_storage, default_storage_url, redact
-from autoplan.search.stages._request import KV_AUTO, SearchRequest
+from autoplan.search.request._request import KV_AUTO, SearchRequest
 from autoplan.search.writable import check_writable_file
 from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
@@ -136,13 +136,17 @@ def kv_options(req: SearchRequest, target: Target, runtime: str) -> list[KvForma
         return [own]
     from autoplan.models.loader import load_spec
 
-    head_dim = load_spec(req.model).head_dim
-    if req.kv_cache == (KV_AUTO,):
+    spec = load_spec(req.model)
+    head_dim = spec.head_dim
+    kv_cache = req.kv_cache
+    if req.kv_mix is not None:  # a per-block mix: refused unless it is one format
+        kv_cache = (kv_of_mix(runtime, req.kv_mix, spec.n_layers, own),)
+    if kv_cache == (KV_AUTO,):
         return [own] + [k for k in KvFormat if kv_spec(k).quantized and k != own
                         and kv_supports(target, runtime, k).ok
                         and not kv_spec(k).shape_problem(head_dim)]
     out = [own]
-    for k in req.kv_cache:
+    for k in kv_cache:  # type: ignore[union-attr]
         answer = kv_supports(target, runtime, k)
         if not answer.ok:
             raise UnsupportedFormatError(f"--kv-cache {k.value}: {answer.reason}")
@@ -253,5 +257,5 @@ def preflight(req: SearchRequest) -> Platform:
     return Platform(target, runtime, measure, storage, label, point, kv, kvs[0])
 
 
-__all__ = ["Platform", "check_model", "fixed_fit", "in_memory_only", "kernel_timer",
-           "kv_options", "measures_kernels", "operating_point", "preflight"]
+__all__ = ["ONNX_RUNTIME", "Platform", "check_model", "fixed_fit", "in_memory_only",
+           "kernel_timer", "kv_options", "measures_kernels", "operating_point", "preflight"]

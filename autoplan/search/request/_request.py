@@ -23,7 +23,7 @@ from autoplan.cost.operating import OperatingRequest
 from autoplan.cost.report import Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
-from autoplan.formats.kv import KvFormat
+from autoplan.formats.kv import KvFormat, parse_kv_mix
 from autoplan.recover.settings import RecoverySettings
 from autoplan.search.verify import QualityBudget, parse_budgets
 from autoplan.streaming.runner import ExecutionSettings
@@ -116,7 +116,11 @@ class SearchRequest:
     protect_first_block: bool | None = None
     protect_last_block: bool | None = None
     verify_top: int = 2
-    max_rounds: int = 3
+    max_rounds: int = 6
+    # The predicted gain a plan needs over a measured candidate of better quality to be
+    # returned instead of it (0.05: 5 %). None: the speed prediction's stated uncertainty on
+    # the target and runtime (search/preparation/_uncertainty.py).
+    min_gain: float | None = None
     price_per_hour: float | None = None
     trust_remote_code: bool = False
     cost_table: CostTable | None = None
@@ -144,6 +148,9 @@ class SearchRequest:
     # --kv-cache: KV-cache formats searched with the weights, each at its own operating
     # point (None: the runtime's own cache only; ("auto",): every one it serves here)
     kv_cache: tuple[KvFormat, ...] | tuple[str] | None = None
+    # --kv-cache FORMAT@BLOCKS,...: the per-block mix asked (block -> format), checked
+    # against the engine in preflight (kv_cache then holds the one format it amounts to)
+    kv_mix: dict[int, KvFormat] | None = None
     # with a compressed cache: the long-prompt split's block length (0: max(2048,
     # input + output) within the model's context) and blocks, and the long-context check
     # every such plan meets unless a --budget longctx... is given
@@ -160,7 +167,11 @@ class SearchRequest:
         put("also", parse_budgets(self.also) if self.also else ())
         put("objective", Objective.parse(self.objective))
         put("choices", parse_choices(self.choices))
-        put("kv_cache", parse_kv_cache(self.kv_cache))
+        if isinstance(self.kv_cache, str) and (mix := parse_kv_mix(self.kv_cache)) is not None:
+            put("kv_mix", mix)
+            put("kv_cache", tuple(dict.fromkeys(mix.values())))
+        else:
+            put("kv_cache", parse_kv_cache(self.kv_cache))
         at_least("long-blocks", self.long_blocks, 1)
         if self.long_len and self.long_len < 2:
             raise UserInputError(f"--long-len must be at least 2 tokens, got {self.long_len}")
@@ -182,6 +193,8 @@ class SearchRequest:
         if self.price_per_hour is not None and not 0 <= self.price_per_hour < math.inf:
             raise UserInputError("--price-per-hour must be a finite number >= 0, got "
                                  f"{self.price_per_hour}")
+        if self.min_gain is not None and not 0 <= self.min_gain < math.inf:
+            raise UserInputError(f"--min-gain must be a finite number >= 0, got {self.min_gain}")
         if self.lmeval_limit is not None:
             at_least("lm-eval-limit", self.lmeval_limit, 1)
         if self.measure_kernels and self.cost_table is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from autoplan.cost.model import CostModel
+from autoplan.cost.moe import Routing
 from autoplan.cost.report import DIRECTION, Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
@@ -28,13 +29,15 @@ from autoplan.quality.text import TextDataset, load_text_dataset
 from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
-from autoplan.search.stages._preflight import (
+from autoplan.search.preparation._as_is import AsIs, as_is
+from autoplan.search.request import (
     ONNX_RUNTIME,
     Platform,
+    SearchRequest,
     in_memory_only,
     kernel_timer,
 )
-from autoplan.search.stages._request import SearchRequest
+from autoplan.search.preparation._uncertainty import SpeedUncertainty, speed_uncertainty
 from autoplan.search.verify import (KvSimulation, QualityBudget, SharedMeasurements, Verifier,
                                     build_gates, measurement_store)
 from autoplan.quant.kv_cache import kv_quants
@@ -79,6 +82,23 @@ class Prepared:
     def baseline_picks(self) -> tuple[int, ...]:
         """Every unit left at the baseline choice (the uncompressed model)."""
         return tuple(self.tables.picks_of({}))
+
+    @cached_property
+    def as_is(self) -> AsIs:
+        """The model as the user has it, always a candidate (_as_is.py)."""
+        return as_is(self.loaded, self.space, self.baseline_picks)
+
+    @cached_property
+    def uncertainty(self) -> SpeedUncertainty:
+        """How far a predicted speed ratio may be off on this platform (_uncertainty.py),
+        or the request's `min_gain`."""
+        if self.req.min_gain is not None:
+            return SpeedUncertainty(self.req.min_gain, "--min-gain")
+        timer = kernel_timer(self.platform.target.name, self.platform.runtime) \
+            if self.platform.measure_kernels else None
+        label = timer.label if timer is not None else None
+        return speed_uncertainty(self.platform.target, self.kernel_times, label,
+                                 moe=self.loaded.spec.moe is not None)
 
     def value(self, picks) -> float:  # noqa: ANN001 - any sequence of choice indices
         """The objective metric of a pick, from the cost model."""
@@ -233,7 +253,7 @@ class KvWork:
     long-context check in memory."""
 
     amax: dict
-    long_evaluator: Any
+    long_evaluator: Evaluator
     long_len: int
     gate: QualityBudget | None  # the check every such plan meets (None: a --budget has it)
 
@@ -339,7 +359,9 @@ def prepare_platform(req: SearchRequest, platform: Platform, shared: SharedWork,
     kernel_times = _kernel_times(req, platform, loaded, space, rep)
     cost = CostModel(loaded.spec, platform.target, req.workload,
                      price_per_hour=req.price_per_hour, measured=kernel_times,
-                     baseline=space.baseline, kv=platform.kv)
+                     baseline=space.baseline, kv=platform.kv,
+                     # MoE: the experts the calibration picked
+                     routing=Routing.of_profile(loaded.spec, profile.routing, profile.tokens))
     tables = build_tables(space, cost, profile,
                           prefill_weight=0.0 if req.objective is Objective.TPOT else 1.0)
     kv, also = None, req.also

@@ -1,0 +1,57 @@
+"""How far a predicted speed ratio between two plans may be off, per target and runtime: the
+bar a plan's predicted gain must clear before it may spend quality (the noise rule, _choose).
+
+- This machine's kernels, timed (`local`): their repeatability, the time-weighted half
+  spread (p10 to p90) of the timed rows the search predicts with.
+- A catalog target: the cost model's mean absolute error on the published speedups of its
+  hardware family, for models of the searched kind (dense or mixture-of-experts; `autoplan
+  validate`, autoplan/cost/validate.family_error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autoplan.cost.efficiency import family_of
+from autoplan.cost.validate import family_error
+
+
+@dataclass(frozen=True)
+class SpeedUncertainty:
+    """A relative uncertainty of predicted speed ratios (0.097: +-9.7 %) and its source."""
+
+    relative: float
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"relative": self.relative, "source": self.source}
+
+
+def kernel_spread(table: dict[str, Any]) -> tuple[float, int] | None:
+    """(sum of the rows' half p10-p90 spreads / sum of their medians, rows), or None when
+    the table holds no row with a spread (a cost table given without one)."""
+    rows = [r for r in table.get("rows", []) if {"median_us", "p10_us", "p90_us"} <= set(r)]
+    total = sum(float(r["median_us"]) for r in rows)
+    if not rows or total <= 0:
+        return None
+    spread = sum((float(r["p90_us"]) - float(r["p10_us"])) / 2 for r in rows)
+    return spread / total, len(rows)
+
+
+def speed_uncertainty(target: Any, kernel_times: dict[str, Any] | None,
+                      kernels_label: str | None = None, moe: bool = False) -> SpeedUncertainty:
+    """The uncertainty of the speed figures a search predicts with (see module doc)."""
+    measured = kernel_spread(kernel_times) if kernel_times else None
+    if measured is not None:
+        spread, n = measured
+        what = f"{kernels_label} kernels" if kernels_label else "measured GEMM times"
+        return SpeedUncertainty(spread, f"repeatability of the {n} {what} timed for this "
+                                        "search: time-weighted half spread, p10 to p90")
+    family = family_of(target)
+    mape, n, which = family_error(family, moe)
+    return SpeedUncertainty(mape, f"autoplan validate: mean |error| of {n} published speedups "
+                                  f"{which}")
+
+
+__all__ = ["SpeedUncertainty", "kernel_spread", "speed_uncertainty"]

@@ -1,0 +1,193 @@
+"""A streamed profile of a random-weight model with Qwen3-30B-A3B's per-layer shapes: 128
+experts of width 768 (top-8) per block, hidden 2048, 32 query / 4 KV heads of 128, q/k
+norms, its 151,936-token vocabulary, and --layers blocks (default 4 of its 48). Peak RSS and
+wall time per block of `autoplan profile --execution stream`, and what 48 blocks would take.
+
+The checkpoint is written the way Qwen3-MoE checkpoints are (one bf16 tensor per expert
+projection, `mlp.experts.{e}.gate_proj.weight`, a shard per block), generated tensor by
+tensor, so writing it never holds more than one block. Random weights make the scores
+meaningless; the point is memory and time.
+
+    python benchmarks/moe_scale.py [--layers 4] [--choices fp8,int4_g128] [--calib-blocks 2]
+        -> benchmarks/results/moe_scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine_info, write_result  # noqa: E402
+from scale import _tokenizer  # noqa: E402
+
+SHAPE = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+             num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+             num_experts_per_tok=8, vocab_size=151936)
+
+
+def config(layers: int) -> dict:
+    return {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+            "num_hidden_layers": layers, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            "norm_topk_prob": True, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 1, "pad_token_id": 0,
+            "attention_bias": False, **SHAPE}
+
+
+def build(folder: Path, layers: int, seed: int = 0) -> Path:
+    """The random checkpoint, one shard per block plus one for embeddings and head."""
+    import torch
+    from safetensors.torch import save_file
+
+    if (folder / "done").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = config(layers)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+    _tokenizer().save_pretrained(folder)
+    h, e, inter, vocab = SHAPE["hidden_size"], SHAPE["num_experts"], \
+        SHAPE["moe_intermediate_size"], SHAPE["vocab_size"]
+    hd = SHAPE["head_dim"]
+    q, kv = SHAPE["num_attention_heads"] * hd, SHAPE["num_key_value_heads"] * hd
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    index, total, n = {}, 0, layers + 1
+
+    def write(k: int, shard: dict) -> None:
+        nonlocal total
+        name = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        save_file(shard, str(folder / name), metadata={"format": "pt"})
+        for key, t in shard.items():
+            index[key] = name
+            total += t.numel() * t.element_size()
+
+    write(0, {"model.embed_tokens.weight": rand(vocab, h), "lm_head.weight": rand(vocab, h),
+              "model.norm.weight": ones(h)})
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shard = {p + "self_attn.q_proj.weight": rand(q, h), p + "self_attn.k_proj.weight": rand(kv, h),
+                 p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, q),
+                 p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
+                 p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
+                 p + "mlp.gate.weight": rand(e, h)}
+        for x in range(e):
+            shard[f"{p}mlp.experts.{x}.gate_proj.weight"] = rand(inter, h)
+            shard[f"{p}mlp.experts.{x}.up_proj.weight"] = rand(inter, h)
+            shard[f"{p}mlp.experts.{x}.down_proj.weight"] = rand(h, inter)
+        write(1 + i, shard)
+        del shard
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": index}, indent=1))
+    (folder / "done").write_text("ok")
+    return folder
+
+
+def _child(argv: list[str]) -> None:
+    """The real CLI in this process; its wall time and peak RSS (VmHWM: this process's own
+    high-water mark since exec, not ru_maxrss, which Linux carries over from the parent that
+    forked it)."""
+    import time
+
+    from autoplan.cli import cli
+
+    t0 = time.perf_counter()
+    rc = 0
+    try:
+        cli.main(argv[1:], prog_name="autoplan", standalone_mode=False)
+    except SystemExit as exc:
+        rc = int(exc.code or 0)
+    status = Path("/proc/self/status").read_text()
+    hwm_kib = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
+    Path(argv[0]).write_text(json.dumps({"rc": rc, "wall_s": time.perf_counter() - t0,
+                                         "peak_rss_gib": hwm_kib / 2**20}))
+
+
+def measure(label: str, args: list[str], env: dict, stdout: Path) -> dict:
+    """`autoplan ARGS` in a fresh child: wall, peak RSS, load before and after."""
+    import os
+    import subprocess
+    import time
+
+    report = stdout.with_suffix(".report.json")
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, __file__, "_child", str(report), *args], env=env,
+                         capture_output=True, text=True)
+    res = json.loads(report.read_text()) if report.is_file() else {"rc": out.returncode}
+    stdout.write_text(out.stdout)
+    res.update({"label": label, "process_wall_s": round(time.perf_counter() - t0, 1),
+                "load_before": [round(x, 2) for x in load0],
+                "load_after": [round(x, 2) for x in os.getloadavg()]})
+    if res.get("rc"):
+        res["stderr_tail"] = out.stderr[-2000:]
+    print(json.dumps({k: v for k, v in res.items() if k != "stderr_tail"}), flush=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--choices", default="dense+fp8_e4m3,dense+int4_g128")
+    ap.add_argument("--calib-blocks", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--models", type=Path, default=None)
+    ap.add_argument("--out", default="benchmarks/results/moe_scale.json")
+    args = ap.parse_args(argv)
+    import os
+    import time
+
+    import subprocess
+
+    root = args.models or Path(tempfile.mkdtemp(prefix="autoplan-moe-scale-"))
+    folder = root / f"qwen3-30b-a3b-shaped-{args.layers}l"
+    t0 = time.perf_counter()
+    # built in a child of its own, so this process stays small when it starts the profile
+    subprocess.run([sys.executable, __file__, "_build", str(folder), str(args.layers)],
+                   check=True)
+    build_s = time.perf_counter() - t0
+    env = dict(os.environ, AUTOPLAN_CACHE=str(root / "cache"))
+    cmd = ["profile", "--model", str(folder), "--target", "h100", "--execution", "stream",
+           "--device", "cpu", "--choices", args.choices, "--calib-blocks",
+           str(args.calib_blocks), "--seq-len", str(args.seq_len), "--json"]
+    dry = measure("dry-run", ["profile", "--model", str(folder), "--dry-run", "--device", "cpu",
+                              "--json"], env, stdout=root / "dry.json")
+    run = measure("profile", cmd, env, stdout=root / "profile.json")
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    per_block = run.get("wall_s", 0) / args.layers
+    doc = {"machine": machine_info(), "shape": SHAPE, "layers": args.layers,
+           "checkpoint_bytes": size, "build_s": build_s,
+           "command": "autoplan " + " ".join(cmd).replace(str(folder), "<qwen3-30b-a3b-shaped>"),
+           "profile": run, "dry_run": json.loads((root / "dry.json").read_text() or "{}"),
+           "peak_rss_gib": run.get("peak_rss_gib"), "goal_peak_rss_gib": 4.0,
+           "goal_met": bool(run.get("peak_rss_gib") and run["peak_rss_gib"] < 4.0
+                            and run.get("rc") == 0),
+           "wall_s_per_block": per_block,
+           "wall_s_48_blocks_estimate": per_block * 48,
+           "note": "48-block estimate = wall / layers x 48 (the embedding and head passes "
+                   "included once per block here, so it leans high)"}
+    del dry
+    write_result(args.out, doc)
+    print(json.dumps({k: doc[k] for k in ("peak_rss_gib", "goal_met", "wall_s_per_block",
+                                           "wall_s_48_blocks_estimate")}))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["_child"]:
+        _child(sys.argv[2:])
+    elif sys.argv[1:2] == ["_build"]:
+        build(Path(sys.argv[2]), int(sys.argv[3]))
+    else:
+        raise SystemExit(main())

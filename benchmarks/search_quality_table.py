@@ -1,0 +1,52 @@
+"""The docs table of benchmarks/search_quality.py's results (docs/search-quality.md).
+
+Usage:
+  python benchmarks/search_quality_table.py [benchmarks/results/search_quality*.json ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+HEADER = ("| target / runtime | budget | uncertainty | reference mix: KL, evals | "
+          "search (min gain 0): KL, evals | x reference | P4 | stopped | answer (noise rule) "
+          "| answer KL | answer P4 | goals |")
+
+
+def _goals(goals: dict) -> str:
+    failed = [k for k, v in goals.items() if v is False]
+    return "all met" if not failed else "missed: " + ", ".join(failed)
+
+
+def row_line(r: dict) -> str:
+    ref, loose, plan = r["reference"], r["plan_min_gain_0"], r["plan"]
+    return (f"| {r['target']} / {r['runtime']} | {r['budget']} "
+            f"| {r['speed_uncertainty']['relative']:.1%} "
+            f"| {ref['kl']:.4f}, {ref['real_evaluations']} "
+            f"| {loose['kl']:.4f}, {loose['real_evaluations']} "
+            f"| {r['plan_over_reference_ratio']:.4f} | {r['p4_plan_over_best_uniform']:.4f} "
+            f"| {loose['stopped'].split(':')[0]} | {plan['label']} ({plan['outcome']}) "
+            f"| {plan['kl']:.4f} | {r['p4_answer_over_best_uniform']:.4f} "
+            f"| {_goals(r['goals'])} |")
+
+
+def table(paths: list[Path]) -> str:
+    lines = [HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
+    for path in paths:
+        doc = json.loads(path.read_text())
+        lines += [row_line(r) for r in doc["rows"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    paths = [Path(a) for a in args] or sorted(RESULTS.glob("search_quality*.json"))
+    print(table(paths))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""MoE GGUFs in llama.cpp's Mixtral layout (a "llama" GGUF with `llama.expert_count`, each
+projection's experts stacked in one `ffn_*_exps` tensor; written by gguf-py in
+tests/unit/_tiny_gguf.py): every expert converts from its row of the stack, and a plan exports
+a block's experts back as one stacked tensor of the planned type, each row the simulated
+expert."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from autoplan.compress import CompressionSettings, compressed_copy
+from autoplan.errors import UnsupportedFormatError
+from autoplan.export import export_plan
+from autoplan.formats import Choice
+from autoplan.models import LoadedModel, load_model
+from autoplan.models.gguf_convert import convert_gguf
+from autoplan.models.moe import unfuse_experts
+from autoplan.models.registry import ModelSource
+from autoplan.modelspec import ModelSpec
+from tests.unit._tiny_gguf import write_tiny_gguf
+from tests.unit._tiny_moe import EXPERTS, TOP_K, VOCAB, tiny_moe_model
+from tests.unit.test_export_common import make_plan
+from tests.unit.tiny_llama import tiny_tokenizer
+
+gguf = pytest.importorskip("gguf")
+_PROJ = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+
+
+def _vocab(size: int) -> list[str]:
+    chars = [t for t, _ in sorted(tiny_tokenizer().get_vocab().items(), key=lambda kv: kv[1])]
+    return chars + [f"<extra{i}>" for i in range(size - len(chars))]
+
+
+def _tensors(path: Path) -> dict:
+    return {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+
+
+def _deq(t) -> torch.Tensor:  # noqa: ANN001 - a gguf ReaderTensor
+    return torch.from_numpy(gguf.dequantize(t.data, t.tensor_type).copy()).float()
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, LoadedModel]:
+    """The tiny Mixtral (experts unfused) and its GGUF converted and loaded as autoplan does."""
+    root = tmp_path_factory.mktemp("gguf_moe")
+    model = tiny_moe_model("mixtral")
+    unfuse_experts(model, ModelSpec.from_config(model.config.to_dict()))
+    src = write_tiny_gguf(model, root / "mixtral.gguf", _vocab(VOCAB))
+    folder = convert_gguf(src, root / "hf")
+    got = load_model(str(folder))
+    return model, LoadedModel(got.model, got.tokenizer, got.spec, "tiny", got.content_hash,
+                              folder, ModelSource("gguf", src, "tiny"))
+
+
+def test_every_expert_converts_from_its_row_of_the_stacked_tensor(moe) -> None:  # noqa: ANN001
+    model, loaded = moe
+    assert loaded.spec.model_type == "mixtral"
+    assert (loaded.spec.moe.n_experts, loaded.spec.moe.top_k) == (EXPERTS, TOP_K)
+    src = _tensors(loaded.source.path)
+    for block in range(2):
+        router = loaded.model.get_submodule(f"model.layers.{block}.mlp.gate").weight
+        assert torch.equal(router, model.get_submodule(f"model.layers.{block}.mlp.gate").weight)
+        for proj, stacked in _PROJ.items():
+            rows = _deq(src[f"blk.{block}.{stacked}.weight"])
+            assert rows.shape[0] == EXPERTS
+            for e in range(EXPERTS):
+                name = f"model.layers.{block}.mlp.experts.{e}.{proj}"
+                got = loaded.model.get_submodule(name).weight
+                assert torch.equal(got, rows[e]), name  # exactly its row, in expert order
+                assert (got - model.get_submodule(name).weight).abs().max() < 0.1, name
+    # the config read from the GGUF (experts, top-k, rope, norms) computes what the source
+    # architecture computes with the file's weights
+    import copy
+
+    same = copy.deepcopy(model)
+    same.load_state_dict(loaded.model.state_dict(), strict=True)
+    ids = torch.randint(2, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(input_ids=ids).logits,
+                                   same(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_plan_exports_each_blocks_experts_as_one_stacked_tensor_of_its_type(
+        moe, tmp_path) -> None:  # noqa: ANN001
+    _, loaded = moe
+    planned = {"gate_proj": "dense+q8_0", "up_proj": "dense+q4_0", "down_proj": "dense+q5_0"}
+    decisions = {}
+    for layer in loaded.spec.layers:
+        proj = layer.name.rsplit(".", 1)[-1]
+        decisions[layer.name] = planned[proj] if layer.block == 0 and layer.expert >= 0 \
+            else "dense+q4_1"  # the source's type elsewhere: stored byte for byte
+    out = export_plan(make_plan(loaded, decisions, target="local", runtime="llama.cpp"),
+                      loaded, "gguf", tmp_path / "plan.gguf")
+    _, sims = compressed_copy(loaded.model, {n: Choice.parse(c) for n, c in decisions.items()},
+                              None, CompressionSettings("magnitude", "rtn"))
+    dst, src = _tensors(out), _tensors(loaded.source.path)
+    assert set(dst) == set(src)
+    for proj, stacked in _PROJ.items():
+        t = dst[f"blk.0.{stacked}.weight"]
+        assert t.tensor_type.name == planned[proj].split("+")[1].upper()
+        rows = _deq(t)
+        for e in range(EXPERTS):
+            want = sims[f"model.layers.0.mlp.experts.{e}.{proj}"].weight
+            assert torch.equal(rows[e].reshape(want.shape), want), (proj, e)
+        kept = f"blk.1.{stacked}.weight"
+        assert dst[kept].tensor_type == src[kept].tensor_type
+        assert np.array_equal(np.asarray(dst[kept].data), np.asarray(src[kept].data))
+    assert dst["blk.0.ffn_gate_inp.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+
+    decisions["model.layers.0.mlp.experts.1.gate_proj"] = "dense+q4_0"  # one type per stack
+    with pytest.raises(UnsupportedFormatError, match="stores them with one type"):
+        export_plan(make_plan(loaded, decisions, target="local", runtime="llama.cpp"),
+                    loaded, "gguf", tmp_path / "bad.gguf")
+    assert not (tmp_path / "bad.gguf").exists()
