@@ -280,7 +280,7 @@ def test_in_memory_peak_is_the_largest_stage_not_every_stage_at_once() -> None:
     """Captures are freed before verification starts: the in-memory peak is the resident
     parts plus the largest of the capture, scoring and verification stages, so SmolLM2-135M
     with --measure-kernels is kept in memory with 6.4 GiB free (the sum of every part,
-    5.9 GiB, was refused there although one capture pass peaks at 2.8 GiB measured)."""
+    5.9 GiB, was refused there although the whole search peaks at 4.0 GiB measured)."""
     from autoplan.cost.configs import resolve_config
 
     spec = resolve_config("smollm2-135m")
