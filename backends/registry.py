@@ -65,4 +65,16 @@ def resolve_target(name: str) -> Target:
     return get_target(name)
 
 
-__all__ = ["backend_for", "backend_names", "get_backend", "load_backends", "resolve_target"]
+MEASURE_KERNELS_FIX = ("--measure-kernels times this machine's kernels: use it with --target "
+                       "local and --runtime onnxruntime or llama.cpp")
+
+
+def measured_here(target: str) -> bool:
+    """Whether a backend times `target`'s kernels on this machine (the CPU backend's
+    `local`): the part of `--measure-kernels`' check the arguments answer, without
+    importing a runtime (the search's preflight asks the backend about the runtime too)."""
+    return any(target in get_registered(n).measured_targets() for n in load_backends())
+
+
+__all__ = ["MEASURE_KERNELS_FIX", "backend_for", "backend_names", "get_backend", "load_backends",
+           "measured_here", "resolve_target"]

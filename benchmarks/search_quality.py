@@ -43,6 +43,15 @@ from _reference_mix import real_evaluations, reference_mix  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 USE_GOAL = 0.7  # where a faster recipe fails, the plan uses at least this share of the budget
 OBJECTIVE_GOAL = 0.98  # plan / reference
+NOISE_RULE = "within the speed prediction's uncertainty"
+
+
+def answer_uses_budget(plan: dict, limit: float) -> bool | str:
+    """The answer uses the budget, or the noise rule decided it: in the choice (`why`) or in
+    the rounds' stop (`stopped`: no candidate faster by more than the uncertainty)."""
+    if any(NOISE_RULE in (plan.get(k) or "") for k in ("why", "stopped")):
+        return "noise rule"
+    return plan["badness"] >= USE_GOAL * limit
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -159,7 +168,6 @@ def _row(prep, budget, rep) -> dict:  # noqa: ANN001
         "budget_used": loose_chosen.measurement.badness / budget.limit,
         "answer_budget_used": m.badness / budget.limit,
     }
-    noise = "within the speed prediction's uncertainty" in chosen.why
     row["goals"] = {
         "objective_vs_reference": row["plan_over_reference_ratio"] >= OBJECTIVE_GOAL,
         "evaluations": real_evaluations(loose) <= ref_evals,
@@ -170,7 +178,7 @@ def _row(prep, budget, rep) -> dict:  # noqa: ANN001
         "uses_budget": None if not (faster_fails and mix_beats_a) else
         loose_chosen.measurement.badness >= USE_GOAL * budget.limit,
         "answer_uses_budget": None if not (faster_fails and mix_beats_a) else
-        ("noise rule" if noise else m.badness >= USE_GOAL * budget.limit),
+        answer_uses_budget(row["plan"], budget.limit),
     }
     return row
 

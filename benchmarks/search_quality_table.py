@@ -10,35 +10,43 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from search_quality import answer_uses_budget  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
-HEADER = ("| target / runtime | budget | uncertainty | reference mix: KL, evals | "
+HEADER = ("| model | target / runtime | budget | uncertainty | reference mix: KL, evals | "
           "search (min gain 0): KL, evals | x reference | P4 | stopped | answer (noise rule) "
           "| answer KL | answer P4 | goals |")
 
 
-def _goals(goals: dict) -> str:
+def _goals(r: dict) -> str:
+    goals = dict(r["goals"])
+    if goals.get("answer_uses_budget") is not None:  # read again from the recorded plan
+        goals["answer_uses_budget"] = answer_uses_budget(r["plan"], r["limit"])
     failed = [k for k, v in goals.items() if v is False]
     return "all met" if not failed else "missed: " + ", ".join(failed)
 
 
-def row_line(r: dict) -> str:
+def row_line(model: str, r: dict) -> str:
     ref, loose, plan = r["reference"], r["plan_min_gain_0"], r["plan"]
-    return (f"| {r['target']} / {r['runtime']} | {r['budget']} "
+    return (f"| {model} | {r['target']} / {r['runtime']} | {r['budget']} "
             f"| {r['speed_uncertainty']['relative']:.1%} "
             f"| {ref['kl']:.4f}, {ref['real_evaluations']} "
             f"| {loose['kl']:.4f}, {loose['real_evaluations']} "
             f"| {r['plan_over_reference_ratio']:.4f} | {r['p4_plan_over_best_uniform']:.4f} "
             f"| {loose['stopped'].split(':')[0]} | {plan['label']} ({plan['outcome']}) "
             f"| {plan['kl']:.4f} | {r['p4_answer_over_best_uniform']:.4f} "
-            f"| {_goals(r['goals'])} |")
+            f"| {_goals(r)} |")
 
 
 def table(paths: list[Path]) -> str:
     lines = [HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
     for path in paths:
         doc = json.loads(path.read_text())
-        lines += [row_line(r) for r in doc["rows"]]
+        model = Path(doc["model"]).name  # a folder: its name, not where it lies
+        lines += [row_line(model, r) for r in doc["rows"]]
     return "\n".join(lines)
 
 

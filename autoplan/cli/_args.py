@@ -28,7 +28,7 @@ def finite_positive(flag: str, value: float | None) -> float | None:
 def seed_in_range(value: int | None) -> int | None:
     """``value`` if it is None or a seed every random generator autoplan seeds accepts (the
     range search checks), so a bad --seed fails before the model is loaded."""
-    from autoplan.search.request import MAX_SEED
+    from autoplan.search.seeds import MAX_SEED
 
     if value is not None and not 0 <= value <= MAX_SEED:
         raise UserInputError(f"--seed must be an integer from 0 to {MAX_SEED}, got {value}")

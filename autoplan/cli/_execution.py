@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from autoplan.streaming.runner import Execution, ExecutionSettings
+from autoplan.streaming.settings import Execution, ExecutionSettings
 
 
 def execution_options(fn: Callable) -> Callable:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from autoplan.cli._args import positive_int, seed_in_range
 from autoplan.cli._output import console, emit_json
 from autoplan.errors import UserInputError
-from autoplan.export.calibration import CalibrationArgs
+
+if TYPE_CHECKING:
+    from autoplan.export.calibration import CalibrationArgs
 
 _OPTIONS = (
     click.option("--model", default=None,
@@ -51,6 +53,8 @@ def calibration_args(calibration: str | None, seq_len: int | None, n_calib: int 
     if n_eval is not None and n_eval < 0:
         raise UserInputError(f"--n-eval must be >= 0, got {n_eval}")
     seed_in_range(seed)
+    from autoplan.export.calibration import CalibrationArgs
+
     return CalibrationArgs(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
 
 

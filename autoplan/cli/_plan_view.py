@@ -4,13 +4,15 @@ the per-layer decisions."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from rich.console import Group
 from rich.table import Table
 
 from autoplan.modelspec import part_of
-from autoplan.plan.schema import Plan
-from autoplan.search.verify import SLICE_NAMES
+
+if TYPE_CHECKING:
+    from autoplan.plan.schema import Plan
 
 _ROWS = (
     ("output tokens/s (predicted)", "tokens_per_s", "{:,.1f}"),
@@ -90,6 +92,8 @@ def _quality_lines(plan: Plan) -> list[str]:
     """Per-slice KL, gate scores and the recovery pass, when the plan has them."""
     q, out = plan.quality, []
     if q.slices:  # in the slices' own order (the plan's JSON sorts its keys)
+        from autoplan.search.verify import SLICE_NAMES
+
         rank = {n: i for i, n in enumerate(SLICE_NAMES)}
         out.append("KL per slice (measured): " + ", ".join(
             f"{k} {q.slices[k]:.5f}" for k in sorted(q.slices, key=lambda k: rank.get(k, 99))))

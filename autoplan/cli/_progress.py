@@ -6,7 +6,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
 from autoplan.cli._output import err_console
-from autoplan.search.reporter import Reporter
+from autoplan.search import Reporter
 
 
 class RichReporter(Reporter):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
 
-from autoplan.sensitivity.executor import Executor, SerialExecutor
+if TYPE_CHECKING:
+    from autoplan.sensitivity.executor import Executor
 
 ray_option = click.option(
     "--ray", "ray_address", default=None, metavar="auto|ADDRESS",
@@ -21,6 +23,8 @@ def executor_for(ray_address: str | None) -> Iterator[Executor]:
     """The serial executor, or a Ray one connected now (so a bad address fails before any
     model is loaded) and shut down on exit."""
     if ray_address is None:
+        from autoplan.sensitivity.executor import SerialExecutor
+
         yield SerialExecutor()
         return
     from autoplan.sensitivity.ray_executor import RayExecutor

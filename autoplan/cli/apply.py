@@ -21,6 +21,9 @@ def command(plan_path: str, out_dir: str, model: str | None, calibration: str | 
             calib_batch: int | None, allow_model_mismatch: bool, recovered_file: str | None,
             as_json: bool) -> None:
     """Apply PLAN to the model and write the runnable artifact to --out."""
+    # the arguments first, before the export stack (torch) is imported
+    args = calibration_args(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
+    check_writable_dir(out_dir)
     from autoplan.export.apply import (
         apply_format,
         apply_plan,
@@ -33,10 +36,8 @@ def command(plan_path: str, out_dir: str, model: str | None, calibration: str | 
     from autoplan.export.preflight import check_export
     from autoplan.plan.io import read_plan
 
-    args = calibration_args(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
     plan = read_plan(plan_path)
     fmt = apply_format(plan)  # refuse before spending time loading the model
-    check_writable_dir(out_dir)
     name = plan_model_arg(plan.model_id, model)
     check_export(plan.full, fmt, name, out_dir, args)  # all that can be refused before loading
     note = runtime_note(plan, fmt)

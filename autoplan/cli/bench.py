@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
-from autoplan.backends.cpu.onnx_export import CpuArtifact
-from autoplan.backends.cpu.predict import artifact_decisions, prediction_block
-from autoplan.bench import BenchReport, ort_side, read_bandwidth, run_bench, torch_side
 from autoplan.cli._args import positive_int
 from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.errors import UnsupportedFormatError, UserInputError
+
+if TYPE_CHECKING:
+    from autoplan.bench import BenchReport
 
 
 def _table(report: BenchReport) -> Table:
@@ -79,19 +80,23 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
             concurrency: int, input_len: int, output_len: int, no_torch: bool,
             threads: int | None, no_spin: bool, as_json: bool) -> None:
     """Measure prefill/decode tok/s, TTFT, TPOT and memory: baseline vs plan, one run."""
-    from autoplan.backends.registry import resolve_target as get_target
-    from autoplan.export.apply import apply_format, apply_plan, export_baseline, load_checked
-    from autoplan.export.calibration import CalibrationArgs, check_calibration, plan_calibration
-    from autoplan.models import check_loadable
-    from autoplan.plan.io import read_plan
-
     for flag, value in (("requests", requests), ("concurrency", concurrency),
                         ("input-len", input_len), ("output-len", output_len),
                         ("threads", threads)):
         positive_int(flag, value)
     if plan_path and artifact:
         raise UserInputError("pass --plan or --artifact, not both")
-    plan = read_plan(plan_path) if plan_path else None
+    from autoplan.plan.io import read_plan
+
+    plan = read_plan(plan_path) if plan_path else None  # before the stack: a missing plan
+    from autoplan.backends.cpu.onnx_export import CpuArtifact
+    from autoplan.backends.cpu.predict import artifact_decisions, prediction_block
+    from autoplan.backends.registry import resolve_target as get_target
+    from autoplan.bench import ort_side, read_bandwidth, run_bench, torch_side
+    from autoplan.export.apply import apply_format, apply_plan, export_baseline, load_checked
+    from autoplan.export.calibration import CalibrationArgs, check_calibration, plan_calibration
+    from autoplan.models import check_loadable
+
     if plan is not None and apply_format(plan) != "onnx":  # refused before loading the model
         raise UnsupportedFormatError(f"plan targets '{plan.target}'; bench runs ONNX Runtime "
                                      "on this CPU: re-plan with --target local")

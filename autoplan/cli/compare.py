@@ -4,23 +4,24 @@ Thin over autoplan.compare.run_compare."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
+from autoplan.cli._args import positive_int, seed_in_range
 from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
 from autoplan.cli._recover_options import method_option, recover_options, recovery_settings
 from autoplan.cli._workload_options import operating_from, workload_options
-from autoplan.compare import CompareRequest, Comparison, parse_entries, run_compare
-from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
 from autoplan.runtimes import summarize_refused
-from autoplan.search import QualityBudget, SearchRequest, parse_choices
-from autoplan.workload import Workload
+
+if TYPE_CHECKING:
+    from autoplan.compare import Comparison
 
 
 def _fmt(value, spec: str, scale: float = 1.0) -> str:  # noqa: ANN001 - number or None
@@ -48,10 +49,12 @@ def _table(c: Comparison) -> Table:
         fits = "" if p.get("fits") else " [red]NO FIT[/red]"
         table.add_row(
             name, f"{r.batch:,}", _fmt(p.get("tokens_per_s"), ",.0f"),
-            _fmt(b.get("tokens_per_s"), ",.0f"), _fmt(p.get("ttft_s"), ",.2f", 1e3),
+            _fmt(b.get("tokens_per_s"), ",.0f") if b.get("fits", True)
+            else "[red]does not fit[/red]", _fmt(p.get("ttft_s"), ",.2f", 1e3),
             _fmt(p.get("tpot_s"), ",.3f", 1e3), _fmt(p.get("usd_per_1m_tokens"), ",.4f"),
             _fmt(p.get("energy_j_per_token"), ",.4f"), _fmt(p.get("memory_gb"), ",.2f") + fits,
-            _fmt(r.kl, ".4f"), _fmt(r.gain_over_baseline, ".3f") + "x",
+            _fmt(r.kl, ".4f"),
+            "-" if r.gain_over_baseline is None else _fmt(r.gain_over_baseline, ".3f") + "x",
             (_fmt(r.gain_over_best_uniform, ".3f") + "x") if r.gain_over_best_uniform else "-",
             summarize_refused(r.not_accelerated))
     return table
@@ -96,10 +99,30 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
             recover_rank, recover_text, recover_batch, recover_seq_len, recover_seed,
             trust_remote_code, as_json, quiet) -> None:
     """Plan one model under one budget for several targets; rank them in one table."""
+    from autoplan.atomic import check_writable_dir
+    from autoplan.backends.registry import resolve_target
+    from autoplan.formats import parse_choices
+    from autoplan.search import QualityBudget
+
+    check_writable_dir(out)  # run_compare checks it again, and that it is not a file
+    positive_int("trials", trials)
+    seed_in_range(seed)
+
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 32)
-    entries = parse_entries(targets, tuple(runtimes))  # unknown targets: before any work
+    parsed = QualityBudget.parse(budget)
+    for name in targets.split(","):  # unknown targets: before the search stack is imported
+        if name.strip():
+            resolve_target(name.strip())
+    picked = None if choices is None else parse_choices(
+        tuple(c.strip() for c in choices.split(",") if c.strip()))
+    from autoplan.compare import CompareRequest, parse_entries, run_compare
+    from autoplan.compress import CompressionSettings
+    from autoplan.search import SearchRequest
+    from autoplan.workload import Workload
+
+    entries = parse_entries(targets, tuple(runtimes))
     base = SearchRequest(
-        model=model, budget=QualityBudget.parse(budget), objective=Objective(objective),
+        model=model, budget=parsed, objective=Objective(objective),
         workload=operating.fixed() or Workload(batch=1, input_len=input_len,
                                                output_len=output_len),
         operating=None if operating.mode == "fixed" else operating, trials=trials, seed=seed,
@@ -108,8 +131,7 @@ def command(model, targets, runtimes, budget, objective, batch, input_len, outpu
         trust_remote_code=trust_remote_code,
         recovery=recovery_settings(recover_method, recover_steps, recover_lr, recover_rank,
                                    recover_text, recover_batch, recover_seq_len, recover_seed),
-        choices=None if choices is None else parse_choices(
-            tuple(c.strip() for c in choices.split(",") if c.strip())))
+        choices=picked)
     req = CompareRequest(base, entries, out)
     with RichReporter(quiet=quiet or as_json) as reporter:
         comparison = run_compare(req, reporter)

@@ -33,6 +33,10 @@ def command(plan_path: str, fmt: str, out_dir: str, model: str | None, calibrati
             calib_batch: int | None, allow_model_mismatch: bool, recovered_file: str | None,
             adapter_dir: str | None, as_json: bool) -> None:
     """Export PLAN applied to its model as --format into --out."""
+    check_writable_dir(out_dir)  # the arguments first, before the export stack (torch)
+    args = calibration_args(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
+    if adapter_dir is not None:
+        check_writable_dir(adapter_dir, "--lora-adapter")
     from autoplan.export import export_plan, get_exporter
     from autoplan.export.apply import load_checked, plan_model_arg, recovered_weights
     from autoplan.export.calibration import plan_calibration
@@ -40,10 +44,6 @@ def command(plan_path: str, fmt: str, out_dir: str, model: str | None, calibrati
     from autoplan.plan.io import load_plan
 
     get_exporter(fmt)  # refuse an unknown format before loading anything
-    check_writable_dir(out_dir)
-    args = calibration_args(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
-    if adapter_dir is not None:
-        check_writable_dir(adapter_dir, "--lora-adapter")
     plan = load_plan(plan_path)
     if adapter_dir is not None and (plan.recovery is None or plan.recovery.method != "lora"):
         from autoplan.errors import UserInputError

@@ -12,9 +12,7 @@ from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._progress import RichReporter
 from autoplan.cli._ray import executor_for, ray_option
-from autoplan.compress import CompressionSettings
 from autoplan.errors import UserInputError
-from autoplan.formats import Choice
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
 
@@ -44,35 +42,54 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
             seq_len, seed, device, execution, offload_dir, dry_run, gpu_memory, host_memory,
             as_json, quiet, ray_address) -> None:
     """Profile every layer x choice (cached on disk, resumable) and show the table."""
-    from autoplan.models import check_loadable
-    from autoplan.cache_dir import cache_root
-    from autoplan.quality.text import check_text_source, load_text_dataset
-    from autoplan.runtimes import get_runtime
-    from autoplan.backends.registry import resolve_target as get_target
-    from autoplan.search import profile_scope
-    from autoplan.sensitivity import calibration_key
-    from autoplan.streaming import open_model
-    from autoplan.streaming.runner import workload_of
+    from autoplan.streaming.device import parse_device_name
 
-    # argument checks first: a bad count fails here, not after the model is loaded
+    # argument checks first, before the stack is imported (torch: seconds) or the model
+    # loaded: a bad count or device name is answered at once
     positive_int("calib-blocks", calib_blocks)
     if seq_len < 2:  # a block predicts its tokens from the ones before: 2 at least
         raise UserInputError(f"--seq-len must be >= 2, got {seq_len}")
     seed_in_range(seed)
     finite_positive("gpu-memory", gpu_memory)
     finite_positive("host-memory", host_memory)
+    parse_device_name(device)  # whether this machine has that GPU needs torch: later
+    from autoplan.backends.registry import resolve_target as get_target
+    from autoplan.runtimes import get_runtime
+
+    if not dry_run:  # names too (the dry run reads the target only for the lm_head's role)
+        get_target(target)
+        if runtime:
+            get_runtime(runtime)
+    from autoplan.formats import parse_choices
+    from autoplan.models.registry import resolve_model_arg
+    from autoplan.quality.text import check_text_source
+
+    # what the arguments and a file's existence show, before the stack is imported
+    resolve_model_arg(model)  # no such file, folder or alias
+    parsed = None if choices is None else parse_choices(
+        tuple(c.strip() for c in choices.split(",") if c.strip()))
+    if not dry_run:
+        check_text_source(text)
+    from autoplan.cache_dir import cache_root
+    from autoplan.models import check_loadable
+    from autoplan.quality.text import load_text_dataset
+    from autoplan.search import profile_scope
+    from autoplan.sensitivity import calibration_key
+    from autoplan.streaming import open_model
+    from autoplan.streaming.runner import workload_of
+
     t0 = time.perf_counter()
     work = workload_of(seq_len, calib_blocks, 6)  # eval blocks: `autoplan search`'s default
     if dry_run:
-        _dry_run(model, device, work, gpu_memory, host_memory, as_json)
+        _dry_run(model, device, _with_head(work, target), gpu_memory, host_memory, as_json)
         return
     # connected first, so a bad --ray fails before the model loads; closed with the command
     executor = click.get_current_context().with_resource(executor_for(ray_address))
     tgt = get_target(target)
     if runtime:
         get_runtime(runtime)
-    parsed = [Choice.parse(c) for c in choices.split(",") if c.strip()] if choices else None
-    check_text_source(text)
+    from autoplan.compress import CompressionSettings
+
     check_loadable(model)  # headers only: no weights, damaged files, an unreadable GGUF
     settings = CompressionSettings(prune_score, quant_method)
     runner = open_model(model, settings_from(device, execution, offload_dir), workload=work)
@@ -111,6 +128,18 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
         table.add_row(n, *[f"{prof.scores[n][k] * 1e3:.3f}" for k in keys])
     console.print(table)
     console.print(f"{len(layers)} layers x {len(keys)} choices in {wall:.1f} s")
+
+
+def _with_head(work, target: str):  # noqa: ANN001, ANN202 - an estimate.Workload
+    """`work` saying whether the target's search space profiles the lm_head (the CPU one
+    does; the GPU ones protect it), which decides its T x vocab captures."""
+    import dataclasses
+
+    from autoplan.backends.registry import resolve_target
+    from autoplan.search import load_space_file
+
+    roles = load_space_file(resolve_target(target).platform).protect_roles
+    return dataclasses.replace(work, head_profiled="lm_head" not in roles)
 
 
 def _dry_run(model, device, work, gpu_memory, host_memory, as_json) -> None:  # noqa: ANN001

@@ -11,6 +11,7 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._plan_view import render
 from autoplan.cli._progress import RichReporter
 from autoplan.cli._recover_options import recover_options, recovery_settings
+from autoplan.errors import UserInputError
 
 
 @click.command("recover")
@@ -34,20 +35,25 @@ def command(plan_path: str, method: str, recover_steps: int, recover_lr: float,
             calibration: str | None, lm_eval_tasks: str | None, lm_eval_limit: int | None,
             quiet: bool, as_json: bool) -> None:
     """Train PLAN's compressed layers towards the original model; write the recovered plan."""
-    from autoplan.export.apply import load_checked, plan_model_arg
-    from autoplan.plan.io import load_plan
-    from autoplan.search import RecoverOptions, recover_plan
-    from autoplan.search.recovery import default_out
-    from autoplan.search.request import at_least
-    from autoplan.search.writable import check_writable_file
-
     settings = recovery_settings(method, recover_steps, recover_lr, recover_rank, recover_text,
                                  recover_batch, recover_seq_len, recover_seed)
-    if lm_eval_limit is not None:  # SearchRequest's own check, before the model loads
-        at_least("lm-eval-limit", lm_eval_limit, 1)
-    plan = load_plan(plan_path)
-    out = out or default_out(plan_path)
-    check_writable_file(out, "plan", "pass --out FILE in a writable folder")
+    if lm_eval_limit is not None and lm_eval_limit < 1:  # SearchRequest's own check
+        raise UserInputError(f"--lm-eval-limit must be at least 1, got {lm_eval_limit}")
+    from autoplan.plan.io import load_plan
+    from autoplan.search.writable import check_writable_file
+
+    def check_out(path: Path) -> Path:
+        return check_writable_file(path, "plan", "pass --out FILE in a writable folder")
+
+    plan = load_plan(plan_path)  # the plan and a given --out: before the stack is imported
+    if out is not None:
+        check_out(out)
+    from autoplan.export.apply import load_checked, plan_model_arg
+    from autoplan.search import RecoverOptions, recover_plan
+    from autoplan.search.recovery import default_out
+
+    if out is None:
+        out = check_out(default_out(plan_path))
     name = plan_model_arg(plan.model.id, model)
     err_console.print(f"loading {name} ...")
     loaded = load_checked(name)

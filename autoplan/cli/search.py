@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autoplan.cli._args import finite_non_negative
+from autoplan.cli._args import finite_non_negative, positive_int, seed_in_range
 from autoplan.cli._execution import execution_options, settings_from
 from autoplan.cli._output import console, emit_json, err_console
 from autoplan.cli._plan_view import render
@@ -14,12 +14,9 @@ from autoplan.cli._progress import RichReporter
 from autoplan.cli._ray import executor_for, ray_option
 from autoplan.cli._recover_options import method_option, recover_options, recovery_settings
 from autoplan.cli._workload_options import operating_from, workload_options
-from autoplan.compress import CompressionSettings
 from autoplan.cost.report import Objective
 from autoplan.prune import PruneScore
 from autoplan.quant import QuantMethod
-from autoplan.search import CostTable, QualityBudget, SearchRequest, parse_choices, run_search
-from autoplan.workload import Workload
 
 
 @click.command("search")
@@ -96,7 +93,34 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
     from pydantic import ValidationError
 
+    from autoplan.backends.registry import MEASURE_KERNELS_FIX, measured_here, resolve_target
     from autoplan.errors import UserInputError
+    from autoplan.formats import parse_choices
+    from autoplan.quality.text import check_text_source
+    from autoplan.runtimes import get_runtime
+    from autoplan.search import QualityBudget, check_writable_file
+    from autoplan.search.writable import check_journal
+    from autoplan.workload import Workload
+
+    # what the arguments alone show to be wrong, before the search stack is imported
+    # (torch, transformers, Optuna: seconds); run_search checks all of it again
+    positive_int("trials", trials)
+    seed_in_range(seed)
+    budget = QualityBudget.parse(budgets[0])
+    tgt = resolve_target(target)
+    if runtime:
+        get_runtime(runtime)
+    # (with --cost-table too, SearchRequest says "not both")
+    if measure_kernels and cost_table is None and not measured_here(tgt.name):
+        raise UserInputError(MEASURE_KERNELS_FIX)
+    check_text_source(text)
+    if storage:
+        check_journal(storage)  # a journal that could not be written; an RDB URL: preflight
+    price_per_hour = finite_non_negative("price-per-hour", price_per_hour)
+    min_gain = finite_non_negative("min-gain", min_gain)
+    picked = None if choices is None else parse_choices(
+        tuple(c.strip() for c in choices.split(",") if c.strip()))
+    check_writable_file(out, "plan", "pass --out FILE in a writable folder")
 
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 32)
     try:  # a placeholder batch when it is resolved per target (max / SLO)
@@ -105,9 +129,12 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+    from autoplan.compress import CompressionSettings
+    from autoplan.search import CostTable, SearchRequest, run_search
+
     # Every option is parsed and checked here, before minutes of loading and profiling.
     req = SearchRequest(
-        model=model, target=target, runtime=runtime, budget=QualityBudget.parse(budgets[0]),
+        model=model, target=target, runtime=runtime, budget=budget,
         also=tuple(budgets[1:]), lmeval_tasks=lm_eval_tasks, lmeval_limit=lm_eval_limit,
         slices=slices, recovery=recovery_settings(
             recover_method, recover_steps, recover_lr, recover_rank, recover_text,
@@ -116,13 +143,11 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
         storage=storage, study=study, out=out, multi_objective=multi_objective,
         settings=CompressionSettings(prune_score, quant_method), text=text,
         protect_first_block=protect_first, protect_last_block=protect_last,
-        price_per_hour=finite_non_negative("price-per-hour", price_per_hour),
-        min_gain=finite_non_negative("min-gain", min_gain), trust_remote_code=trust_remote_code,
+        price_per_hour=price_per_hour, min_gain=min_gain, trust_remote_code=trust_remote_code,
         cost_table=CostTable.load(cost_table) if cost_table else None,
         measure_kernels=measure_kernels, execution=settings_from(device, execution, offload_dir, threads),
         operating=None if operating.mode == "fixed" else operating,
-        choices=None if choices is None else parse_choices(
-            tuple(c.strip() for c in choices.split(",") if c.strip())),
+        choices=picked,
         kv_cache=kv_cache, long_len=long_len,
         # connected now, so a bad --ray fails before the model loads; closed with the command
         executor=click.get_current_context().with_resource(executor_for(ray_address)))

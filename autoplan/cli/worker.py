@@ -23,10 +23,15 @@ from autoplan.cli._progress import RichReporter
 def command(storage, study, wait_s, device, execution, offload_dir, quiet) -> None:  # noqa: ANN001
     """Take trial batches and candidate measurements of a running search until it is done."""
     from autoplan.errors import UserInputError
-    from autoplan.search import run_worker
+    from autoplan.search.writable import check_journal
+    from autoplan.streaming.device import parse_device_name
 
     if math.isnan(wait_s):  # click's range lets NaN through; it would wait forever
         raise UserInputError("--wait must be a number of seconds >= 0, got nan")
+    parse_device_name(device)  # the arguments first, before the search stack is imported
+    check_journal(storage)  # a journal that could not be written; an RDB URL: run_worker
+    from autoplan.search import run_worker
+
     with RichReporter(quiet=quiet) as reporter:
         report = run_worker(storage, study, settings_from(device, execution, offload_dir),
                             reporter, wait_s=wait_s)

@@ -92,8 +92,8 @@ def _row_of(result: Searched | Skipped, considered: list[str]) -> Row:
     counts: dict[str, int] = {}
     for c in plan.decisions.values():
         counts[c] = counts.get(c, 0) + 1
-    gain = None
-    if pred["baseline"].tokens_per_s > 0:
+    gain = None  # over a baseline that cannot run there: none
+    if pred["baseline"].fits and pred["baseline"].tokens_per_s > 0:
         gain = pred["plan"].tokens_per_s / pred["baseline"].tokens_per_s
     # every format any entry considered: what this runtime refuses of it is a column
     refused = {c: r.reason for c in considered

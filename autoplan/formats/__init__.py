@@ -3,7 +3,7 @@
 Reasoning and sources: docs/modules.md.
 """
 
-from autoplan.formats.choice import DENSE, Choice, Sparsity
+from autoplan.formats.choice import DENSE, Choice, Sparsity, parse_choices
 from autoplan.formats.registry import (
     EXPORTERS,
     CompressedTensorsName,
@@ -17,10 +17,11 @@ from autoplan.formats.registry import (
     register_format,
     registered_formats,
 )
-from autoplan.formats import builtin  # noqa: E402,F401,I001 - registers the built-in specs
 from autoplan.formats.plugins import load_plugins  # noqa: E402,I001
 
-load_plugins()  # formats other packages register (entry-point group "autoplan.formats")
+# formats other packages register (entry-point group "autoplan.formats"): at import, so the
+# CLI knows their names; the built-in specs register on the first spec lookup instead
+load_plugins()
 
 __all__ = [
     "DENSE",
@@ -35,6 +36,7 @@ __all__ = [
     "Refused",
     "Sparsity",
     "format_spec",
+    "parse_choices",
     "register_format",
     "registered_formats",
 ]

@@ -122,4 +122,15 @@ class Choice:
         )
 
 
-__all__ = ["Choice", "DENSE", "Sparsity"]
+def parse_choices(texts: tuple[str | Choice, ...] | None) -> tuple[Choice, ...] | None:
+    """`--choices` as distinct Choices in the given order (None: the platform's space).
+    Light (no torch): the CLI checks the option with it before importing the search stack."""
+    if texts is None:
+        return None
+    choices = tuple(dict.fromkeys(c if isinstance(c, Choice) else Choice.parse(c) for c in texts))
+    if not choices:
+        raise UserInputError("--choices is empty: list formats, e.g. int4a8_g32,int8a8_g128")
+    return choices
+
+
+__all__ = ["DENSE", "Choice", "Sparsity", "parse_choices"]

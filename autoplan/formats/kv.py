@@ -10,16 +10,27 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-import torch
-from torch import Tensor
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from autoplan.errors import UnknownNameError, UserInputError
-from autoplan.formats.elements import (E4M3_MAX, cast_fp8_e4m3, cast_fp8_e5m2, round_to_bf16,
-                                       round_to_fp16)
-from autoplan.formats.gguf_blocks import BLOCK, BlockFormat, GgufActScheme, block_codes, \
-    block_scales
 from autoplan.formats.registry import Refused
-from autoplan.formats.schemes import NvFp4Scheme, nvfp4_global_scale
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+# The registry's facts (bits, granularity, names) are read by the cost model and the CLI
+# without torch; the numerics below import it, and the element casts and GGUF blocks, on
+# first use. GGUF_BLOCK and E4M3_MAX are gguf_blocks.BLOCK and elements.E4M3_MAX
+# (tests/unit/test_cli_startup.py checks they agree).
+GGUF_BLOCK = 32
+E4M3_MAX = 448.0
+
+
+def _elements() -> ModuleType:
+    from autoplan.formats import elements
+
+    return elements
 
 
 class KvFormat(str, Enum):
@@ -131,10 +142,12 @@ def _per_head(scale: Tensor, x: Tensor) -> Tensor:
 
 def _fp8_static(x: Tensor, scale: Tensor | None) -> Tensor:
     s = _per_head(scale, x)  # type: ignore[arg-type]
-    return cast_fp8_e4m3(x / s) * s
+    return _elements().cast_fp8_e4m3(x / s) * s
 
 
 def _int8_static(x: Tensor, scale: Tensor | None) -> Tensor:
+    import torch
+
     s = _per_head(scale, x)  # type: ignore[arg-type]
     inv = 1.0 / s
     return torch.round(x * inv).clamp_(-128, 127) * s
@@ -142,6 +155,8 @@ def _int8_static(x: Tensor, scale: Tensor | None) -> Tensor:
 
 def _nvfp4(x: Tensor, scale: Tensor | None) -> Tensor:
     """Per 16 of the head dimension; ``scale`` is the layer's global scale (448 * 6 / amax)."""
+    from autoplan.formats.schemes import NvFp4Scheme
+
     scheme = NvFp4Scheme(scale)
     g = scheme.prepare(x)
     blocks = x.reshape(*x.shape[:-1], -1, 16)
@@ -152,6 +167,9 @@ def _nvfp4(x: Tensor, scale: Tensor | None) -> Tensor:
 
 def _gguf_rows(x: Tensor, kind: str) -> Tensor:
     """llama.cpp cache rows: blocks of 32 along the head dimension (head_dim % 32 == 0)."""
+    from autoplan.formats.gguf_blocks import (BLOCK, BlockFormat, GgufActScheme, block_codes,
+                                              block_scales)
+
     if x.shape[-1] % BLOCK:
         raise UserInputError(f"llama.cpp's {kind} cache needs head_dim divisible by {BLOCK} "
                              f"(this model's is {x.shape[-1]}); use an f16 cache")
@@ -167,7 +185,18 @@ def _gguf_rows(x: Tensor, kind: str) -> Tensor:
 
 def _amax_scale(divisor: float) -> Callable[[Tensor], Tensor]:
     # an all-zero K or V (never seen on real text) gets scale 1 instead of 0 (no 0/0)
-    return lambda amax: torch.where(amax > 0, amax.float() / divisor, 1.0)
+    def scale(amax: Tensor) -> Tensor:
+        import torch
+
+        return torch.where(amax > 0, amax.float() / divisor, 1.0)
+
+    return scale
+
+
+def _nvfp4_global(amax: Tensor) -> Tensor:
+    from autoplan.formats.schemes import nvfp4_global_scale
+
+    return nvfp4_global_scale(amax.float().amax())
 
 
 _CT_FP8 = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False}
@@ -189,11 +218,11 @@ def _register(spec: KvSpec) -> None:
 _register(KvSpec(KvFormat.FP32, 32, "none", False, lambda x, s: x, compressed_tensors={},
                  modelopt=Refused("TensorRT-LLM caches in the model's 16-bit dtype or lower"),
                  gguf="f32", summary="fp32 cache (ONNX Runtime's CPU export)"))
-_register(KvSpec(KvFormat.BF16, 16, "none", False, lambda x, s: round_to_bf16(x),
+_register(KvSpec(KvFormat.BF16, 16, "none", False, lambda x, s: _elements().round_to_bf16(x),
                  compressed_tensors={}, modelopt=Refused("a 16-bit cache is the default: no "
                                                          "kv_cache_quant_algo"),
                  gguf="bf16", summary="16-bit bfloat cache (vLLM's 'auto' for bf16 models)"))
-_register(KvSpec(KvFormat.FP16, 16, "none", False, lambda x, s: round_to_fp16(x),
+_register(KvSpec(KvFormat.FP16, 16, "none", False, lambda x, s: _elements().round_to_fp16(x),
                  compressed_tensors={}, modelopt=Refused("a 16-bit cache is the default: no "
                                                          "kv_cache_quant_algo"),
                  gguf="f16", summary="16-bit IEEE half cache (llama.cpp's default f16)"))
@@ -208,7 +237,7 @@ _register(KvSpec(KvFormat.FP8_E4M3_HEAD, 8, "head", True, _fp8_static,
                  modelopt=Refused("ModelOpt's FP8 KV cache has one scale per tensor; plan "
                                   "fp8_e4m3 for TensorRT-LLM"),
                  gguf=_NO_GGUF, summary="FP8 E4M3, one calibrated scale per KV head"))
-_register(KvSpec(KvFormat.FP8_E5M2, 8, "none", False, lambda x, s: cast_fp8_e5m2(x),
+_register(KvSpec(KvFormat.FP8_E5M2, 8, "none", False, lambda x, s: _elements().cast_fp8_e5m2(x),
                  compressed_tensors=Refused("compressed-tensors' kv_cache_scheme stores "
                                             "E4M3; vLLM takes fp8_e5m2 from the command line "
                                             "alone (no checkpoint scales)"),
@@ -219,15 +248,15 @@ _register(KvSpec(KvFormat.INT8, 8, "tensor", True, _int8_static,
                  compressed_tensors=_NO_CT, modelopt="INT8", gguf=_NO_GGUF,
                  summary="INT8, one calibrated scale per layer for K and one for V"))
 _register(KvSpec(KvFormat.NVFP4, 4 + 8 / 16, "block", True, _nvfp4, 16,
-                 calibrate=lambda amax: nvfp4_global_scale(amax.float().amax()),
+                 calibrate=_nvfp4_global,
                  compressed_tensors=_NO_CT, modelopt="NVFP4", gguf=_NO_GGUF,
                  summary="NVFP4: E2M1, an E4M3 scale per 16, a calibrated FP32 global scale"))
 _register(KvSpec(KvFormat.Q8_0, 8 + 16 / 32, "block", False,
-                 lambda x, s: _gguf_rows(x, "q8_0"), BLOCK, compressed_tensors=_NO_CT,
+                 lambda x, s: _gguf_rows(x, "q8_0"), GGUF_BLOCK, compressed_tensors=_NO_CT,
                  modelopt=_NO_MODELOPT, gguf="q8_0",
                  summary="llama.cpp q8_0: int8 per block of 32, fp16 scale"))
 _register(KvSpec(KvFormat.Q4_0, 4 + 16 / 32, "block", False,
-                 lambda x, s: _gguf_rows(x, "q4_0"), BLOCK, compressed_tensors=_NO_CT,
+                 lambda x, s: _gguf_rows(x, "q4_0"), GGUF_BLOCK, compressed_tensors=_NO_CT,
                  modelopt=_NO_MODELOPT, gguf="q4_0",
                  summary="llama.cpp q4_0: 4-bit per block of 32, fp16 scale"))
 

@@ -334,12 +334,20 @@ def register_format(spec: FormatSpec) -> FormatSpec:
     return _FORMATS.register(spec.precision.value, spec)
 
 
+def _load_builtin() -> None:
+    """Register the built-in specs on first use. They import torch (their schemes and
+    dtypes), which reading a format's name or answering a CLI usage error must not pay for
+    (2-5 s), so the package does not import them up front."""
+    import autoplan.formats.builtin  # noqa: F401 - registers on import
+
+
 def format_spec(precision: Precision | str) -> FormatSpec:
     """The FormatSpec of a precision (a Precision or its text).
 
     Raises:
         UnknownNameError: no spec is registered under that name; lists every registered one.
     """
+    _load_builtin()
     key = precision if isinstance(precision, Precision) else None
     if key is None:
         try:
@@ -354,6 +362,7 @@ def format_spec(precision: Precision | str) -> FormatSpec:
 
 def registered_formats() -> tuple[FormatSpec, ...]:
     """Every registered FormatSpec, in Precision order."""
+    _load_builtin()
     order = {p: i for i, p in enumerate(Precision)}
     return tuple(sorted(_FORMATS.values(), key=lambda s: order[s.precision]))
 

@@ -11,18 +11,7 @@ from autoplan.errors import UserInputError
 from autoplan.formats import Sparsity
 from autoplan.prune.patterns import select_keep, validate_shape
 from autoplan.prune.sparsegpt import sparsegpt_prune
-from autoplan.textenum import TextEnum
-
-
-class PruneScore(TextEnum):
-    """How a weight's importance is scored before a sparsity pattern is applied."""
-
-    __noun__ = "pruning score"
-
-    MAGNITUDE = "magnitude"  # |W|
-    WANDA = "wanda"  # |W| * ||X_j||_2 (needs activation norms)
-    SPARSEGPT = "sparsegpt"  # OBS saliency with weight reconstruction (needs the Hessian)
-
+from autoplan.prune.scores import PruneScore
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,26 @@ Public API:
     QualityEvaluator(reference_model, eval_tokens, *, suite=None).evaluate(model) -> QualityResult
 """
 
-from autoplan.quality.evaluator import QualityEvaluator, QualityResult
-from autoplan.quality.metrics import ReferenceLogprobs, compare_pass, reference_pass
-from autoplan.quality.suite import (
-    PromptSuite,
-    SuiteReference,
-    SuiteScore,
-    load_suite,
-    score_suite,
-    suite_reference,
-)
-from autoplan.quality.text import TextDataset, is_eval_document, load_text_dataset
+from autoplan.lazy import lazy_exports
+
+# each name's module is imported on first use (autoplan/lazy.py)
+_EXPORTS = {
+    "QualityEvaluator": "autoplan.quality.evaluator",
+    "QualityResult": "autoplan.quality.evaluator",
+    "ReferenceLogprobs": "autoplan.quality.metrics",
+    "compare_pass": "autoplan.quality.metrics",
+    "reference_pass": "autoplan.quality.metrics",
+    "PromptSuite": "autoplan.quality.suite",
+    "SuiteReference": "autoplan.quality.suite",
+    "SuiteScore": "autoplan.quality.suite",
+    "load_suite": "autoplan.quality.suite",
+    "score_suite": "autoplan.quality.suite",
+    "suite_reference": "autoplan.quality.suite",
+    "TextDataset": "autoplan.quality.text",
+    "is_eval_document": "autoplan.quality.text",
+    "load_text_dataset": "autoplan.quality.text",
+}
+__getattr__ = lazy_exports(globals(), _EXPORTS)
 
 __all__ = [
     "PromptSuite", "QualityEvaluator", "QualityResult", "ReferenceLogprobs", "SuiteReference",

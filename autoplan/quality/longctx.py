@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from autoplan.errors import UserInputError
+from autoplan.models.head import selected_logits
 
 INTRO = "A pass key is hidden in this text. Find it and remember it.\n"
 FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
@@ -96,9 +97,10 @@ def score_cases(model: nn.Module, cases: tuple[LongContextCase, ...]) -> LongCon
     device = next(model.parameters()).device
     for case in cases:
         ids = torch.tensor([case.prompt_ids + case.key_ids])
-        logits = model(input_ids=ids.to(device), use_cache=False).logits[0].float().cpu()
-        pos = torch.arange(len(case.prompt_ids) - 1, ids.shape[1] - 1)
-        lp = torch.log_softmax(logits[pos], dim=-1)
+        pick = torch.zeros_like(ids, dtype=torch.bool)
+        pick[0, len(case.prompt_ids) - 1:ids.shape[1] - 1] = True  # they predict the key
+        lp = torch.log_softmax(selected_logits(model, ids.to(device), pick.to(device)).cpu(),
+                               dim=-1)
         target = torch.tensor(case.key_ids)
         p = math.exp(float(lp.gather(-1, target[:, None]).mean()))
         probs.append(p)

@@ -6,12 +6,15 @@ Reasoning and sources: docs/modules.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from autoplan.errors import UserInputError
+from autoplan.models.head import CHUNK, block_logits, chunk_rows
 
 
 @dataclass(frozen=True)
@@ -25,11 +28,6 @@ class ReferenceLogprobs:
     @property
     def ppl(self) -> float:
         return math.exp(self.nll)
-
-
-def _logprobs(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    out = model(input_ids=tokens, use_cache=False)
-    return torch.log_softmax(out.logits.float(), dim=-1)
 
 
 def nll_sum(logprobs: torch.Tensor, tokens: torch.Tensor) -> float:
@@ -49,16 +47,41 @@ def kl_sum(ref_logprobs: torch.Tensor, logprobs: torch.Tensor) -> float:
     return float(torch.where(p > 0, p * (lp - lq), 0.0).sum(-1).double().sum())
 
 
-def block_terms(logprobs: torch.Tensor, tokens: torch.Tensor,
-                ref_logprobs: torch.Tensor | None = None) -> tuple[list[float], list[float]]:
+def _chunk_nll(lp: torch.Tensor, block: torch.Tensor, start: int) -> float:
+    """Summed NLL of the targets a chunk of one block predicts: positions start.. of `lp`
+    [c, vocab] predict tokens start+1.. of `block` [seq] (the block's last has none)."""
+    n = min(lp.shape[0], block.shape[0] - 1 - start)
+    if n <= 0:
+        return 0.0
+    return float(-lp[:n].gather(-1, block[start + 1:start + 1 + n, None]).double().sum())
+
+
+def block_terms(chunks: Iterable[tuple[int, int, torch.Tensor]], tokens: torch.Tensor,
+                ref_logprobs: torch.Tensor | None = None,
+                keep: torch.Tensor | None = None) -> tuple[list[float], list[float]]:
     """Per block of a batch: its summed NLL and (with the reference's log-probs of the same
-    blocks) its summed KL. Each block is reduced on its own, and totals are taken with
-    ``math.fsum`` (exactly rounded, order-free), so no figure depends on how blocks were
-    grouped into forward passes: streamed or in memory, bounded or not, any batch size."""
-    nlls = [nll_sum(logprobs[b:b + 1], tokens[b:b + 1]) for b in range(tokens.shape[0])]
-    kls = ([] if ref_logprobs is None else
-           [kl_sum(ref_logprobs[b:b + 1], logprobs[b:b + 1]) for b in range(tokens.shape[0])])
-    return nlls, kls
+    blocks, [b, seq, vocab]) its summed KL, from the batch's logits chunk by chunk
+    (``models.head.block_logits``: (block, first position, logits [c, vocab])).
+
+    Each chunk is reduced on its own and a block's total is the ``math.fsum`` of its chunks
+    (exactly rounded, order-free), so no figure depends on how blocks were grouped into
+    forward passes: streamed or in memory, bounded or not, any batch size. ``keep``
+    ([b, seq, vocab] fp16) receives the log-probs (the reference pass stores them there).
+    """
+    n = tokens.shape[0]
+    nll: list[list[float]] = [[] for _ in range(n)]
+    kl: list[list[float]] = [[] for _ in range(n)]
+    for b, start, logits in chunks:
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        del logits
+        end = start + lp.shape[0]
+        nll[b].append(_chunk_nll(lp, tokens[b].to(lp.device), start))
+        if ref_logprobs is not None:
+            kl[b].append(kl_sum(ref_logprobs[b, start:end].to(lp.device), lp))
+        if keep is not None:
+            keep[b, start:end] = lp.half().to(keep.device)
+    kls = [] if ref_logprobs is None else [math.fsum(k) for k in kl]
+    return [math.fsum(x) for x in nll], kls
 
 
 def check_tokens(tokens: torch.Tensor) -> torch.Tensor:
@@ -70,16 +93,40 @@ def check_tokens(tokens: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def reference_pass(model: nn.Module, tokens: torch.Tensor, *, batch_size: int = 4) -> ReferenceLogprobs:
-    """Run the original model once and keep what each later comparison needs."""
+    """Run the original model once and keep what each later comparison needs. Its log-probs
+    are written into one fp16 tensor chunk by chunk (no fp32 copy of them all exists)."""
     tokens = check_tokens(tokens)
-    chunks, nlls = [], []
+    logprobs: torch.Tensor | None = None
+    nlls: list[float] = []
     for i in range(0, tokens.shape[0], batch_size):
         batch = tokens[i:i + batch_size]
-        lp = _logprobs(model, batch)
-        nlls += block_terms(lp, batch)[0]
-        chunks.append(lp.half())
+        chunks = block_logits(model, batch.to(_device(model)), _rows(model))
+        first = next(chunks)
+        if logprobs is None:
+            logprobs = torch.empty((*tokens.shape, first[2].shape[-1]), dtype=torch.float16,
+                                   device=first[2].device)
+        nlls += block_terms(_chain(first, chunks), batch, keep=logprobs[i:i + batch_size])[0]
     n_targets = tokens.shape[0] * (tokens.shape[1] - 1)
-    return ReferenceLogprobs(tokens, torch.cat(chunks), math.fsum(nlls) / n_targets)
+    return ReferenceLogprobs(tokens, logprobs, math.fsum(nlls) / n_targets)
+
+
+def _chain(first, rest):  # noqa: ANN001, ANN202 - an iterator with its first item back in front
+    yield first
+    yield from rest
+
+
+def _device(model: Any) -> torch.device | str:
+    params = getattr(model, "parameters", None)
+    try:
+        return next(params()).device if callable(params) else "cpu"
+    except StopIteration:
+        return "cpu"
+
+
+def _rows(model: Any) -> int:
+    """Positions per chunk for this model's vocabulary (its config's, else the default)."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    return chunk_rows(int(vocab)) if isinstance(vocab, int) and vocab > 0 else CHUNK
 
 
 @torch.inference_mode()
@@ -128,7 +175,9 @@ def bounded_compare_pass(model: nn.Module, ref: ReferenceLogprobs, *, batch_size
         if i >= n_blocks:
             break
         batch = tokens[i:j]
-        nll, kl = block_terms(_logprobs(model, batch), batch, ref.logprobs[i:j])
+        nll, kl = block_terms(block_logits(model, batch.to(_device(model)),
+                                           chunk_rows(ref.logprobs.shape[-1])),
+                              batch, ref.logprobs[i:j])
         nlls += nll
         kls += kl
         left = (n_blocks - len(kls)) * seq
@@ -139,5 +188,5 @@ def bounded_compare_pass(model: nn.Module, ref: ReferenceLogprobs, *, batch_size
     return math.fsum(nlls) / (n_blocks * (seq - 1)), math.fsum(kls) / tokens.numel(), n_blocks
 
 
-__all__ = ["ReferenceLogprobs", "block_terms", "bounded_compare_pass", "check_tokens", "compare_pass", "kl_slack",
-           "kl_sum", "nll_sum", "reference_pass"]
+__all__ = ["ReferenceLogprobs", "block_terms", "bounded_compare_pass", "check_tokens",
+           "compare_pass", "kl_slack", "kl_sum", "nll_sum", "reference_pass"]

@@ -14,7 +14,7 @@ import torch
 from autoplan.atomic import write_bytes_atomic
 from autoplan.quality.metrics import ReferenceLogprobs
 
-CACHE_VERSION = 2  # 2: NLL summed per block (metrics.block_terms)
+CACHE_VERSION = 3  # 2: NLL summed per block (metrics.block_terms); 3: per chunk of positions
 
 
 def reference_key(model_hash: str, tokens: torch.Tensor, *, execution: str, device: str,

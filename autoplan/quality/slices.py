@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autoplan.models.head import selected_logits
 from autoplan.quality.metrics import kl_sum
 
 SLICES = ("numbers", "names", "non-english")
@@ -144,9 +145,10 @@ class SliceReference:
 
 
 def _masked_logprobs(model: nn.Module, s: Slice) -> torch.Tensor:
+    """Log-probs at the slice's positions only (the head never runs on the others)."""
     device = next(model.parameters()).device
-    out = model(input_ids=s.tokens.to(device), use_cache=False).logits.float()
-    return torch.log_softmax(out[s.mask.to(device)], dim=-1).cpu()
+    out = selected_logits(model, s.tokens.to(device), s.mask.to(device))
+    return torch.log_softmax(out, dim=-1).cpu()
 
 
 @torch.inference_mode()

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from autoplan.errors import UserInputError
+from autoplan.models.head import selected_logits
 from autoplan.quality.text import read_jsonl
 
 
@@ -146,11 +147,14 @@ def _continuation_logprobs(model: nn.Module, pairs: list[tuple[tuple[int, ...], 
         chunk = pairs[i:i + batch_size]
         # right padding: causal attention keeps real positions independent of the padding
         ids, mask = _padded([p + c for p, c in chunk], left=False)
-        lp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, use_cache=False)
-                               .logits.float(), dim=-1)
+        pick = torch.zeros_like(ids, dtype=torch.bool)
         for row, (p, c) in enumerate(chunk):
-            pos = torch.arange(len(p) - 1, len(p) + len(c) - 1)
-            out.append(lp[row, pos])
+            pick[row, len(p) - 1:len(p) + len(c) - 1] = True  # the continuation's predictors
+        lp = torch.log_softmax(selected_logits(model, ids, pick, attention_mask=mask), dim=-1)
+        at = 0  # rows of lp: the picked positions, row by row
+        for p, c in chunk:
+            out.append(lp[at:at + len(c)])
+            at += len(c)
     return out
 
 

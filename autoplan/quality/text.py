@@ -11,11 +11,12 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from autoplan.errors import UserInputError
+
+if TYPE_CHECKING:  # imported where tensors are made: checking a path needs no torch
+    import torch
 
 SPLIT_SALT = b"autoplan-split-v1\0"
 EVAL_EVERY = 5  # one document in five (by hash) is held out for evaluation
@@ -120,6 +121,8 @@ def load_documents(source: str | Path | None) -> tuple[list[tuple[str, str]], st
 
 
 def _blocks(ids: list[int], seq_len: int, n: int, rng: random.Random, split: str) -> torch.Tensor:
+    import torch
+
     available = len(ids) // seq_len
     if n > available:
         raise UserInputError(f"the {split} split has {available} blocks of {seq_len} tokens but "
@@ -156,7 +159,7 @@ def load_text_dataset(source: str | Path | None = None, *, tokenizer: Any, seq_l
         parts[split] = _blocks(list(ids), seq_len, n_calib if split == "calib" else n_eval, rng, split)
     h = hashlib.sha256(f"autoplan-text-v1\0{seq_len}\0".encode())
     for split in ("calib", "eval"):
-        h.update(split.encode() + b"\0" + parts[split].to(torch.int64).numpy().tobytes())
+        h.update(split.encode() + b"\0" + parts[split].long().numpy().tobytes())
     return TextDataset(parts["calib"], parts["eval"], h.hexdigest(), name)
 
 

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from autoplan.errors import AutoplanError
 from autoplan.heap import frees_kept_for_reuse
 from autoplan.models.graph import set_module
+from autoplan.models.head import chunk_rows, row_chunks, split_lm
 from autoplan.quant import SimulatedLinear
 from autoplan.recover.checkpoint import (
     Checkpoint,
@@ -91,6 +92,42 @@ def distillation_loss(teacher_logits: Tensor, student_logits: Tensor) -> Tensor:
     return F.kl_div(s, t, log_target=True, reduction="none").sum(-1).mean()
 
 
+def distill(teacher: nn.Module, student: nn.Module, batch: Tensor, *,
+            backward: bool) -> float:
+    """`distillation_loss` of the two models on `batch`, computed a chunk of positions at a
+    time (the logits of a 262k vocabulary never exist for the whole batch); with
+    `backward`, its gradient is accumulated into the student's parameters chunk by chunk
+    and sent once through the student's decoder. Returns the loss."""
+    ts, ss = split_lm(teacher), split_lm(student)
+    if ts is None or ss is None:
+        with torch.no_grad():
+            target = teacher(input_ids=batch, use_cache=False).logits
+        loss = distillation_loss(target, student(input_ids=batch, use_cache=False).logits)
+        if backward:
+            loss.backward()
+        return float(loss.detach())
+    rows = chunk_rows(student.config.vocab_size)
+    with torch.no_grad():
+        teacher_hidden = ts.body(batch)
+        teacher_rows = teacher_hidden.reshape(-1, teacher_hidden.shape[-1])
+    student_hidden = ss.body(batch)
+    detached = student_hidden.detach().requires_grad_(backward)
+    positions = teacher_rows.shape[0]
+    total = 0.0
+    for start, _part, logits in row_chunks(ss.head, detached, rows):
+        with torch.no_grad():
+            t = torch.log_softmax(ts.head(teacher_rows[start:start + logits.shape[0]]).float(),
+                                  dim=-1)
+        chunk = F.kl_div(torch.log_softmax(logits.float(), dim=-1), t, log_target=True,
+                         reduction="sum") / positions
+        if backward:
+            chunk.backward()  # the head's own parameters, and the gradient at `detached`
+        total += float(chunk.detach())
+    if backward and student_hidden.requires_grad:
+        student_hidden.backward(detached.grad)
+    return total
+
+
 def _rising(losses: list[float], window: int, initial: float) -> bool:
     if len(losses) < 2 * window:
         return False
@@ -104,8 +141,7 @@ def initial_loss(student: nn.Module, teacher: nn.Module, blocks: Tensor,
     total = 0.0
     for step in range(window):
         batch = blocks[block_order(blocks.shape[0], step, settings.batch, settings.seed)]
-        total += float(distillation_loss(teacher(input_ids=batch, use_cache=False).logits,
-                                         student(input_ids=batch, use_cache=False).logits))
+        total += distill(teacher, student, batch, backward=False)
     return total / window
 
 
@@ -217,10 +253,8 @@ def _train(student: nn.Module, teacher: nn.Module, layers: Mapping[str, Simulate
     by_id = {id(p): n for n, p in params.items()}
     for step in range(start, settings.steps):
         batch = blocks[block_order(blocks.shape[0], step, settings.batch, settings.seed)]
-        with torch.no_grad():
-            target = teacher(input_ids=batch, use_cache=False).logits
-        loss = distillation_loss(target, student(input_ids=batch, use_cache=False).logits)
-        value = float(loss.detach())
+        opt.zero_grad(set_to_none=True)
+        value = distill(teacher, student, batch, backward=True)
         losses.append(value)
         if not math.isfinite(value) or _rising(losses, window, initial):
             clear_checkpoint(checkpoint_dir)
@@ -229,8 +263,6 @@ def _train(student: nn.Module, teacher: nn.Module, layers: Mapping[str, Simulate
             raise RecoveryDiverged(
                 f"recovery diverged at step {step + 1} ({why}); the plan is kept unrecovered: "
                 f"lower --recover-lr (now {settings.lr:g})")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
         if not lora:
             for layer in swapped.values():
                 layer.mask_grad()
@@ -256,5 +288,5 @@ def _train(student: nn.Module, teacher: nn.Module, layers: Mapping[str, Simulate
                           student if lora else None)
 
 
-__all__ = ["RecoveryDiverged", "RecoveryResult", "block_order", "distillation_loss",
+__all__ = ["RecoveryDiverged", "RecoveryResult", "block_order", "distill", "distillation_loss",
            "initial_loss", "lr_factor", "recover"]

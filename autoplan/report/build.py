@@ -161,14 +161,16 @@ def _compare_table(doc: dict[str, Any]) -> str:
                         f"<b>{html.escape(r['status'])}</b>: {html.escape(r['reason'])}</td></tr>")
             continue
         p, b = r["plan"], r["baseline"]
-        gain_u = r.get("gain_over_best_uniform")
+        gain_u, gain_b = r.get("gain_over_best_uniform"), r.get("gain_over_baseline")
+        base = (f"{b['tokens_per_s']:,.0f}" if b.get("fits", True)
+                else f"does not fit ({b['memory_gb']:,.1f} GB)")
         rows.append(
             f"<tr><td>{name}</td><td>{r['batch']:,}</td><td>{p['tokens_per_s']:,.0f}</td>"
-            f"<td>{b['tokens_per_s']:,.0f}</td><td>{p['ttft_s'] * 1e3:,.2f}</td>"
+            f"<td>{base}</td><td>{p['ttft_s'] * 1e3:,.2f}</td>"
             f"<td>{p['tpot_s'] * 1e3:,.3f}</td><td>{p['usd_per_1m_tokens']:,.4f}</td>"
             f"<td>{p['energy_j_per_token']:,.4f}</td><td>{p['memory_gb']:,.2f}"
             f"{'' if p['fits'] else ' (no fit)'}</td><td>{r['kl']:.5f}</td>"
-            f"<td>{r['gain_over_baseline']:.3f}x</td>"
+            f"<td>{'-' if gain_b is None else f'{gain_b:.3f}x'}</td>"
             f"<td>{'-' if gain_u is None else _gain_cell(gain_u, r.get('best_uniform_name'))}"
             "</td>"
             f"<td style='text-align:left'>{_refused_cell(r['not_accelerated'])}</td></tr>")

@@ -35,31 +35,46 @@ importing only those listed before it:
 docs/architecture.md, "Search pipeline", says what each stage does.
 """
 
-from __future__ import annotations
+from autoplan.lazy import lazy_exports
 
-from autoplan.search.optimize import DecisionUnit, SearchSpace, build_space, load_space_file
-from autoplan.search.recovery import RecoverOptions, recover_plan
-from autoplan.search.reporter import Reporter
-from autoplan.search.run import (
-    Pipeline,
-    SearchOutcome,
-    Searched,
-    Skipped,
-    run_search,
-    run_worker,
-)
-from autoplan.search.request import (
-    CostTable,
-    ExecutionSettings,
-    Platform,
-    SearchRequest,
-    parse_choices,
-    preflight,
-)
-from autoplan.search.preparation import Prepared, prepare, profile_scope
-from autoplan.search.stages import Chosen, Outcome, Rounds, build_plan, certify, choose, run_rounds
-from autoplan.search.verify import Measurement, QualityBudget, Verifier
-from autoplan.search.writable import check_writable_file
+# each name's module is imported on first use (autoplan/lazy.py), so reading a budget
+# or a space file does not import torch and Optuna
+_EXPORTS = {
+    "DecisionUnit": "autoplan.search.optimize",
+    "SearchSpace": "autoplan.search.optimize",
+    "build_space": "autoplan.search.optimize",
+    "load_space_file": "autoplan.search.optimize",
+    "RecoverOptions": "autoplan.search.recovery",
+    "recover_plan": "autoplan.search.recovery",
+    "Reporter": "autoplan.search.reporter",
+    "Pipeline": "autoplan.search.run",
+    "SearchOutcome": "autoplan.search.run",
+    "Searched": "autoplan.search.run",
+    "Skipped": "autoplan.search.run",
+    "run_search": "autoplan.search.run",
+    "run_worker": "autoplan.search.run",
+    "Chosen": "autoplan.search.stages",
+    "CostTable": "autoplan.search.request",
+    "ExecutionSettings": "autoplan.search.request",
+    "Outcome": "autoplan.search.stages",
+    "Platform": "autoplan.search.request",
+    "Prepared": "autoplan.search.preparation",
+    "Rounds": "autoplan.search.stages",
+    "SearchRequest": "autoplan.search.request",
+    "build_plan": "autoplan.search.stages",
+    "certify": "autoplan.search.stages",
+    "choose": "autoplan.search.stages",
+    "parse_choices": "autoplan.search.request",
+    "preflight": "autoplan.search.request",
+    "prepare": "autoplan.search.preparation",
+    "profile_scope": "autoplan.search.preparation",
+    "run_rounds": "autoplan.search.stages",
+    "Measurement": "autoplan.search.verify",
+    "QualityBudget": "autoplan.search.verify",
+    "Verifier": "autoplan.search.verify",
+    "check_writable_file": "autoplan.search.writable",
+}
+__getattr__ = lazy_exports(globals(), _EXPORTS)
 
 __all__ = [
     "Chosen",

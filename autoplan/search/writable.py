@@ -1,19 +1,38 @@
-"""Can a file be written at a path? Checked before any work, without creating anything."""
+"""Can a file be written at a path? Checked before any work, leaving nothing behind."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from autoplan.errors import UserInputError
+
+
+def _refuses(folder: Path, need_folder: bool) -> str | None:
+    """Why `folder` does not take a new entry (a folder when `need_folder`), tried with a
+    probe that is removed at once: os.access answers yes to root on read-only and virtual
+    file systems (/proc), where the search would fail only after loading the model."""
+    try:
+        if need_folder:
+            os.rmdir(tempfile.mkdtemp(prefix=".autoplan-probe-", dir=folder))
+        else:
+            handle, probe = tempfile.mkstemp(prefix=".autoplan-probe-", dir=folder)
+            os.close(handle)
+            os.unlink(probe)
+    except OSError as exc:
+        what = "folder" if need_folder else "file"
+        return f"'{folder}' does not take a new {what}: {exc.strerror or exc}"
+    return None
 
 
 def check_writable_file(path: str | Path, what: str, fix: str) -> Path:
     """Refuse (one line naming ``fix``) a file path that could not be written later.
 
     The path must not be a folder, and its nearest existing ancestor must be a folder this
-    process may create entries in (``os.access`` also reports a read-only file system).
-    Missing folders in between are fine: the writers create them.
+    process can create entries in (tried: a probe file, or a probe folder where folders in
+    between are missing, removed at once). Missing folders in between are fine: the
+    writers create them.
 
     Returns:
         The path, with ``~`` expanded.
@@ -27,8 +46,33 @@ def check_writable_file(path: str | Path, what: str, fix: str) -> Path:
     elif not os.access(folder, os.W_OK | os.X_OK):
         reason = f"'{folder}' is not writable"
     else:
-        return p
+        reason = _refuses(folder, need_folder=folder != p.parent)
+        if reason is None:
+            return p
     raise UserInputError(f"cannot write the {what} {p} ({reason}): {fix}")
 
 
-__all__ = ["check_writable_file"]
+JOURNAL_PREFIX = "journal:"
+
+
+def journal_path(url: str) -> Path | None:
+    """The journal file a storage URL names (`journal:PATH`, or a path ending `.journal`),
+    or None for an RDB URL."""
+    if url.startswith(JOURNAL_PREFIX) or url.endswith(".journal"):
+        return Path(url.removeprefix(JOURNAL_PREFIX))
+    return None
+
+
+def check_journal(url: str) -> bool:
+    """For a journal URL, refuse a file that could not be written (nothing is created, so a
+    search refused later leaves no empty journal behind); False for an RDB URL. No Optuna:
+    the CLI asks before importing the search stack."""
+    path = journal_path(url)
+    if path is None:
+        return False
+    check_writable_file(path, "study journal",
+                        "pass a writable --storage journal:PATH (or --out in a writable folder)")
+    return True
+
+
+__all__ = ["JOURNAL_PREFIX", "check_journal", "check_writable_file", "journal_path"]

@@ -10,7 +10,7 @@ gradient^2 score of ModelOpt's AutoQuantize, with the Fisher made exact in expec
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from autoplan.models.graph import get_linear
+from autoplan.models.head import chunk_rows, row_chunks, split_lm
 from autoplan.models.moe import counting_routing
 
 
@@ -112,6 +113,22 @@ def fisher_loss(logits: Tensor, gen: torch.Generator) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels, reduction="sum")
 
 
+def fisher_backward(head: Callable[[Tensor], Tensor], hidden: Tensor, gen: torch.Generator,
+                    rows: int) -> Tensor:
+    """Back-propagate the Fisher loss from the decoder's output `hidden` [b, seq, h] through
+    `head`, `rows` positions at a time (the logits never exist for the whole batch): labels
+    are drawn in the order the whole batch's logits list them, so from one generator they
+    are the ones an unchunked pass draws. Returns the gradient at `hidden` (also sent on
+    into the decoder's graph when `hidden` has one)."""
+    detached = hidden.detach().requires_grad_(True)
+    for _start, _part, logits in row_chunks(head, detached, rows):
+        fisher_loss(logits, gen).backward()
+    grad = detached.grad
+    if hidden.requires_grad:
+        hidden.backward(grad)
+    return grad
+
+
 @contextmanager
 def activation_grads(model: nn.Module) -> Iterator[None]:
     """Within the block, a backward pass gives gradients to activations only: parameters
@@ -139,15 +156,20 @@ def capture(
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     tokens = 0
+    split = split_lm(model)
+    rows = chunk_rows(model.config.vocab_size)
     with activation_grads(model), Recorder(model, layer_names) as rec, \
             counting_routing(model) as routing:
         for batch in batches:
-            fisher_loss(model(input_ids=batch.to(device)).logits, gen).backward()
+            if split is None:
+                fisher_loss(model(input_ids=batch.to(device)).logits, gen).backward()
+            else:  # the head a chunk of positions at a time (models/head.py)
+                fisher_backward(split.head, split.body(batch.to(device)), gen, rows)
             tokens += batch.numel()
     out = rec.result(tokens)
     out.routing = routing.as_lists()  # MoE: tokens each expert got (the calibration routing)
     return out
 
 
-__all__ = ["Captured", "Recorder", "activation_grads", "capture", "fisher_loss",
-           "sample_labels"]
+__all__ = ["Captured", "Recorder", "activation_grads", "capture", "fisher_backward",
+           "fisher_loss", "sample_labels"]

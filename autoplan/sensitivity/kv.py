@@ -14,9 +14,10 @@ from torch import Tensor, nn
 
 from autoplan.compress import CompressionSettings
 from autoplan.formats.kv import KvFormat
+from autoplan.models.head import chunk_rows, split_lm
 from autoplan.plan.io import write_json_atomic
 from autoplan.quant.kv_cache import KvAmax, KvQuant, attention_modules, kv_hooks, kv_quants
-from autoplan.sensitivity.capture import activation_grads, fisher_loss
+from autoplan.sensitivity.capture import activation_grads, fisher_backward, fisher_loss
 from autoplan.sensitivity.profile import SensitivityProfile, cache_path, load_cached
 
 # the formats to score, each with the query rounding of the engine that serves it
@@ -77,10 +78,15 @@ def capture_kv(model: nn.Module, batches: Iterable[Tensor], *, seed: int = 0) ->
     device = next(model.parameters()).device
     recs = record_kv(attention_modules(model))
     tokens = 0
+    split = split_lm(model)
+    rows = chunk_rows(model.config.vocab_size)
     with activation_grads(model), kv_hooks(model, recs):
         for batch in batches:
-            fisher_loss(model(input_ids=batch.to(device), use_cache=False).logits,
-                        gen).backward()
+            if split is None:
+                fisher_loss(model(input_ids=batch.to(device), use_cache=False).logits,
+                            gen).backward()
+            else:  # the head a chunk of positions at a time (models/head.py)
+                fisher_backward(split.head, split.body(batch.to(device)), gen, rows)
             tokens += batch.numel()
     return KvCapture(recs, tokens)
 

@@ -7,12 +7,29 @@ every device; only where its tensors live changes.
 from __future__ import annotations
 
 import re
-
-import torch
+from typing import TYPE_CHECKING
 
 from autoplan.errors import UserInputError
 
+if TYPE_CHECKING:  # torch is imported where a device is resolved: naming one is free
+    import torch
+
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+
+
+def parse_device_name(text: str | None) -> tuple[str, int | None]:
+    """("auto" | "cpu" | "cuda", GPU index or None) of a `--device` text, without torch.
+
+    Raises:
+        UserInputError: not a device name.
+    """
+    name = (text or "auto").strip().lower()
+    if name in ("auto", "cpu"):
+        return name, None
+    m = re.fullmatch(r"(cuda|rocm|gpu)(?::(\d+))?", name)
+    if not m:
+        raise UserInputError(f"--device '{text}' is not a device: use {DEVICE_CHOICES}")
+    return "cuda", int(m.group(2) or 0)
 
 
 def resolve_device(text: str | torch.device | None) -> torch.device:
@@ -21,17 +38,15 @@ def resolve_device(text: str | torch.device | None) -> torch.device:
     Raises:
         UserInputError: an unknown device name, or a GPU that this machine does not have.
     """
+    import torch
+
     if isinstance(text, torch.device):
         return text
-    name = (text or "auto").strip().lower()
-    if name == "auto":
+    kind, index = parse_device_name(text)
+    if kind == "auto":
         return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    if name == "cpu":
+    if kind == "cpu":
         return torch.device("cpu")
-    m = re.fullmatch(r"(cuda|rocm|gpu)(?::(\d+))?", name)
-    if not m:
-        raise UserInputError(f"--device '{text}' is not a device: use {DEVICE_CHOICES}")
-    index = int(m.group(2) or 0)
     if not torch.cuda.is_available():
         raise UserInputError(f"--device {text}: torch sees no CUDA/ROCm GPU on this machine; "
                              "use --device cpu (or auto)")
@@ -44,6 +59,8 @@ def resolve_device(text: str | torch.device | None) -> torch.device:
 
 def device_memory(device: torch.device) -> int | None:
     """Bytes of memory the device has (None for the CPU: see `host_memory`)."""
+    import torch
+
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
     return None
@@ -63,6 +80,8 @@ def host_memory() -> int:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """True for a host or GPU allocation failure (torch raises several kinds)."""
+    import torch
+
     if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
         return True
     text = str(exc).lower()
@@ -71,4 +90,4 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 __all__ = ["DEVICE_CHOICES", "device_memory", "host_memory", "is_out_of_memory",
-           "resolve_device"]
+           "parse_device_name", "resolve_device"]

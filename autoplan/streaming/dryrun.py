@@ -56,12 +56,12 @@ def render(report: dict) -> list[str]:
         for where, parts in (("device", p["device_parts"]), ("host", p["host_parts"])):
             label = "host" if dev == "cpu" else where
             for part, b in parts.items():
-                lines.append(f"    {label:6s} {part:42s} {gib(b)}")
+                phase = p.get("phases", {}).get(part, "")
+                lines.append(f"    {label:6s} {part:42s} {gib(b)}"
+                             + (f"   ({phase})" if phase else ""))
         gpu = f", GPU peak {gib(p['device_bytes']).strip()}" if dev != "cpu" else ""
-        if p.get("peak_phase"):  # stages never resident together: the largest sets the peak
-            gpu += (f" (stages {', '.join(p['phases'])} never at once; the peak is in "
-                    f"{p['peak_phase']})")
-        lines.append(f"    peak: host {gib(p['host_bytes']).strip()}{gpu} -> "
+        lines.append(f"    peak (shared parts + the larger phase): host "
+                     f"{gib(p['host_bytes']).strip()}{gpu} -> "
                      f"{'fits' if report['fits'][ex] else 'does NOT fit'}")
     budget = f"host budget {gib(report['host_budget_bytes']).strip()}"
     if report["gpu_memory_bytes"]:

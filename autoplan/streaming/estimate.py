@@ -1,19 +1,20 @@
 """Memory plan of a profile + verification run, from the model's config alone.
 
-Each part is an estimate from the architecture (no weights read), for the two executions:
-`memory` (the whole model in fp32 on one device, every profiled layer's captures at once,
-a deep copy per verification, every layer's calibration Hessian at once) and `stream` (one
-block resident, block-boundary states on the host). The figures are upper-bound-leaning
-formulas, not measurements; benchmarks/scale.py prints them next to the measured peak.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoplan.models.head import chunk_rows
 from autoplan.modelspec import ModelSpec
 
 F32 = 4
+# fp32 [positions, vocab] arrays alive at once while a chunk of logits is reduced: the
+# logits, their log-softmax, its exponent and the KL's temporaries (models/head.py)
+LOGIT_COPIES = 6
+SIM_BYTES = 6  # per parameter of a compressed layer: fp32 weight, bool mask, int8 codes
 PROCESS_BYTES = 700 * 2**20  # python + torch + transformers, measured ~0.6-0.7 GB on CPU
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 
@@ -27,42 +28,38 @@ class Workload:
     eval_tokens: int = 1536
     eval_batch_tokens: int = 1024
     seq_len: int = 256
+    head_profiled: bool = True  # the lm_head is profiled (not protected by the search space)
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Bytes per part and per place; `host`/`device` totals are the peaks of the run.
-
-    `phases` name the device parts that are never resident together: each phase lists the
-    parts alive at once in one stage of the run (a part may be in several); a part in no
-    phase is resident throughout. The device peak is those plus the largest phase."""
+    """Bytes per part and per place; `host`/`device` totals are the peaks of the run."""
 
     execution: str
     device: str  # "cpu" or "cuda"
     host_parts: dict[str, int] = field(default_factory=dict)
     device_parts: dict[str, int] = field(default_factory=dict)
-    phases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # part -> the phase it belongs to ("profile" or "verification"); the two phases run one
+    # after the other, so a place's peak is its other parts plus the larger phase
+    phases: dict[str, str] = field(default_factory=dict)
+
+    def _peak(self, parts: dict[str, int]) -> int:
+        shared = sum(b for k, b in parts.items() if k not in self.phases)
+        per_phase: dict[str, int] = {}
+        for k, b in parts.items():
+            if k in self.phases:
+                per_phase[self.phases[k]] = per_phase.get(self.phases[k], 0) + b
+        return shared + max(per_phase.values(), default=0)
 
     @property
     def host(self) -> int:
-        own = sum(self.host_parts.values())
-        return own + (self.device_total if self.device == "cpu" else 0)
+        if self.device == "cpu":
+            return self._peak({**self.host_parts, **self.device_parts})
+        return self._peak(self.host_parts)
 
     @property
     def device_total(self) -> int:
-        phased = {part for parts in self.phases.values() for part in parts}
-        always = sum(b for part, b in self.device_parts.items() if part not in phased)
-        return always + max(self._phase_bytes().values(), default=0)
-
-    @property
-    def peak_phase(self) -> str | None:
-        """The stage whose parts set the peak (None when every part is resident at once)."""
-        sizes = self._phase_bytes()
-        return max(sizes, key=sizes.__getitem__) if sizes else None
-
-    def _phase_bytes(self) -> dict[str, int]:
-        return {name: sum(self.device_parts[part] for part in parts)
-                for name, parts in self.phases.items()}
+        return self._peak(self.device_parts)
 
     @property
     def gpu(self) -> int:
@@ -72,8 +69,7 @@ class MemoryPlan:
         return {"execution": self.execution, "device": self.device,
                 "host_bytes": self.host, "device_bytes": self.gpu,
                 "host_parts": self.host_parts, "device_parts": self.device_parts,
-                "phases": {name: list(parts) for name, parts in self.phases.items()},
-                "peak_phase": self.peak_phase}
+                "phases": self.phases}
 
 
 def _block_dims(spec: ModelSpec) -> tuple[int, int, int, int]:
@@ -116,14 +112,18 @@ def _activations(spec: ModelSpec, batch_tokens: int, seq_len: int) -> int:
     return (per_token * batch_tokens + attn) * F32
 
 
-def _scoring(spec: ModelSpec, tokens: int) -> int:
-    """One ScoreTask: Hessian in^2, ~6 weight-sized tensors (a choice's compressed copy and
-    its codes while the previous choice's are freed), ~4 [tokens, out] products (reference
-    output, squared gradient, the choice's output and its quantized-input product).
-    SmolLM2-135M's lm_head over 1,024 tokens and 7 GGUF choices: 1.38 GiB here, 1.34 GiB
-    measured above the held captures."""
-    return max(la.in_features ** 2 * F32 + 6 * la.params * F32
-               + 4 * tokens * la.out_features * F32 for la in spec.layers)
+def _scoring(spec: ModelSpec, tokens: int, head: bool = True) -> int:
+    """One ScoreTask: Hessian in^2, ~3 copies of the weight, ~3 [tokens, out] products (the
+    largest profiled layer's; the lm_head only when it is profiled)."""
+    return max(la.in_features ** 2 * F32 + 3 * la.params * F32
+               + 3 * tokens * la.out_features * F32 for la in spec.layers
+               if head or la.role != "lm_head")
+
+
+def logits_bytes(vocab: int) -> int:
+    """Peak bytes of the logits: LOGIT_COPIES x `chunk_rows(vocab)` positions x vocab fp32,
+    the same for any number of tokens."""
+    return LOGIT_COPIES * chunk_rows(vocab) * vocab * F32
 
 
 def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None) -> MemoryPlan:
@@ -132,27 +132,36 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
     dev = "cpu" if device == "cpu" else "cuda"
     block_params, block_in, block_out, block_h = _block_dims(spec)
     t, v, h = w.calib_tokens, spec.vocab, spec.hidden
-    logits = 4 * max(w.calib_batch_tokens, w.eval_batch_tokens) * v * F32
+    logits = logits_bytes(v)
     reference = w.eval_tokens * v * 2
-    head_capture = t * (h + v) * F32
+    # the lm_head's captured inputs and output gradients (T x vocab), when it is profiled
+    head_capture = t * (h + v) * F32 if w.head_profiled else 0
+    chunked = f"logits ({chunk_rows(v)} positions x {v:,} at a time)"
     if execution == "memory":
         weights = spec.total_params * F32
-        captures, activations = "captures (all layers)", "activations (whole model, 1 batch)"
-        scoring, verification = "scoring (largest layer)", "verification copy + all Hessians"
+        compressed = sum(la.params for la in spec.layers
+                         if w.head_profiled or la.role != "lm_head")
         parts = {
             "weights (fp32, whole model)": weights,
-            captures: spec.n_layers * t * (block_in + block_out) * F32 + head_capture,
-            activations: spec.n_layers * _activations(spec, w.calib_batch_tokens, w.seq_len)
-            + logits,
-            scoring: _scoring(spec, t),
-            # verification: the compressed deep copy and every layer's Hessian at once
-            verification: weights + spec.n_layers * block_h * F32 + h * h * F32,
+            "captures (all blocks' layers)": spec.n_layers * t * (block_in + block_out) * F32,
+            "lm_head captures (T x vocab gradients)": head_capture,
+            "activations (whole model, 1 batch)": spec.n_layers * _activations(
+                spec, w.calib_batch_tokens, w.seq_len),
+            chunked: logits,
+            "scoring (largest layer)": _scoring(spec, t, w.head_profiled),
+            # verification: the copy shares the original's tensors and holds its compressed
+            # layers (fp32 simulated weight, keep-mask, codes: SIM_BYTES each), and every
+            # layer's Hessian at once
+            "compressed layers + all Hessians": compressed * SIM_BYTES
+            + spec.n_layers * block_h * F32 + h * h * F32,
             "reference log-probs": reference,
         }
-        # the profile frees its captures before any verification starts (and scores only
-        # after the backward passes): three stages, never all of them at once
-        phases = {"capture": (captures, activations), "scoring": (captures, scoring),
-                  "verification": (verification,)}
+        phases = dict.fromkeys(("captures (all blocks' layers)",
+                                "lm_head captures (T x vocab gradients)",
+                                "activations (whole model, 1 batch)", "scoring (largest layer)"),
+                               "profile") | dict.fromkeys(
+            ("compressed layers + all Hessians", "reference log-probs"),
+            "verification")
         return MemoryPlan(execution, dev, {"process": PROCESS_BYTES}, parts, phases)
     # the embedding and lm_head are read only while a pass needs them, never both at once
     on_demand = max(spec.embedding_params, v * h) * F32
@@ -160,10 +169,11 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
         "embedding or lm_head, while in use (fp32)": on_demand,
         "one block (fp32)": block_params * F32,
         "one block's captures": max(t * (block_in + block_out) * F32, head_capture),
-        "activations (one block, 1 batch) + logits": _activations(
-            spec, w.calib_batch_tokens, w.seq_len) + logits,
-        "scoring (largest layer)": _scoring(spec, t),
+        "activations (one block, 1 batch)": _activations(
+            spec, w.calib_batch_tokens, w.seq_len),
+        "scoring (largest layer)": _scoring(spec, t, w.head_profiled),
         "verification: one block's Hessians": block_h * F32,
+        chunked: logits,
     }
     host_parts = {
         "process": PROCESS_BYTES,
@@ -171,7 +181,11 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
         "one block read from disk": int(checkpoint_bytes(spec, block_params)),
         "reference log-probs": reference,
     }
-    return MemoryPlan(execution, dev, host_parts, device_parts)
+    phases = {"one block's captures": "profile", "activations (one block, 1 batch)": "profile",
+              "scoring (largest layer)": "profile",
+              "verification: one block's Hessians": "verification",
+              "reference log-probs": "verification"}
+    return MemoryPlan(execution, dev, host_parts, device_parts, phases)
 
 
 # Share of the available memory the in-memory estimate may take: comfortably inside it when
@@ -198,4 +212,5 @@ def choose(spec: ModelSpec, device: str, host_available: int, device_memory: int
     return ("memory" if fits else "stream"), why
 
 
-__all__ = ["MemoryPlan", "Workload", "checkpoint_bytes", "choose", "plan"]
+__all__ = ["LOGIT_COPIES", "MemoryPlan", "Workload", "checkpoint_bytes", "choose",
+           "logits_bytes", "plan"]

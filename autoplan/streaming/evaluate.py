@@ -20,6 +20,7 @@ from autoplan.compress import CompressionSettings, audit_digests, compress_linea
 from autoplan.errors import AutoplanError, UserInputError
 from autoplan.formats import Choice
 from autoplan.models.graph import get_linear, set_module
+from autoplan.models.head import chunk_rows, head_chunks
 from autoplan.quality.evaluator import QualityResult
 from autoplan.quality.metrics import ReferenceLogprobs, block_terms, check_tokens
 from autoplan.quant import HessianAccumulator
@@ -130,13 +131,16 @@ class StreamedEvaluator:
         self._eval_kw = [kw for _, kw in evals]
         self._cal_in = [h for h, _ in cal]
         self._cal_kw = [kw for _, kw in cal]
-        self._kept: list[Tensor] = []  # the reference pass's log-probs, batch by batch
+        # the reference pass's log-probs, written chunk by chunk (fp16, host)
+        self._kept: Tensor | None = None
         if reference is None:
+            self._kept = torch.empty((*tokens.shape, sm.config.vocab_size),
+                                     dtype=torch.float16)
             nll, _kl, _audit = self._run([StreamedCandidate({})], CompressionSettings(), None,
                                          keep=True)[0]
-            lps, self._kept = self._kept, []
+            lps, self._kept = self._kept, None
             n_targets = tokens.shape[0] * (tokens.shape[1] - 1)
-            reference = ReferenceLogprobs(tokens, torch.cat(lps), nll / n_targets)
+            reference = ReferenceLogprobs(tokens, lps, nll / n_targets)
         elif not torch.equal(reference.tokens, tokens):
             raise UserInputError("the reference log-probs were computed on other tokens")
         self.reference = reference
@@ -248,17 +252,17 @@ class StreamedEvaluator:
                 old = self._swap_in(t, ns, stats, settings, memo)
                 nlls, kls = [], []
                 try:
+                    rows = chunk_rows(sm.config.vocab_size)
                     for j, (h, batch) in enumerate(zip(t.states, self._batches)):
-                        lp = torch.log_softmax(sm.logits(h).float(), dim=-1)
-                        batch = batch.to(lp.device)
                         i0 = j * self.batch_size
-                        ref_lp = (None if reference is None else
-                                  reference.logprobs[i0:i0 + batch.shape[0]].to(lp.device))
-                        nll, kl = block_terms(lp, batch, ref_lp)
+                        span = slice(i0, i0 + batch.shape[0])
+                        nll, kl = block_terms(
+                            head_chunks(sm.logits, h, rows), batch,
+                            None if reference is None else reference.logprobs[span],
+                            keep=self._kept[span] if keep and self._kept is not None
+                            else None)
                         nlls += nll
                         kls += kl
-                        if keep:
-                            self._kept.append(lp.half().cpu())
                 finally:
                     self._restore(old)
                 t.states = []

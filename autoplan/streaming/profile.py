@@ -13,10 +13,11 @@ import torch
 from torch import Tensor
 
 from autoplan.compress import CompressionSettings
+from autoplan.models.head import chunk_rows
 from autoplan.models.moe import counting_routing
 from autoplan.plan.io import write_json_atomic
 from autoplan.quant.kv_cache import kv_hooks
-from autoplan.sensitivity.capture import Recorder, fisher_loss
+from autoplan.sensitivity.capture import Recorder, fisher_backward
 from autoplan.sensitivity.executor import Executor
 from autoplan.sensitivity.kv import KvRequest, kv_todo, kv_unit, record_kv, score_block
 from autoplan.sensitivity.profile import (LayerChoices, ProfileRun, SensitivityProfile,
@@ -62,13 +63,9 @@ def _head_grads(sm: StreamedModel, hidden: list[Tensor], seed: int) -> list[Tens
     """The Fisher loss's gradients at the last hidden states, with the lm_head resident:
     labels sampled as `sensitivity.capture` samples them (one generator, batch order)."""
     gen = torch.Generator().manual_seed(seed)
-    grads: list[Tensor] = []
+    rows = chunk_rows(sm.config.vocab_size)  # the logits a chunk of positions at a time
     with torch.enable_grad():
-        for h in hidden:
-            x = h.detach().requires_grad_(True)
-            fisher_loss(sm.logits(x), gen).backward()
-            grads.append(x.grad.detach())
-    return grads
+        return [fisher_backward(sm.logits, h, gen, rows).detach() for h in hidden]
 
 
 def _reverse_block(sm: StreamedModel, i: int, inputs: list[Tensor], kwargs: list[dict],

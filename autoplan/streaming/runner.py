@@ -15,46 +15,19 @@ import torch
 from torch import Tensor
 
 from autoplan.compress import CompressionSettings
-from autoplan.errors import AutoplanError, UserInputError
+from autoplan.errors import AutoplanError
 from autoplan.models.loader import LoadedModel, load_model, open_checkpoint
 from autoplan.modelspec import ModelSpec
 from autoplan.sensitivity.executor import Executor
 from autoplan.sensitivity.profile import LayerChoices, SensitivityProfile, build_profile
 from autoplan.streaming import estimate
 from autoplan.streaming.device import device_memory, host_memory, is_out_of_memory, resolve_device
-from autoplan.textenum import TextEnum
+from autoplan.streaming.settings import Execution, ExecutionSettings
 
 if TYPE_CHECKING:
     from autoplan.quality.suite import PromptSuite
     from autoplan.streaming.candidates import Evaluator
     from autoplan.streaming.evaluate import StreamedEvaluator
-
-
-class Execution(TextEnum):
-    """How the expensive work runs: the whole model in memory, streamed one block at a time
-    from the checkpoint, or auto (by the memory estimate)."""
-
-    __noun__ = "--execution"
-
-    AUTO = "auto"
-    MEMORY = "memory"
-    STREAM = "stream"
-
-
-@dataclass(frozen=True)
-class ExecutionSettings:
-    """Where and how the expensive work runs on this machine (`--device`, `--execution`,
-    `--offload-dir`, `--threads`): never what is searched, so none of it names a study."""
-
-    device: str = "auto"
-    execution: Execution | str = Execution.AUTO
-    offload_dir: Path | None = None
-    threads: int | None = None  # engine threads the measured kernels are timed with
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "execution", Execution.parse(self.execution))
-        if self.threads is not None and self.threads < 1:
-            raise UserInputError(f"--threads must be a positive integer, got {self.threads}")
 
 
 def pick_execution(spec: ModelSpec, settings: ExecutionSettings, device: torch.device,

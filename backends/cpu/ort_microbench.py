@@ -5,6 +5,7 @@ Reasoning and sources: docs/modules.md.
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import time
@@ -181,6 +182,14 @@ def _decoder_session(path: Path, threads: int | None, spinning: bool):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
+def _external_files(tensors: list) -> set[str]:
+    """The data files (relative to the model) that these initializers' weights lie in."""
+    from onnx import TensorProto
+
+    return {entry.value for t in tensors if t.data_location == TensorProto.EXTERNAL
+            for entry in t.external_data if entry.key == "location"}
+
+
 def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int | None = None,
                             window: int = 64, repeats: int = 3, spinning: bool = True) -> float:
     """Seconds per decode step of an exported decoder with its linear layers taken out.
@@ -201,7 +210,11 @@ def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int |
 
     path = Path(model_path)
     path = path / "model.onnx" if path.is_dir() else path
-    model = onnx.load(str(path))
+    # the graph without its weights: the kept ones stay in the export's data file (hard-
+    # linked below; ORT refuses a symlink out of the model's folder), so the model is not
+    # copied into protobuf (a 262k-vocabulary export's embedding and lm_head are 1.3 GB:
+    # loading and re-saving them peaked bench at 7 GB). Across file systems: loaded.
+    model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     removed, nodes, consts = set(), [], []
@@ -224,10 +237,17 @@ def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int |
     graph.initializer.extend(keep + consts)
     start = max(1, context - window // 2)
     with tempfile.TemporaryDirectory(prefix="autoplan-nongemm-") as tmp:
+        try:
+            for location in _external_files(keep):  # the kept weights, read where they lie
+                os.link(path.parent / location, Path(tmp) / location)
+        except OSError:  # another file system: the weights travel inside the model
+            onnx.load_external_data_for_model(model, str(path.parent))
         onnx.save(model, str(Path(tmp) / "model.onnx"))
         gen = OrtGenerator(Path(tmp) / "model.onnx", threads=threads, spinning=spinning)
         # Same options, but no constant folding: otherwise the zero q/k/v and gate/up outputs
-        # would fold the Split and the SiLU gate away, which the decoder does run.
+        # would fold the Split and the SiLU gate away, which the decoder does run. (The first
+        # session goes before the second is built: two would hold the weights twice.)
+        gen.session = None
         gen.session = _decoder_session(Path(tmp) / "model.onnx", threads, spinning)
         ids = np.ones((1, 1), dtype=np.int64)
         gen.generate(ids, 8)  # warm-up

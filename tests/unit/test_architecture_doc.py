@@ -13,7 +13,7 @@ SEARCH = ROOT / "autoplan" / "search"
 def _table_rows() -> list[tuple[str, str]]:
     text = (ROOT / "docs" / "architecture.md").read_text()
     block = text.split("## Search pipeline\n", 1)[1].split("```", 2)[1]
-    return re.findall(r"^(?:CLI options ──► )?(\w+)\b.*?\s((?:request|stages)/_\w+\.py)\s",
+    return re.findall(r"^(?:CLI options ──► )?(\w+)\b.*?\s((?:request|preparation|stages)/_\w+\.py)\s",
                       block, flags=re.M)
 
 
@@ -35,6 +35,6 @@ def test_every_stage_lives_where_the_table_says() -> None:
 def test_every_stage_is_exported_by_the_front_door_or_its_subpackage() -> None:
     from importlib import import_module
 
-    modules = [import_module(f"autoplan.search{sub}") for sub in ("", ".request", ".stages")]
+    modules = [import_module(f"autoplan.search{sub}") for sub in ("", ".request", ".preparation", ".stages")]
     for name, _ in _table_rows():
         assert any(name in m.__all__ for m in modules), name

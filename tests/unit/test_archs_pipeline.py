@@ -26,8 +26,8 @@ import torch
 from autoplan.backends.cpu.ort_quant import dequantized_weights, records_from_manifest
 from click.testing import CliRunner, Result
 
+import autoplan.search
 from autoplan.cli import cli
-from autoplan.cli import search as cli_search
 from autoplan.modelspec import ModelSpec
 from autoplan.plan.io import load_plan
 from autoplan.search import SearchRequest
@@ -44,7 +44,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTOPLAN_CACHE", str(root))
         # the CLI has no data-size options: small calibration/evaluation blocks keep it fast
-        mp.setattr(cli_search, "SearchRequest", functools.partial(SearchRequest, **FAST))
+        mp.setattr(autoplan.search, "SearchRequest", functools.partial(SearchRequest, **FAST))
         yield root
 
 
@@ -62,8 +62,12 @@ def _ok(args: list[str]) -> Result:
 
 
 def _check_compressed(plan, baseline: str) -> None:  # noqa: ANN001
-    assert plan.search.outcome == "plan"
-    assert any(v.passed for r in plan.search.rounds for v in r.verified)
+    # a uniform recipe is a compressed answer too (the calibrated rounds return one when no
+    # mix beats it: Gemma 2 and 3 on the CPU choices)
+    assert plan.search.outcome in ("plan", "uniform-fallback"), plan.search.why
+    assert plan.quality.budget_met
+    if plan.search.outcome == "plan":
+        assert any(v.passed for r in plan.search.rounds for v in r.verified)
     assert any(c != baseline for c in plan.decisions.values())
     assert plan.predicted["plan"].weight_gb < plan.predicted["baseline"].weight_gb
 
@@ -83,8 +87,10 @@ def test_profile_lists_the_architectures_own_layers(arch) -> None:
 def test_gpu_plan_applies_as_compressed_tensors(arch) -> None:
     _, folder, root = arch
     out = root / "gpu.json"
+    # every predicted gain counts (--min-gain 0): a tiny model's are within the target's
+    # stated speed uncertainty, where the search keeps the model as it is
     _ok(["search", "--model", str(folder), "--target", "h100", "--trials", "40", "--out",
-         str(out), "--quiet", "--objective", "tpot", "--batch", "1"])
+         str(out), "--quiet", "--objective", "tpot", "--batch", "1", "--min-gain", "0"])
     plan = load_plan(out)
     assert plan.runtime.name == "vllm"
     _check_compressed(plan, "dense+bf16")
@@ -105,7 +111,8 @@ def test_cpu_plan_applies_benches_and_matches_transformers(arch) -> None:
     name, folder, root = arch
     out, art = root / "cpu.json", root / "onnx"
     _ok(["search", "--model", str(folder), "--target", "xeon-8480", "--runtime", "onnxruntime",
-         "--trials", "40", "--choices", CPU_CHOICES, "--out", str(out), "--quiet"])
+         "--trials", "40", "--choices", CPU_CHOICES, "--out", str(out), "--quiet",
+         "--min-gain", "0"])
     plan = load_plan(out)
     assert plan.runtime.name == "onnxruntime"
     _check_compressed(plan, "dense+fp32")

@@ -23,8 +23,10 @@ a local path), ``{gptq_plan}`` (its calibration source a local file), ``{noid_pl
 minimal plan naming no model), ``{newer_plan}``; config-only folders ``{neox}``,
 ``{dynrope}`` and ``{cfg}`` (a bare config.json), ``{moe}``, ``{notjson}``, ``{gguf_junk}``,
 ``{rwkv_gguf}`` (a real GGUF of an architecture transformers cannot read), cost tables
-``{ct_obj}``, ``{ct_list}``, ``{ct_ok}``, ``{bad_artifact}``. Per test, ``{tmp}/afile`` is a
-file, ``{tmp}/adir`` an empty folder and ``{tmp}/mine`` a folder holding the user's own file.
+``{ct_obj}``, ``{ct_list}``, ``{ct_ok}``, ``{bad_artifact}``; config folders breaking one field's
+rule each (``{cfg_*}``, ``{moe_topk}``), the tiny model under a config that lies
+(``{lying}``, ``{lying_blocks}``), serving curves (``{curve_*}``). Per test, ``{tmp}/afile`` is
+a file, ``{tmp}/adir`` an empty folder and ``{tmp}/mine`` a folder holding the user's own file.
 """
 
 from __future__ import annotations
@@ -278,6 +280,43 @@ CASES = [
     C(_WJ + " --study x --wait -1", 2, "--wait", ARGS),
     C(_WJ + " --study x --wait nan", 2, "--wait", ARGS),
     C(_WJ, 2, "Missing option '--study'", ARGS),
+    # ---- issue 29: configs that lie, the baseline that does not fit, unwritable folders,
+    # plans and curves from elsewhere ----
+    C("estimate --model {cfg_heads0} --target h100", 2, "num_attention_heads must be", FILES),
+    C("profile --model {cfg_heads0} --dry-run", 2, "num_attention_heads must be", FILES),
+    C("estimate --model {cfg_kv3} --target h100", 2, "not a multiple of num_key_value_heads",
+      FILES),
+    C("estimate --model {cfg_split} --target h100", 2, "not divisible by num_attention_heads",
+      FILES),
+    C("profile --model {cfg_vocab} --dry-run", 2, "vocab_size must be an integer", FILES),
+    C("estimate --model {cfg_float} --target h100", 2, "hidden_size must be an integer", FILES),
+    C("estimate --model {cfg_rope} --target h100", 2, "rope_theta must be", FILES),
+    C("profile --model {cfg_headdim} --dry-run", 2, "rotary dimension", FILES),
+    C("estimate --model {cfg_layers} --target h100", 2, "num_hidden_layers must be", FILES),
+    C("estimate --model {cfg_missing} --target h100", 2, "lacks required key 'vocab_size'",
+      FILES),
+    C("estimate --model {moe_topk} --target h100", 2, "num_experts_per_tok", FILES),
+    C("search --model {lying} --out {tmp}/plan.json", 2, "[vocab_size, hidden_size]", FILES),
+    C("profile --model {lying_blocks}", 2, "the checkpoint has no", FILES),
+    C("bench --model {lying}", 2, "[vocab_size, hidden_size]", FILES),
+    C("estimate --model llama-3.1-70b --target h100 --precision fp8 --batch max "
+      "--input-len 400000", 2, "nothing fits on h100-sxm", ARGS),
+    C("search --model {tiny} --out /proc/nope/plan.json", 2, "cannot write the plan", ARGS),
+    C(_S + " --storage journal:/proc/nope/s.journal", 2, "cannot write the study journal",
+      ARGS),
+    C("recover {plan} --out /proc/nope/x.json", 2, "cannot write the plan", ARGS),
+    C(_F1.replace("{plan}", "{gpu_plan}"), 2, "cannot run 211 planned layer(s)", FILES),
+    C(_F1 + " --measured {curve_vllm}", 2, "curve is vllm's", FILES),
+    C(_F1.replace("{plan}", "{gguf_plan}").replace("xeon-8480", "local")
+      + " --measured {curve_foreign}", 2, "measured on another machine", FILES),
+    C(_F1.replace("{plan}", "{gguf_plan}").replace("xeon-8480", "local")
+      + " --measured {curve_nomachine}", 2, "does not record the machine", FILES),
+    C(_F1.replace("{plan}", "{gguf_plan}") + " --measured {curve_here}", 2,
+      "not --node xeon-8480", FILES),
+    C("estimate --model llama-3.1-8b --target h100 --tpot-ms 0.001", 2,
+      "no batch meets the SLO", ARGS),
+    C("compare --model {tiny} --targets h100,nope --out {tmp}/cmp", 2, "unknown target 'nope'",
+      ARGS),
 ]
 
 
@@ -335,7 +374,11 @@ def shared(tmp_path_factory) -> dict[str, str]:
     from tests.unit._tiny import shared_dirs
 
     tiny, cache = shared_dirs(tmp_path_factory)
-    root = tmp_path_factory.mktemp("corpus-inputs")
+    return build_inputs(tmp_path_factory.mktemp("corpus-inputs"), tiny, cache)
+
+
+def build_inputs(root: Path, tiny: Path, cache: Path) -> dict[str, str]:
+    """Every placeholder's file in `root` (benchmarks/cli_latency.py builds them too)."""
     plan = json.loads(_PLAN.read_text())
     plans = {"plan": plan,
              "gpu_plan": {**plan, "target": {**plan["target"], "name": "h100-sxm"},
@@ -379,6 +422,50 @@ def shared(tmp_path_factory) -> dict[str, str]:
     (root / "bad-artifact").mkdir()
     (root / "bad-artifact" / "manifest.json").write_text("{not json")
     paths["bad_artifact"] = str(root / "bad-artifact")
+    llama = {"model_type": "llama", **_TINY_CFG}
+    for name, change in (("cfg_heads0", {"num_attention_heads": 0}),
+                         ("cfg_kv3", {"num_key_value_heads": 3}),
+                         ("cfg_split", {"hidden_size": 66, "head_dim": None}),
+                         ("cfg_vocab", {"vocab_size": 2**40}),
+                         ("cfg_float", {"hidden_size": 64.5}),
+                         ("cfg_rope", {"rope_theta": -1.0}),
+                         ("cfg_headdim", {"head_dim": 15}),
+                         ("cfg_layers", {"num_hidden_layers": -2}),
+                         ("cfg_missing", {"vocab_size": None})):
+        cfg = {k: v for k, v in {**llama, **change}.items() if v is not None}
+        paths[name] = _config_folder(root, name, cfg)
+    paths["moe_topk"] = _config_folder(root, "moe_topk", {
+        **_TINY_CFG, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 0,
+        "moe_intermediate_size": 32})
+    # the tiny model's weights under a config that lies (vocab; blocks)
+    for name, change in (("lying", {"vocab_size": 300}), ("lying_blocks", {"num_hidden_layers": 3})):
+        folder = root / name
+        folder.mkdir()
+        for f in tiny.iterdir():
+            (folder / f.name).write_bytes(f.read_bytes())
+        cfg = json.loads((tiny / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+        paths[name] = str(folder)
+    # capacity curves: vLLM's (this machine), another machine's, none recorded, llama.cpp's here
+    from autoplan.fleet_measured import this_machine
+
+    point = {"request_rate": 1.0, "request_throughput": 1.0, "ttft_p99_ms": 100.0,
+             "tpot_p99_ms": 10.0}
+    curves = {"curve_vllm": {"sides": {"baseline": {"points": [point]},
+                                       "plan": {"points": [point]}}},
+              "curve_foreign": {"serving": {"original": {"points": [point]},
+                                            "plan": {"points": [point]}},
+                                "machine": {"cpu": "Another CPU", "cores": 999}},
+              "curve_nomachine": {"serving": {"original": {"points": [point]},
+                                              "plan": {"points": [point]}}},
+              "curve_here": {"serving": {"original": {"points": [point]},
+                                         "plan": {"points": [point]}}}}
+    for name, doc in curves.items():
+        doc = {"workload": {"input_len": 512, "output_len": 128}, **doc}
+        if name in ("curve_vllm", "curve_here"):
+            doc["machine"] = this_machine()
+        (root / f"{name}.json").write_text(json.dumps(doc))
+        paths[name] = str(root / f"{name}.json")
     return paths
 
 

@@ -279,3 +279,22 @@ def test_bench_no_spin_reaches_every_ort_session(loaded, tmp_path, monkeypatch):
     ort_side("baseline", base, threads=1, spinning=False)
     ort_side("again", base, threads=1)
     assert spins == [False, True]
+
+
+def test_the_non_gemm_step_reads_the_graph_not_the_weights(loaded, tmp_path, monkeypatch):
+    """The linear-free copy of the export keeps its weights in the export's data file: they
+    are never loaded into Python (a 262k-vocabulary export's were 1.3 GB, copied twice)."""
+    import onnx
+
+    from autoplan.backends.cpu import ort_microbench as OM
+
+    art = export_baseline(loaded, tmp_path / "base")
+    files = sorted(p.name for p in art.path.iterdir())
+
+    def refuse(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the export's weights were loaded into Python")
+
+    monkeypatch.setattr(onnx, "load_external_data_for_model", refuse)
+    seconds = OM.non_gemm_decode_seconds(art.path, 8, threads=1, window=4, repeats=1)
+    assert 0 < seconds < 10
+    assert sorted(p.name for p in art.path.iterdir()) == files  # the export is left as it was

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+import autoplan.search
 from autoplan.cli import cli
-from autoplan.cli import search as cli_search
 from autoplan.plan.io import load_plan
 from autoplan.search import SearchRequest
 from tests.unit._tiny import FAST, one_torch_thread, shared_dirs  # noqa: F401
@@ -23,7 +23,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTOPLAN_CACHE", str(cache))
         # the CLI has no data-size options: small calibration/evaluation blocks keep it fast
-        mp.setattr(cli_search, "SearchRequest", functools.partial(SearchRequest, **FAST))
+        mp.setattr(autoplan.search, "SearchRequest", functools.partial(SearchRequest, **FAST))
         yield folder
 
 

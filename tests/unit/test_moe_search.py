@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import autoplan.search
 from autoplan.cli import cli
-from autoplan.cli import search as cli_search
 from autoplan.cost.moe import Routing
 from autoplan.modelspec import ModelSpec
 from autoplan.plan.io import load_plan
@@ -53,7 +53,7 @@ def test_llamacpp_gives_each_stacked_expert_tensor_its_own_unit() -> None:
 @pytest.fixture()
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("AUTOPLAN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli_search, "SearchRequest", functools.partial(SearchRequest, **FAST))
+    monkeypatch.setattr(autoplan.search, "SearchRequest", functools.partial(SearchRequest, **FAST))
     return tmp_path
 
 

@@ -137,7 +137,7 @@ def test_70b_fp8_on_one_gpu_is_not_blocked_by_its_baseline(target: str, mode: li
     assert doc["baseline"]["status"] == "does not fit" and not doc["baseline"]["memory"]["fits"]
     assert doc["baseline"]["memory"]["weights_bytes"] > 140e9 and doc["speedup"] == {}
     assert "needs 14" in doc["baseline"]["reason"]  # 141-142 GB, with the usable bytes
-    assert f"baseline dense+bf16 does not fit: at batch" in res.stderr
+    assert "baseline dense+bf16 does not fit: at batch" in res.stderr
     table = CliRunner().invoke(cli, ["estimate", "--model", "llama-3.1-70b", "--target",
                                      target, "--precision", "fp8", *mode])
     assert table.exit_code == 0 and "(does not fit)" in table.stdout
@@ -168,3 +168,48 @@ def test_fleet_sizes_the_70b_fp8_plan_when_bf16_does_not_fit(tmp_path: Path, nod
     assert doc["baseline"]["reason"].startswith("does not fit:")
     assert "GB is usable on" in doc["baseline"]["reason"]
     assert doc["operating_point"]["baseline"]["status"] == "does not fit"
+
+
+_70B_CONFIG = str(Path(__file__).resolve().parents[2] / "autoplan/data/configs/llama-3.1-70b.json")
+
+
+@pytest.mark.parametrize("target", ["h100", "h200"])
+@pytest.mark.parametrize("mode", ["max", "slo", "fixed"])
+def test_search_plans_the_70b_on_one_gpu_with_the_formats_that_fit(target: str, mode: str) -> None:
+    """search and compare resolve the operating point in preflight: a bf16 baseline that does
+    not fit leaves the formats whose uniform recipe fits (FP8 here), at that recipe's batch."""
+    from autoplan.backends.registry import resolve_target
+    from autoplan.search import SearchRequest
+    from autoplan.search.request import fits_reference, operating_point
+
+    op = {"max": OperatingRequest.parse("max", input_len=512, output_len=128),
+          "slo": OperatingRequest.parse(None, input_len=512, output_len=128, ttft_ms=2000,
+                                        tpot_ms=50), "fixed": None}[mode]
+    req = SearchRequest(model=_70B_CONFIG, target=target, operating=op,
+                        workload=Workload(batch=4, input_len=512, output_len=128))
+    point, unfit = operating_point(req, resolve_target(target), "vllm")
+    assert unfit is not None and unfit.baseline == "dense+bf16"
+    assert unfit.needed_bytes > 140e9 > unfit.usable_bytes
+    assert unfit.reference.startswith("dense+fp8")
+    assert "does not fit" in unfit.describe(target) and "GB is usable" in unfit.describe(target)
+    assert (point is None) == (mode == "fixed")
+    if point is not None:
+        assert point.workload.batch >= 1
+    from autoplan.formats import Choice
+
+    assert not fits_reference(Choice.parse("dense+bf16"), unfit.reference)
+    assert fits_reference(Choice.parse("dense+int4_g128"), unfit.reference)
+    assert fits_reference(Choice.parse("2:4+fp8_e4m3"), unfit.reference)
+
+
+def test_when_nothing_fits_the_search_says_so_with_both_sizes() -> None:
+    from autoplan.backends.registry import resolve_target
+    from autoplan.search import SearchRequest
+    from autoplan.search.request import operating_point
+
+    long = OperatingRequest.parse("max", input_len=200_000, output_len=128)  # 65 GB of KV
+    req = SearchRequest(model=_70B_CONFIG, target="h100", operating=long)
+    with pytest.raises(NoOperatingPoint, match="nothing fits on h100-sxm at batch 1: the "
+                       "uncompressed model needs 20[0-9.]+ GB and even") as exc:
+        operating_point(req, resolve_target("h100"), "vllm")
+    assert exc.value.needed_bytes > exc.value.usable_bytes

@@ -31,6 +31,7 @@ from autoplan.search import (
     prepare,
     run_search,
 )
+from autoplan.runtimes import get_runtime
 from autoplan.search.jobs import redact
 from autoplan.search.optimize import Candidate
 from autoplan.search.reporter import Reporter
@@ -144,6 +145,17 @@ def test_cpu_target_onnxruntime(model_dir: Path, tmp_path: Path) -> None:
         if plan.decisions[la.name] == "dense+int4_g128":
             assert la.in_features % 128 == 0
     assert plan.predicted["plan"].tokens_per_s > plan.predicted["baseline"].tokens_per_s
+    assert plan.runtime.version == get_runtime("onnxruntime").version  # the catalog's: a Xeon
+
+
+def test_a_local_plan_records_the_installed_runtime_version(model_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """`local` is this machine: its plan runs on the ONNX Runtime installed here."""
+    from importlib.metadata import version
+
+    outcome = run_search(_request(model_dir, tmp_path / "local.json", target="local",
+                                  runtime="onnxruntime", trials=20))
+    assert outcome.plan.runtime.version == version("onnxruntime")
 
 
 def test_impossible_budget_falls_back_and_still_meets_it(model_dir: Path, tmp_path: Path) -> None:

@@ -29,9 +29,8 @@ from optuna.storages.journal._file import BaseJournalFileLock, get_lock_file
 from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.errors import UserInputError
-from autoplan.search.writable import check_writable_file
+from autoplan.search.writable import JOURNAL_PREFIX, check_journal, journal_path
 
-_JOURNAL_PREFIX = "journal:"
 # A process holding a job records a heartbeat this often (seconds); a job whose heartbeat
 # is older than the grace period is failed and re-queued by whichever process looks next.
 HEARTBEAT_S = 5
@@ -41,7 +40,7 @@ FSYNC_S = 10.0  # a journal reaches the disk at least this often (SyncedJournalF
 
 def default_storage_url(plan_path: str | Path) -> str:
     p = Path(plan_path)
-    return f"{_JOURNAL_PREFIX}{p.with_name(p.stem + '.optuna.journal')}"
+    return f"{JOURNAL_PREFIX}{p.with_name(p.stem + '.optuna.journal')}"
 
 
 _DRIVER_INSTALL = {  # DB-API module SQLAlchemy imports -> what to install
@@ -57,15 +56,6 @@ _SECRET_QUERY = re.compile(r"(?i)([?&](?:password|passwd|pwd|pass|secret|token|s
                            r"[^&]*")
 
 
-def _is_journal(url: str) -> bool:
-    return url.startswith(_JOURNAL_PREFIX) or url.endswith(".journal")
-
-
-def journal_path(url: str) -> Path | None:
-    """The journal file a storage URL names, or None for an RDB URL."""
-    return Path(url.removeprefix(_JOURNAL_PREFIX)) if _is_journal(url) else None
-
-
 def check_storage(url: str) -> None:
     """Validate a storage URL and reach its database, before any search work is done.
 
@@ -79,10 +69,7 @@ def check_storage(url: str) -> None:
         UserInputError: the URL is malformed, names an unknown database, its driver is not
             installed (the message names the package), or the database cannot be opened.
     """
-    if _is_journal(url):
-        check_writable_file(url.removeprefix(_JOURNAL_PREFIX), "study journal",
-                            "pass a writable --storage journal:PATH (or --out in a writable "
-                            "folder)")
+    if check_journal(url):
         return
     _rdb_driver(url)
     open_storage(url)
@@ -208,8 +195,8 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_S,
                  grace_s: int = GRACE_S) -> BaseStorage:
     """`journal:PATH` (or a path ending in .journal) -> journal file; else an RDB URL. Both
     record heartbeats for held jobs (every `heartbeat_s`; stale after `grace_s`)."""
-    if _is_journal(url):
-        path = Path(url.removeprefix(_JOURNAL_PREFIX))
+    path = journal_path(url)
+    if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = FlockJournalLock(str(path)) if os.name == "posix" else None
         return HeartbeatJournalStorage(SyncedJournalFile(str(path), lock), heartbeat_s,

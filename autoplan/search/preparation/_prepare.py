@@ -26,7 +26,7 @@ from autoplan.cache_dir import cache_root
 from autoplan.quality.slices import build_slices
 from autoplan.quality.suite import load_suite
 from autoplan.quality.text import TextDataset, load_text_dataset
-from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables
+from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tables, load_space_file
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
 from autoplan.search.preparation._as_is import AsIs, as_is
@@ -34,6 +34,7 @@ from autoplan.search.request import (
     ONNX_RUNTIME,
     Platform,
     SearchRequest,
+    fits_reference,
     in_memory_only,
     kernel_timer,
 )
@@ -194,10 +195,14 @@ def platform_space(req: SearchRequest, platform: Platform, loaded: LoadedModel) 
         from autoplan.backends.cpu.onnx_graph import check_supported
 
         check_supported(loaded.model.config)
+    candidates = list(req.choices) if req.choices else None
+    if platform.unfit is not None:  # only formats no larger than the one whose recipe fits
+        pool = candidates or [Choice.parse(c) for c in
+                              load_space_file(platform.target.platform).candidates]
+        candidates = [c for c in pool if fits_reference(c, platform.unfit.reference)]
     return build_space(loaded.spec, platform.target, platform.runtime,
                        protect_first_block=req.protect_first_block,
-                       protect_last_block=req.protect_last_block,
-                       candidates=list(req.choices) if req.choices else None)
+                       protect_last_block=req.protect_last_block, candidates=candidates)
 
 
 def profile_spaces(req: SearchRequest, runner: ModelRunner, calib: list[torch.Tensor],

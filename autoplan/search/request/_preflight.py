@@ -13,18 +13,26 @@ from dataclasses import dataclass
 from optuna.storages import BaseStorage
 
 from autoplan.backends.kernel_timers import KernelTimer
-from autoplan.backends.registry import backend_names, get_backend
+from autoplan.backends.registry import MEASURE_KERNELS_FIX, backend_names, get_backend
 from autoplan.backends.registry import resolve_target as get_target
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats.kv import KvFormat, kv_spec
 from autoplan.quality.text import check_text_source
-from autoplan.runtimes import default_kv, default_runtime, get_runtime, kv_of_mix, kv_supports
+from autoplan.runtimes import (
+    default_kv,
+    default_runtime,
+    get_runtime,
+    kv_of_mix,
+    kv_supports,
+    supports,
+)
 from autoplan.search.jobs import check_storage, default_storage_url, redact
 from autoplan.search.request._request import KV_AUTO, SearchRequest
 from autoplan.search.writable import check_writable_file
 from autoplan.streaming.device import resolve_device
 from autoplan.targets import Target
+from autoplan.workload import Workload
 
 # Plans for this runtime become artifacts through autoplan's own ONNX export (`apply`).
 ONNX_RUNTIME = "onnxruntime"
@@ -42,12 +50,31 @@ class Platform:
     point: OperatingPoint | None = None  # the resolved `--batch max` / SLO operating point
     kv: KvFormat | None = None  # the KV cache searched here (None: the runtime's own)
     kv_default: KvFormat | None = None  # the runtime's own cache: the reference
+    unfit: UnfitBaseline | None = None  # the uncompressed model does not fit the target
 
     @property
     def kv_compressed(self) -> bool:
         """The cache differs from the runtime's own (it is simulated, and measured on long
         prompts too)."""
         return self.kv is not None and self.kv != self.kv_default
+
+
+@dataclass(frozen=True)
+class UnfitBaseline:
+    """The uncompressed model does not fit the target (at batch 1, or at the fixed batch):
+    the search plans with the formats no larger than `reference`, the largest whose uniform
+    recipe (protected layers at the baseline) fits, at the batch where that recipe fits."""
+
+    baseline: str
+    needed_bytes: float
+    usable_bytes: float
+    reference: str
+
+    def describe(self, target: str) -> str:
+        return (f"the uncompressed model ({self.baseline}) does not fit on {target}: it needs "
+                f"{self.needed_bytes / 1e9:,.2f} GB, {self.usable_bytes / 1e9:,.2f} GB is "
+                f"usable; planning with formats no larger than {self.reference}, whose "
+                "uniform recipe fits")
 
 
 def kernel_timer(target: str, runtime: str) -> KernelTimer | None:
@@ -71,8 +98,7 @@ def measures_kernels(req: SearchRequest, target: str, runtime: str) -> bool:
 
 def _check_kernel_timing(target: Target, runtime: str) -> None:
     if kernel_timer(target.name, runtime) is None:
-        raise UserInputError("--measure-kernels times this machine's kernels: use it with "
-                             "--target local and --runtime onnxruntime or llama.cpp")
+        raise UserInputError(MEASURE_KERNELS_FIX)
     if runtime == "llama.cpp":
         from autoplan.engines import engine_python
 
@@ -100,26 +126,80 @@ def check_model(model: str, runtime: str) -> None:
     check_loadable(model)  # weights present and whole, a GGUF readable: headers only
 
 
-def operating_point(req: SearchRequest, target: Target, kv: KvFormat | None = None
-                    ) -> OperatingPoint | None:
-    """The request's `--batch max` / SLO operating point on this target, from the model's
-    config alone, for the uncompressed baseline of the target's search space with the KV
-    cache `kv` (so every plan with that cache fits there too); None when the workload's
-    batch is fixed."""
-    if req.operating is None or req.operating.mode == "fixed":
-        return None
+def operating_point(req: SearchRequest, target: Target, runtime: str | None = None,
+                    kv: KvFormat | None = None
+                    ) -> tuple[OperatingPoint | None, UnfitBaseline | None]:
+    """The request's `--batch max` / SLO operating point on this target (None when the batch
+    is fixed), from the model's config alone, for the uncompressed baseline of the target's
+    search space with the KV cache `kv`, so every plan with that cache fits there too.
+
+    When the baseline does not fit at all (at batch 1, or at the fixed batch), the point is
+    resolved for the largest format the runtime accelerates whose uniform recipe fits
+    (`UnfitBaseline` says which): the baseline never blocks the formats that fit.
+
+    Raises:
+        NoOperatingPoint: not even the smallest format fits, or nothing meets the SLO.
+    """
     from autoplan.cost.model import CostModel
+    from autoplan.cost.operating import NoOperatingPoint
     from autoplan.formats import Choice
     from autoplan.models.loader import load_spec
     from autoplan.search.optimize import load_space_file
 
+    fixed = req.operating is None or req.operating.mode == "fixed"
     spec = load_spec(req.model)
-    baseline = Choice.parse(load_space_file(target.platform).baseline)
+    sf = load_space_file(target.platform)
+    baseline = Choice.parse(sf.baseline)
     measured = req.cost_table.document if req.cost_table else None
-    return resolve_operating_point(
-        spec, target, None, req.operating,
-        model_for=lambda w: CostModel(spec, target, w, price_per_hour=req.price_per_hour,
-                                      measured=measured, baseline=baseline, kv=kv))
+
+    def model_for(w: Workload) -> CostModel:
+        return CostModel(spec, target, w, price_per_hour=req.price_per_hour,
+                         measured=measured, baseline=baseline, kv=kv)
+
+    def resolve(decisions: dict | None) -> OperatingPoint | None:
+        if fixed:  # a fixed batch: does it fit there?
+            cm = model_for(req.workload)
+            mem = cm.memory(cm.resolve(decisions))
+            if not mem.fits:
+                raise NoOperatingPoint(f"at batch {req.workload.batch} it needs "
+                                       f"{mem.total_bytes / 1e9:,.2f} GB",
+                                       mem.total_bytes, mem.capacity_bytes)
+            return None
+        return resolve_operating_point(spec, target, decisions, req.operating,
+                                       model_for=model_for)
+
+    try:
+        return resolve(None), None
+    except NoOperatingPoint as exc:
+        if exc.needed_bytes is None:  # memory is fine; the SLO is what no batch meets
+            raise
+        unfit = exc
+    pool = [Choice.parse(c) for c in sf.candidates] if req.choices is None else list(req.choices)
+    fitting = [c for c in pool if c != baseline and c.sparsity.kind == "dense"
+               and supports(target, runtime or default_runtime(target), c).ok]
+    fitting.sort(key=lambda c: -_weight_bits(c))
+    smallest: NoOperatingPoint | None = None
+    for choice in fitting:
+        decisions = {la.name: baseline if la.role in sf.protect_roles else choice
+                     for la in spec.layers}
+        try:
+            point = resolve(decisions)
+        except NoOperatingPoint as exc:
+            if exc.needed_bytes is None:
+                raise
+            smallest = exc
+            continue
+        return point, UnfitBaseline(str(baseline), unfit.needed_bytes, unfit.usable_bytes,
+                                    str(choice))
+    if smallest is None:
+        raise unfit
+    at = f"batch {req.workload.batch}" if fixed else "batch 1"
+    raise NoOperatingPoint(
+        f"nothing fits on {target.name} at {at}: the uncompressed model needs "
+        f"{unfit.needed_bytes / 1e9:,.2f} GB and even {fitting[-1]} everywhere "
+        f"{smallest.needed_bytes / 1e9:,.2f} GB, {unfit.usable_bytes / 1e9:,.2f} GB is "
+        "usable: shorten the lengths, lower --batch, or pick a target with more memory",
+        unfit.needed_bytes, unfit.usable_bytes)
 
 
 def kv_options(req: SearchRequest, target: Target, runtime: str) -> list[KvFormat]:
@@ -158,26 +238,19 @@ def kv_options(req: SearchRequest, target: Target, runtime: str) -> list[KvForma
     return out
 
 
-def fixed_fit(req: SearchRequest, platform: Platform) -> NoOperatingPoint | None:
-    """For a fixed batch: None when the uncompressed model fits, else why not (with bytes).
-    (`--batch max` and SLOs were resolved by `operating_point`, which checks the memory.)"""
-    if platform.point is not None:
-        return None
-    from autoplan.cost.model import CostModel
-    from autoplan.formats import Choice
-    from autoplan.models.loader import load_spec
-    from autoplan.search.optimize import load_space_file
+def _weight_bits(choice) -> float:  # noqa: ANN001 - a Choice
+    """Stored bits per weight of a dense format (values and scales)."""
+    info = choice.precision.info
+    return info.value_bits + info.scale_bits
 
-    spec = load_spec(req.model)
-    baseline = Choice.parse(load_space_file(platform.target.platform).baseline)
-    cm = CostModel(spec, platform.target, req.workload, baseline=baseline, kv=platform.kv)
-    mem = cm.memory(cm.resolve(None))
-    if mem.fits:
-        return None
-    return NoOperatingPoint(
-        f"at batch {req.workload.batch} the uncompressed model needs {mem.total_bytes / 1e9:,.2f}"
-        f" GB (weights {mem.weights_bytes / 1e9:,.2f}, KV cache {mem.kv_cache_bytes / 1e9:,.2f})"
-        f" but {mem.capacity_bytes / 1e9:,.2f} GB is usable", mem.total_bytes, mem.capacity_bytes)
+
+def fits_reference(choice, reference: str) -> bool:  # noqa: ANN001 - a Choice
+    """Whether `choice` stores a weight in no more bits than `reference` (pruned formats
+    store fewer values, counted by their density)."""
+    from autoplan.formats import Choice
+
+    return _weight_bits(choice) * choice.sparsity.density <= _weight_bits(
+        Choice.parse(reference)) + 1e-9
 
 
 def _check_onnx_exportable(model: str) -> None:
@@ -252,10 +325,13 @@ def preflight(req: SearchRequest) -> Platform:
     _check_gates(req, measure)
     kvs = kv_options(req, target, runtime)  # a cache the engine does not serve: refused here
     kv = kvs[-1] if len(kvs) <= 2 and req.kv_cache not in (None, (KV_AUTO,)) else kvs[0]
-    point = operating_point(req, target, kv)  # config only; "nothing fits" is refused here
+    # config only: "nothing fits" is refused here; a baseline that does not fit is not
+    point, unfit = operating_point(req, target, runtime, kv)
     storage, label = _storage(req)  # last: opening an SQLite URL creates its file
-    return Platform(target, runtime, measure, storage, label, point, kv, kvs[0])
+    return Platform(target, runtime, measure, storage, label, point, kv=kv, kv_default=kvs[0],
+                    unfit=unfit)
 
 
-__all__ = ["ONNX_RUNTIME", "Platform", "check_model", "fixed_fit", "in_memory_only",
-           "kernel_timer", "kv_options", "measures_kernels", "operating_point", "preflight"]
+__all__ = ["ONNX_RUNTIME", "Platform", "UnfitBaseline", "check_model", "fits_reference",
+           "in_memory_only", "kernel_timer", "kv_options", "measures_kernels", "operating_point",
+           "preflight"]

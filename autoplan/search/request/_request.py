@@ -23,8 +23,10 @@ from autoplan.cost.operating import OperatingRequest
 from autoplan.cost.report import Objective
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
+from autoplan.formats.choice import parse_choices
 from autoplan.formats.kv import KvFormat, parse_kv_mix
 from autoplan.recover.settings import RecoverySettings
+from autoplan.search.seeds import MAX_SEED
 from autoplan.search.verify import QualityBudget, parse_budgets
 from autoplan.streaming.runner import ExecutionSettings
 from autoplan.workload import Workload
@@ -32,9 +34,6 @@ from autoplan.workload import Workload
 if TYPE_CHECKING:
     from autoplan.sensitivity.executor import Executor
 
-# Seeds reach torch, numpy (RandomState takes 0 <= seed < 2**32) and Optuna's samplers, and
-# each later round adds its index: a 31-bit range is valid for all of them.
-MAX_SEED = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -48,16 +47,6 @@ class CostTable:
     def load(cls, path: str) -> CostTable:
         """Read and validate the whole file (UserInputError naming the problem)."""
         return cls(str(path), load_cost_table(str(path)))
-
-
-def parse_choices(texts: tuple[str | Choice, ...] | None) -> tuple[Choice, ...] | None:
-    """`--choices` as distinct Choices in the given order (None: the platform's space)."""
-    if texts is None:
-        return None
-    choices = tuple(dict.fromkeys(c if isinstance(c, Choice) else Choice.parse(c) for c in texts))
-    if not choices:
-        raise UserInputError("--choices is empty: list formats, e.g. int4a8_g32,int8a8_g128")
-    return choices
 
 
 KV_AUTO = "auto"  # --kv-cache auto: every cache format the runtime serves on the target

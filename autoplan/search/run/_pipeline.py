@@ -21,11 +21,11 @@ from autoplan.plan import schema as ps
 from autoplan.plan.io import save_plan
 from autoplan.search.jobs import JobQueue, open_storage
 from autoplan.search.optimize import SearchSpace
+from autoplan.search.preparation import Prepared, SharedWork, prepare_platform, prepare_shared
 from autoplan.search.recovery import work_dir_for
 from autoplan.search.reporter import Prefixed, Reporter
+from autoplan.search.request import Platform, SearchRequest, kv_options, preflight
 from autoplan.search.run._record import request_record
-from autoplan.search.request import Platform, SearchRequest, fixed_fit, kv_options, preflight
-from autoplan.search.preparation import Prepared, SharedWork, prepare_platform, prepare_shared
 from autoplan.search.stages import build_plan, certify, choose, run_rounds
 
 
@@ -43,8 +43,8 @@ class Searched:
 
 @dataclass(frozen=True)
 class Skipped:
-    """A platform not searched (`skip_unfit`): the uncompressed model does not fit it at
-    the asked batch, or no batch meets the SLO there."""
+    """A platform not searched (`skip_unfit`): not even the smallest format fits it at the
+    asked batch, or no batch meets the SLO there."""
 
     req: SearchRequest
     reason: NoOperatingPoint
@@ -79,9 +79,8 @@ class Pipeline:
         live: list[tuple[SearchRequest, Platform]] = []
         skipped: list[Skipped] = []
         for req in self.requests:  # every platform checked before the model is loaded
-            try:
-                platform = preflight(req)
-                unfit = fixed_fit(req, platform) if self.skip_unfit else None
+            try:  # a baseline that does not fit leaves the formats that do (Platform.unfit)
+                platform, unfit = preflight(req), None
             except NoOperatingPoint as exc:
                 if not self.skip_unfit:
                     raise
@@ -107,6 +106,8 @@ class Pipeline:
                     f" kv {platform.kv.value}" if len(variants) > 1 else "")
                 rep = Prefixed(self.rep, label) if self.prefix or len(variants) > 1 \
                     else self.rep
+                if platform.unfit is not None:
+                    rep.note(platform.unfit.describe(platform.target.name))
                 prep = prepare_platform(sub, platform, self.shared, space, rep)
                 # one platform alone is charged the shared work too, as `autoplan search`
                 t0 = t_start if len(live) == 1 else t_platform
@@ -187,6 +188,12 @@ def _drive(prep: Prepared, rep: Reporter, t0: float, *, save: bool = True
         plan = build_plan(prep, rounds, chosen, certificate, time.perf_counter() - t0)
         if save:
             save_plan(plan, req.out)
+        if platform.unfit is not None and not plan.predicted["plan"].fits:
+            rep.note(f"warning: the plan keeps layers at {platform.unfit.baseline} and needs "
+                     f"{plan.predicted['plan'].memory_gb:,.1f} GB, more than "
+                     f"{platform.unfit.usable_bytes / 1e9:,.1f} GB usable on "
+                     f"{platform.target.name}: loosen the budget, or pass --choices without "
+                     "the 16-bit formats")
         if req.recovery is not None:  # the chosen pass's weights now lie beside the plan
             shutil.rmtree(work_dir_for(req.out), ignore_errors=True)
         queue.set_attr("done", True)  # workers stop

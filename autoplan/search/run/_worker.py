@@ -9,8 +9,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from optuna.storages import BaseStorage
+from typing import TYPE_CHECKING
 
 from autoplan.backends.registry import resolve_target
 from autoplan.errors import UserInputError
@@ -25,14 +24,15 @@ from autoplan.search.jobs import (
     queue_name,
     redact,
 )
-from autoplan.search.optimize import RoundStudy, StudyConfig, run_batch
 from autoplan.search.reporter import Reporter
-from autoplan.search.run._record import check_same_inputs, request_from_record
-from autoplan.search.request import ExecutionSettings, Platform, check_model
-from autoplan.search.preparation import Prepared, prepare
-from autoplan.search.stages import run_verify_jobs
-from autoplan.search.verify import scaled_tables
-from autoplan.streaming.device import resolve_device
+from autoplan.streaming.settings import ExecutionSettings
+
+if TYPE_CHECKING:  # the search stack (torch, the study) is imported once a search is found
+    from optuna.storages import BaseStorage
+
+    from autoplan.search.optimize import RoundStudy, StudyConfig
+    from autoplan.search.preparation import Prepared
+    from autoplan.search.request import Platform
 
 
 @dataclass
@@ -67,6 +67,8 @@ def _wait_for_record(open_store: Callable[[], BaseStorage | None], study: str, l
                                  f"start `autoplan search --storage URL --study {study}` (the "
                                  "study name its plan and progress show), then the worker")
         if not waiting:  # said only when there is something to wait for
+            rep.note(f"no search named {study} in {label} yet: waiting up to {wait_s:g} s "
+                     "for it to start (--wait)")
             rep.stage(f"waiting for search {study}")
             waiting = True
         time.sleep(1.0)
@@ -87,6 +89,8 @@ def _opener(url: str) -> Callable[[], BaseStorage | None]:
 
 
 def _platform(rec: dict, storage: BaseStorage, label: str) -> Platform:
+    from autoplan.search.request import Platform, check_model
+
     target = resolve_target(rec["target"])
     runtime = get_runtime(rec["runtime"]).name
     check_model(rec["model"], runtime)
@@ -104,6 +108,8 @@ def run_worker(storage: str | BaseStorage, study: str,
             `wait_s`, or this machine's model or text differ from the search's.
     """
     rep = reporter or Reporter()
+    from autoplan.streaming.device import resolve_device
+
     resolve_device((execution or ExecutionSettings()).device)  # before any waiting
     if isinstance(storage, str):
         check_storage(storage)
@@ -112,6 +118,12 @@ def run_worker(storage: str | BaseStorage, study: str,
         label, given = type(storage).__name__, storage
         open_store = lambda: given  # noqa: E731
     storage, queue, rec = _wait_for_record(open_store, study, label, wait_s, rep)
+    from autoplan.search.optimize import RoundStudy, run_batch
+    from autoplan.search.preparation import prepare
+    from autoplan.search.run._record import check_same_inputs, request_from_record
+    from autoplan.search.stages import run_verify_jobs
+    from autoplan.search.verify import scaled_tables
+
     req, profile = request_from_record(rec, storage, execution or ExecutionSettings())
     prep = prepare(req, _platform(rec, storage, label), rep, profile=profile)
     check_same_inputs(rec, prep)
@@ -138,28 +150,49 @@ def run_worker(storage: str | BaseStorage, study: str,
         report.batches += 1
         rep.progress("trials", report.trials, report.trials)
 
+    report.reason = _serve(queue, run, study, wait_s, rep)
+    return report
+
+
+def _serve(queue: JobQueue, run: Callable[[Job], None], study: str, wait_s: float,
+           rep: Reporter) -> str:
+    """Run the queue's trial and verification jobs until the search is done or its driver
+    has been gone `wait_s` seconds; why it stopped. An empty queue is said, not silent: the
+    first time as a note (how long without a driver ends it), then as the stage."""
     rep.stage(f"working for {study}")
     driver_seen = time.monotonic()
+    idle, told = False, False
     while True:
         queue.fail_stale()
         with queue.claim(lambda j: j.kind in ("trials", "verify")) as job:
             if job is not None:
+                if idle:
+                    rep.stage(f"working for {study}")
+                idle = False
                 run(job)
                 continue
         if queue.attr("done"):
-            report.reason = "the search is done"
-            return report
+            return "the search is done"
         if queue.driver_alive():
             driver_seen = time.monotonic()
         elif time.monotonic() - driver_seen > wait_s:
-            report.reason = f"no search has driven {study} for {wait_s:g} s"
-            return report
+            return f"no search has driven {study} for {wait_s:g} s"
+        if not idle:
+            if not told:
+                rep.note(f"no job for this worker now: waiting for the search {study} to queue "
+                         f"trials or verifications (stops when it is done, or after {wait_s:g} s "
+                         "without its driver)")
+                told = True
+            rep.stage(f"waiting for work from {study}")
+            idle = True
         time.sleep(POLL_S)
 
 
 def _config(prep: Prepared, name: str) -> StudyConfig:
     """The round study's config in a worker: the driver's objective, a sampler seeded for
     this process (workers sharing one seed would propose the same moves)."""
+    from autoplan.search.optimize import StudyConfig
+
     req = prep.req
     return StudyConfig(req.objective, req.trials, int.from_bytes(os.urandom(4), "little") >> 1,
                        name, None, req.multi_objective)

@@ -15,7 +15,7 @@ from autoplan.cost.kv import bytes_per_token, cache_bytes
 from autoplan.deploy import deploy_for
 from autoplan.export.kv import scale_digest
 from autoplan.formats.kv import kv_spec
-from autoplan.runtimes import get_runtime, kv_supports
+from autoplan.runtimes import get_runtime, kv_supports, version_on
 from autoplan.search.recovery import keep_weights, plan_quality
 from autoplan.search.stages._choose import Chosen
 from autoplan.search.request import kernel_timer
@@ -203,7 +203,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
         target=ps.TargetRef(name=target.name, price_per_hour=cost.price_per_hour,
                             price_source="user" if req.price_per_hour is not None
                             else target.price_per_hour.source),
-        runtime=ps.RuntimeRef(name=rt.name, version=rt.version),
+        runtime=ps.RuntimeRef(name=rt.name, version=version_on(target, rt.name)),  # installed, here
         workload=req.workload, objective=req.objective.value,
         budget=ps.Budget(text=budget.text, metric=budget.metric, limit=budget.limit,
                          suite_file=str(budget.suite_file) if budget.suite_file else None,

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autoplan.errors import UserInputError
-from autoplan.quality.evaluator import QualityResult
+
+if TYPE_CHECKING:  # no torch for the CLI's budget parsing
+    from autoplan.quality.evaluator import QualityResult
 
 if TYPE_CHECKING:
     from autoplan.models import LoadedModel

@@ -1,0 +1,72 @@
+"""The CLI answers `--help` and argument errors without importing the stack: commands are
+imported when they run (autoplan/cli/__init__.py), packages export lazily (autoplan/lazy.py),
+and each command checks its arguments before importing torch, transformers or Optuna.
+How fast that is, is measured by benchmarks/cli_latency.py, not here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+
+from autoplan.cli import COMMANDS, cli
+
+HEAVY = ("torch", "transformers", "optuna", "onnx", "onnxruntime", "scipy", "numpy")
+_PROBE = """
+import json, sys
+from autoplan.cli import cli
+try:
+    cli.main(args=sys.argv[1:], prog_name="autoplan", standalone_mode=True)
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "loaded": sorted(m for m in %r if m in sys.modules)}))
+""" % (HEAVY,)
+
+
+def _run(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True,
+                          text=True, check=False, timeout=120)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("args", [
+    ("--help",), ("search", "--help"), ("nosuchcommand",),
+    ("search", "--target", "nope"), ("show", "missing.json"),
+    ("estimate", "--model", "llama-3.1-8b", "--target", "h100", "--precision", "fp7"),
+    ("compare", "--targets", "h1000"), ("bench", "--model", "x", "--threads", "-1"),
+    ("fleet", "--plan", "p.json", "--node", "h100", "--qps", "nan", "--p99-ms", "1"),
+    ("profile", "--model", "x", "--seed", "-1"), ("profile", "--model", "x", "--seq-len", "1"),
+    ("profile", "--model", "x", "--device", "tpu"), ("profile", "--target", "nosuchgpu"),
+    ("search", "--choices", "fp7"), ("search", "--choices", ","),
+    ("search", "--min-gain", "nan"), ("search", "--price-per-hour", "inf"),
+    ("search", "--runtime", "nosuchruntime"), ("profile", "--model", "no/such/model"),
+    ("profile", "--choices", "fp7"), ("profile", "--text", "no-such-text.txt"),
+    ("search", "--text", "no-such-text.txt"), ("search", "--measure-kernels", "--target", "h100"),
+    ("search", "--storage", "journal:/proc/nope/s.journal"),
+    ("worker", "--study", "x", "--storage", "journal:/proc/nope/s.journal"),
+    ("worker", "--study", "x", "--storage", "journal:s.journal", "--device", "tpu"),
+    ("recover", "no-such-plan.json"), ("bench", "--model", "x", "--plan", "no-such-plan.json"),
+], ids=lambda a: " ".join(a))
+def test_help_and_argument_errors_import_no_heavy_library(args):
+    got = _run(*args)
+    assert got["code"] in (0, 2), got
+    assert got["loaded"] == [], f"{' '.join(args)} imported {got['loaded']}"
+
+
+def test_the_command_list_is_each_commands_own_help():
+    """`autoplan --help` lists COMMANDS without importing the commands: each line must be
+    the command's own first sentence."""
+    assert set(COMMANDS) == set(cli.list_commands(click.Context(cli)))
+    for name, text in COMMANDS.items():
+        command = cli.get_command(click.Context(cli), name)
+        first = click.Command(None, help=command.help).get_short_help_str(500)
+        assert first == click.Command(None, help=text).get_short_help_str(500), name
+
+
+def test_the_kv_registrys_torch_free_constants_agree_with_the_numerics():
+    from autoplan.formats import elements, gguf_blocks, kv
+
+    assert kv.GGUF_BLOCK == gguf_blocks.BLOCK and kv.E4M3_MAX == elements.E4M3_MAX
