@@ -23,7 +23,7 @@ run is recorded as one row with its own error, never skipped.
 
 Usage:
   python benchmarks/peers.py SECTION [--threads 1] [--rounds 5] [--input-len 128]
-      [--output-len 64] [--out benchmarks/results/peers_SECTION.json]
+      [--output-len 64] [--mixes Q4_K_M,...] [--out benchmarks/results/peers_SECTION.json]
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                     help="llamacpp: use llama-quantize/llama-imatrix only if already built "
                          "(else the library's quantize for the plain mixes, imatrix rows marked "
                          "not runnable)")
+    ap.add_argument("--mixes", default=None,
+                    help="llamacpp: a comma-separated subset of the mixes (Q4_K_M, Q5_K_M, "
+                         "Q4_K_S, Q6_K; default all): one autoplan search per distinct KL "
+                         "they reach, each with and without the imatrix")
     ap.add_argument("--peer-timeout", type=float, default=3600,
                     help="seconds a peer's own planner may run before it is recorded as not "
                          "finishing here")

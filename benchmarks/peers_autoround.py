@@ -44,8 +44,14 @@ def _targets() -> list[float]:
         raise PeerError("run `python benchmarks/peers.py llamacpp` first: AutoScheme's "
                         "avg_bits are its plans' bits") from exc
     plans = peers_dir() / "llamacpp" / "plans"
-    return sorted({round(block_bits(plans / r["file"]), 2) for r in doc["rows"]
+    bits = sorted({round(block_bits(plans / r["file"]), 2) for r in doc["rows"]
                    if r["side"] == "autoplan"})
+    if not bits:
+        why = next((e["error"] for e in doc.get("errors", []) if "autoplan" in e["peer"]),
+                   "it has no autoplan row")
+        raise PeerError("AutoScheme's avg_bits are autoplan's section-llamacpp plans' bits, and "
+                        f"that section has no plan: {why}")
+    return bits
 
 
 def run(args, log=print) -> dict:  # noqa: ANN001
@@ -63,7 +69,13 @@ def run(args, log=print) -> dict:  # noqa: ANN001
     work.mkdir(parents=True, exist_ok=True)
     calib = work / "calibration.json"
     calib.write_text(json.dumps([loaded.tokenizer.decode(b.tolist()) for b in data.calib]))
-    targets = _targets()
+    try:
+        targets = _targets()
+    except PeerError as exc:  # no plan to match its bits: one row that says why
+        return {"section": "autoround", "rows": [], "pairs": [],
+                "errors": [error_row("autoround", "AutoRound AutoScheme (not run: no autoplan "
+                                     "plan to match)", exc,
+                                     "python benchmarks/peers.py autoround")]}
     cfg = {"hf": str(loaded.path), "calib_json": str(calib), "options": list(OPTIONS),
            "avg_bits": targets, "out_dir": str(work), "iters": 0, "nsamples": 4, "seqlen": 256}
     command = (f"AutoRound('{loaded.path.name}', scheme=AutoScheme(avg_bits=B, options="

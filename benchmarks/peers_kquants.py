@@ -30,6 +30,17 @@ def _budget_arg(kl: float) -> str:
     return f"kl<={floor_budget(kl)}"
 
 
+def _mixes(text: str | None) -> tuple[str, ...]:
+    """The mixes of ``--mixes`` (all of MIXES without it), checked before any work."""
+    if not text:
+        return MIXES
+    asked = tuple(m.strip().upper() for m in text.split(",") if m.strip())
+    unknown = [m for m in asked if m not in MIXES]
+    if unknown or not asked:
+        raise SystemExit(f"error: --mixes {text!r}: choose from {', '.join(MIXES)}")
+    return asked
+
+
 def _search_argv(budget: str, args, plan: Path) -> list[str]:  # noqa: ANN001
     return ["search", "--model", "smollm2-135m", "--target", "local", "--runtime", "llama.cpp",
             "--batch", "1", "--input-len", str(args.input_len), "--output-len",
@@ -78,6 +89,7 @@ def run(args, log=print) -> dict:  # noqa: ANN001, C901 - one linear recipe
     from autoplan.models import load_model
     from autoplan.quality.text import load_text_dataset
 
+    mixes = _mixes(getattr(args, "mixes", None))
     loaded = load_model("smollm2-135m")
     original = loaded.source.path
     work = peers_dir() / "llamacpp"
@@ -96,7 +108,7 @@ def run(args, log=print) -> dict:  # noqa: ANN001, C901 - one linear recipe
         imatrix_cmd, imatrix_info = compute_imatrix(tools, f32, calib, imatrix, ctx=256,
                                                     chunks=4, threads=args.threads)
     peers: dict[str, dict] = {}
-    for mix in MIXES:
+    for mix in mixes:
         for im in (None, imatrix):
             if im is not None and tools is None:
                 errors.append(error_row("llamacpp", f"llama.cpp {mix} + imatrix", PeerError(
@@ -122,7 +134,7 @@ def run(args, log=print) -> dict:  # noqa: ANN001, C901 - one linear recipe
     # kept if the run is stopped before the timing: sizes and KL, measured, speed not yet
     progress = getattr(args, "progress", {})
     progress.update({
-        "section": "llamacpp", "threads": args.threads, "errors": errors,
+        "section": "llamacpp", "threads": args.threads, "errors": errors, "mixes": list(mixes),
         "rows": [_row(name, "peer", p["path"], quality[name], None, mix=p["mix"],
                       imatrix=p["imatrix"], source=p["source"], command=p["command"])
                  for name, p in peers.items() if name in quality]})
@@ -169,7 +181,7 @@ def run(args, log=print) -> dict:  # noqa: ANN001, C901 - one linear recipe
     by_name = {r["name"]: r for r in rows}
     pairs = [pair(r, by_name[plans[r["budget"]]["name"]], GOAL) for r in rows
              if r["side"] == "peer" and r["source"] == "q4_1"]
-    return {"section": "llamacpp", "threads": args.threads,
+    return {"section": "llamacpp", "threads": args.threads, "mixes": list(mixes),
             "workload": {"batch": 1, "input_len": args.input_len, "output_len": args.output_len,
                          "rounds": args.rounds},
             "tools": {"llama_cpp_python": tools_version(), "f32_command": f32_cmd,

@@ -89,6 +89,9 @@ def run(args, log=print) -> dict:  # noqa: ANN001
         peers[name] = {**p, "quality": q}
         log(f"{name}: KL {q['kl']:.4f} through OpenVINO ({q['inference_precision']}, dynamic "
             f"quantization group {q['dynamic_quantization_group_size']})")
+    # kept if the run is stopped before the timing: sizes and KL, measured, speed not yet
+    getattr(args, "progress", {}).update({"section": "nncf", "threads": args.threads, "rows": [
+        _peer_row(name, p) for name, p in peers.items()], "pairs": [], "errors": []})
     plans: dict[str, dict] = {}
     for name, p in peers.items():
         budget = f"kl<={floor_budget(p['quality']['kl'])}"
@@ -111,15 +114,9 @@ def run(args, log=print) -> dict:  # noqa: ANN001
                 s.generator.close()
     for name, p in peers.items():
         s = report.side(name)
-        rows.append({"section": "nncf", "name": name, "side": "peer", "peer": "NNCF",
-                     "ratio": p["ratio"], "metric": METRIC, "kl": p["quality"]["kl"],
-                     "ppl": p["quality"]["ppl"], "runtime_precisions": {
-                         k: p["quality"].get(k) for k in ("inference_precision",
-                                                          "kv_cache_precision",
-                                                          "dynamic_quantization_group_size")},
-                     "decode_tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s,
-                     "file_mb": (p["ir"] / "openvino_model.bin").stat().st_size / 2**20,
-                     "speed_kind": "measured", "command": p["command"], "budget": p["budget"]})
+        rows.append({**_peer_row(name, p), "decode_tok_s": s.decode_tok_s,
+                     "prefill_tok_s": s.prefill_tok_s, "speed_kind": "measured",
+                     "budget": p["budget"]})
     for budget, p in plans.items():
         name = f"autoplan-{budget.replace('kl<=', 'kl')}"
         s = report.side(name)
@@ -136,6 +133,17 @@ def run(args, log=print) -> dict:  # noqa: ANN001
             "errors": [], "goal": GOAL, "bench": report.to_json(),
             "workload": {"batch": 1, "input_len": args.input_len,
                          "output_len": args.output_len, "requests": args.rounds}}
+
+
+def _peer_row(name: str, p: dict) -> dict:
+    """An NNCF row's measured size and quality (its speed is added once timed)."""
+    return {"section": "nncf", "name": name, "side": "peer", "peer": "NNCF",
+            "ratio": p["ratio"], "metric": METRIC, "kl": p["quality"]["kl"],
+            "ppl": p["quality"]["ppl"], "runtime_precisions": {
+                k: p["quality"].get(k) for k in ("inference_precision", "kv_cache_precision",
+                                                 "dynamic_quantization_group_size")},
+            "file_mb": (p["ir"] / "openvino_model.bin").stat().st_size / 2**20,
+            "command": p["command"]}
 
 
 def _summary(art) -> dict[str, int]:  # noqa: ANN001
