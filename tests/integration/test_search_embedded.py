@@ -22,14 +22,19 @@ pytestmark = pytest.mark.slow
 @needs_embedded
 def test_search_h100_embedded(tmp_path):
     out = tmp_path / "plan.json"
-    outcome = run_search(SearchRequest(target="h100-sxm", trials=300, out=out))
+    # min_gain 0: every predicted gain counts. The default noise rule returns the model as is
+    # here (the best mix is within the cost model's Hopper error of bf16;
+    # docs/search-quality.md), which would leave nothing compressed to check.
+    outcome = run_search(SearchRequest(target="h100-sxm", trials=300, out=out, min_gain=0.0))
     plan = outcome.plan
     assert load_plan(out) == plan
     assert plan.quality.budget_met and plan.quality.kl <= 0.05
-    # A searched candidate that passed when measured, not a fallback (which also meets the
-    # budget): the search compressed something and the cost model says it is faster.
-    assert plan.search.outcome == "plan"
-    assert any(v.passed for r in plan.search.rounds for v in r.verified)
+    # A compressed candidate that passed when measured (a searched mix, or a uniform recipe
+    # when that is the fastest that passes), not the model as is: the search compressed
+    # something and the cost model says it is faster.
+    assert plan.search.outcome in ("plan", "uniform-fallback"), plan.search.why
+    assert plan.search.outcome == "uniform-fallback" or any(
+        v.passed for r in plan.search.rounds for v in r.verified)
     assert plan.model.id == "smollm2-135m"
     assert len(plan.decisions) == len(load_spec("smollm2-135m").layers)
     assert plan.decisions["lm_head"] == "dense+bf16"  # protected on GPU spaces

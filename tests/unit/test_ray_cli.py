@@ -28,19 +28,26 @@ def _one_line(args: list[str]) -> tuple[int, str]:
     return res.exit_code, lines[0]
 
 
+def _unloadable_model(folder: Path) -> str:
+    """A model folder that exists (profile checks that before --ray) but that nothing could
+    load: the refusal must be --ray's, before any load is tried."""
+    (folder / "config.json").write_text("{}")
+    return str(folder)
+
+
 @pytest.mark.parametrize("command", ["profile", "search"])
-def test_without_the_extra_ray_names_the_install(command: str,
+def test_without_the_extra_ray_names_the_install(command: str, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    code, line = _one_line([command, "--model", "no-such-model", "--ray", "auto"])
+    code, line = _one_line([command, "--model", _unloadable_model(tmp_path), "--ray", "auto"])
     assert code == 2
     assert "--ray" in line and "pip install 'autoplan[ray]'" in line
 
 
 @pytest.mark.parametrize("command", ["profile", "search"])
-def test_an_unreachable_address_is_one_line_naming_ray(command: str) -> None:
+def test_an_unreachable_address_is_one_line_naming_ray(command: str, tmp_path: Path) -> None:
     port = _closed_port()
-    code, line = _one_line([command, "--model", "no-such-model", "--ray", f"127.0.0.1:{port}"])
+    code, line = _one_line([command, "--model", _unloadable_model(tmp_path), "--ray", f"127.0.0.1:{port}"])
     assert code == 2
     assert line.startswith(f"error: --ray 127.0.0.1:{port}: no Ray cluster reachable")
 
