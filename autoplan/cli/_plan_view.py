@@ -71,19 +71,18 @@ def decisions_table(plan: Plan) -> Table:
         if part == "routed_experts":
             blocks.setdefault((part, choice), set()).add(name.split(".experts.")[0])
     moe = any(part == "routed_experts" for part, _ in counts)
-    table = Table(title="decisions by part" if moe else "per-layer decisions")
-    if moe:
-        table.add_column("part")
+    table = Table(title="decisions by part")
+    table.add_column("part")
     table.add_column("choice")
     table.add_column("layers", justify="right")
     if moe:
         table.add_column("expert groups", justify="right")
     order = {p: i for i, p in enumerate(_PARTS)}
     for (part, choice), n in sorted(counts.items(), key=lambda kv: (order[kv[0][0]], -kv[1])):
-        row = [choice, str(n)]
+        row = [part.replace("_", " "), choice, str(n)]
         if moe:
             group = blocks.get((part, choice))
-            row = [part.replace("_", " "), *row, str(len(group)) if group else "-"]
+            row.append(str(len(group)) if group else "-")
         table.add_row(*row)
     return table
 

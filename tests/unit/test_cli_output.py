@@ -58,3 +58,21 @@ def test_file_width_applies_only_off_a_terminal() -> None:
     terminal = io.StringIO()
     _Console(file=terminal, force_terminal=True, width=None, color_system=None).print(table)
     assert max(len(line) for line in terminal.getvalue().splitlines()) < FILE_WIDTH
+
+
+def test_show_groups_a_dense_plan_by_part(tmp_path) -> None:
+    """One row per part and choice, the part named: a dense plan whose attention and MLP share
+    a choice showed that choice twice with no part column to tell the rows apart."""
+    from autoplan.modelspec import part_of
+    from tests.unit.test_export_common import layer_names, make_plan, tiny_loaded
+
+    loaded = tiny_loaded(tmp_path)
+    decisions = dict.fromkeys(layer_names(loaded), "dense+bf16")
+    path = tmp_path / "plan.json"
+    path.write_text(make_plan(loaded, decisions).model_dump_json())
+    out = CliRunner().invoke(cli, ["show", str(path)]).stdout
+    rows = [[c.strip() for c in r.split("│")[1:-1]] for r in _rows(out)]
+    by_part = {(p, c): n for p, c, n in (r for r in rows if len(r) == 3 and r[1] == "dense+bf16")}
+    parts = {part_of(n) for n in decisions}
+    assert {p for p, _ in by_part} == {p.replace("_", " ") for p in parts}
+    assert sum(int(n) for n in by_part.values()) == len(decisions)
