@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, write_result  # noqa: E402
-from scale import _tokenizer  # noqa: E402
+from scale import ShardedCheckpoint, _tokenizer  # noqa: E402
 
 SHAPE = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
              num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
@@ -43,7 +43,6 @@ def config(layers: int) -> dict:
 def build(folder: Path, layers: int, seed: int = 0) -> Path:
     """The random checkpoint, one shard per block plus one for embeddings and head."""
     import torch
-    from safetensors.torch import save_file
 
     if (folder / "done").is_file():
         return folder
@@ -63,17 +62,8 @@ def build(folder: Path, layers: int, seed: int = 0) -> Path:
     def ones(n: int) -> torch.Tensor:
         return torch.ones(n, dtype=torch.bfloat16)
 
-    index, total, n = {}, 0, layers + 1
-
-    def write(k: int, shard: dict) -> None:
-        nonlocal total
-        name = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
-        save_file(shard, str(folder / name), metadata={"format": "pt"})
-        for key, t in shard.items():
-            index[key] = name
-            total += t.numel() * t.element_size()
-
-    write(0, {"model.embed_tokens.weight": rand(vocab, h), "lm_head.weight": rand(vocab, h),
+    ckpt = ShardedCheckpoint(folder, layers + 1)
+    ckpt.write(0, {"model.embed_tokens.weight": rand(vocab, h), "lm_head.weight": rand(vocab, h),
               "model.norm.weight": ones(h)})
     for i in range(layers):
         p = f"model.layers.{i}."
@@ -86,11 +76,9 @@ def build(folder: Path, layers: int, seed: int = 0) -> Path:
             shard[f"{p}mlp.experts.{x}.gate_proj.weight"] = rand(inter, h)
             shard[f"{p}mlp.experts.{x}.up_proj.weight"] = rand(inter, h)
             shard[f"{p}mlp.experts.{x}.down_proj.weight"] = rand(h, inter)
-        write(1 + i, shard)
+        ckpt.write(1 + i, shard)
         del shard
-    (folder / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": index}, indent=1))
-    (folder / "done").write_text("ok")
+    ckpt.finish()
     return folder
 
 

@@ -63,10 +63,33 @@ def _tokenizer():  # characters only: any vocabulary of these shapes holds its i
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", eos_token="</s>")
 
 
+class ShardedCheckpoint:
+    """A safetensors checkpoint written one shard at a time (memory bounded by a shard), then
+    its index and a `done` marker, so a folder with `done` is complete."""
+
+    def __init__(self, folder: Path, n_shards: int) -> None:
+        self.folder, self.n_shards = folder, n_shards
+        self.index: dict[str, str] = {}
+        self.total = 0
+
+    def write(self, k: int, shard: dict) -> None:
+        from safetensors.torch import save_file
+
+        name = f"model-{k + 1:05d}-of-{self.n_shards:05d}.safetensors"
+        save_file(shard, str(self.folder / name), metadata={"format": "pt"})
+        for key, t in shard.items():
+            self.index[key] = name
+            self.total += t.numel() * t.element_size()
+
+    def finish(self) -> None:
+        (self.folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": self.total}, "weight_map": self.index}, indent=1))
+        (self.folder / "done").write_text("ok")
+
+
 def build_model(shape: str, folder: Path, device: str = "cpu", seed: int = 0) -> Path:
     """A random-weight bf16 checkpoint of `shape` (one shard per few blocks, with index)."""
     import torch
-    from safetensors.torch import save_file
     from transformers import LlamaConfig
 
     if (folder / "done").is_file():
@@ -85,19 +108,8 @@ def build_model(shape: str, folder: Path, device: str = "cpu", seed: int = 0) ->
         return (t * 0.02).to(torch.bfloat16).cpu()
 
     per_shard = max(1, int(2e9 // (2 * (2 * h * h + 2 * h * kv + 3 * h * inter))))
-    n_shards = 1 + -(-L // per_shard)
-    index: dict[str, str] = {}
-    total = 0
-
-    def write(k: int, shard: dict[str, torch.Tensor]) -> None:  # as we go: bounded memory
-        nonlocal total
-        name = f"model-{k + 1:05d}-of-{n_shards:05d}.safetensors"
-        save_file(shard, str(folder / name), metadata={"format": "pt"})
-        for key, t in shard.items():
-            index[key] = name
-            total += t.numel() * t.element_size()
-
-    write(0, {"model.embed_tokens.weight": rand(cfg["vocab_size"], h),
+    ckpt = ShardedCheckpoint(folder, 1 + -(-L // per_shard))
+    ckpt.write(0, {"model.embed_tokens.weight": rand(cfg["vocab_size"], h),
               "lm_head.weight": rand(cfg["vocab_size"], h),
               "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)})
     shard: dict[str, torch.Tensor] = {}
@@ -111,11 +123,9 @@ def build_model(shape: str, folder: Path, device: str = "cpu", seed: int = 0) ->
             p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
             p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16)})
         if (i + 1) % per_shard == 0 or i == L - 1:
-            write(1 + i // per_shard, shard)
+            ckpt.write(1 + i // per_shard, shard)  # as we go: bounded memory
             shard = {}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": index}, indent=1))
-    (folder / "done").write_text("ok")
+    ckpt.finish()
     return folder
 
 
