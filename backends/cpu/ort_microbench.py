@@ -205,6 +205,7 @@ def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int |
     import tempfile
 
     import onnx
+    from autoplan.backends.cpu.onnx_graph import TIED_OP
     from autoplan.backends.cpu.ort_runtime import OrtGenerator
     from onnx import numpy_helper
 
@@ -219,8 +220,10 @@ def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int |
     inits = {t.name: t for t in graph.initializer}
     removed, nodes, consts = set(), [], []
     for node in graph.node:
-        if node.op_type == "MatMul" and node.input[1] in inits:
-            n = int(inits[node.input[1]].dims[-1])
+        # a MatMul's weight is [k, n]; a tied lm_head reads the embedding [n, k] transposed
+        tied = node.op_type == TIED_OP
+        if (node.op_type == "MatMul" or tied) and node.input[1] in inits:
+            n = int(inits[node.input[1]].dims[0 if tied else -1])
             name = f"{node.name}.const_out"
             consts.append(numpy_helper.from_array(np.zeros((1, 1, n), np.float32), name))
             nodes.append(onnx.helper.make_node("Identity", [name], list(node.output),
@@ -230,6 +233,7 @@ def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int |
             nodes.append(node)
     if not removed:
         raise UserInputError(f"{path} has no fp32 linear MatMul nodes: pass the baseline export")
+    removed -= {i for node in nodes for i in node.input}  # the tied table: still gathered
     del graph.node[:]
     graph.node.extend(nodes)
     keep = [t for t in graph.initializer if t.name not in removed]

@@ -1,0 +1,79 @@
+"""Memory that follows the vocabulary: a small model with a large vocabulary (a 32 MiB fp32
+embedding beside 0.2 MiB of blocks) is exported and benchmarked without copies of its
+table, which for Gemma-3-270M's 262k vocabulary are 0.67 GB each."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from autoplan.backends.cpu.onnx_export import export_cpu_model
+from autoplan.backends.cpu.onnx_graph import TIED_OP
+from autoplan.backends.cpu.ort_runtime import OrtGenerator
+
+from autoplan.formats import Choice
+
+transformers = pytest.importorskip("transformers")
+VOCAB = 131072
+TABLE = VOCAB * 64 * 4  # fp32 bytes of the embedding (and of a tied lm_head)
+
+
+@pytest.fixture(scope="module")
+def big_vocab():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256,
+        tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _float_bytes(graph: onnx.GraphProto) -> int:
+    return sum(int(np.prod(t.dims)) * 4 for t in graph.initializer
+               if t.data_type == onnx.TensorProto.FLOAT)
+
+
+def test_a_tied_lm_head_is_exported_once(big_vocab, tmp_path):
+    """The fp32 export stores the table once; the logits read it transposed."""
+    art = export_cpu_model(big_vocab, None, {}, tmp_path / "a")
+    graph = onnx.load(str(art.model_path), load_external_data=False).graph
+    head = next(n for n in graph.node if n.name == "lm_head")
+    assert head.op_type == TIED_OP and head.input[1] == "model.embed_tokens.weight"
+    assert TABLE < _float_bytes(graph) < 1.1 * TABLE
+    assert TABLE < (art.path / "model.onnx.data").stat().st_size < 1.1 * TABLE
+    assert sorted(p.name for p in art.path.iterdir()) == ["manifest.json", "model.onnx",
+                                                          "model.onnx.data"]
+    entry = art.manifest["layers"]["lm_head"]
+    assert entry["choice"] == "dense+fp32" and entry["op_type"] == TIED_OP
+    # the same greedy tokens as the model itself
+    ids = np.array([[5, 17, 300, 9000]], np.int64)
+    got = OrtGenerator(art.path, threads=1).generate(ids, 3).tokens
+    with torch.inference_mode():
+        want = big_vocab.generate(torch.from_numpy(ids), max_new_tokens=3, do_sample=False)
+    assert got.tolist() == want[:, 4:].tolist()
+
+
+def test_a_quantized_lm_head_gets_its_own_weight(big_vocab, tmp_path):
+    art = export_cpu_model(big_vocab, None, {"lm_head": Choice.parse("int4_g32")},
+                           tmp_path / "q")
+    graph = onnx.load(str(art.model_path), load_external_data=False).graph
+    assert next(n for n in graph.node if n.name == "lm_head").op_type == "MatMulNBits"
+    assert art.manifest["layers"]["lm_head"]["op_type"] == "MatMulNBits"
+    # the data file holds the graph's tensors only (the fp32 weight replaced is gone)
+    assert (art.path / "model.onnx.data").stat().st_size < 1.3 * TABLE
+
+
+def test_the_export_holds_no_copy_of_the_table(big_vocab, tmp_path):
+    """Weights go to the data file as they are made: no proto, transposed or bytes copy of
+    the table is held (before: the lm_head's transposed copies and each tensor's bytes)."""
+    tracemalloc.start()
+    try:
+        export_cpu_model(big_vocab, None, {}, tmp_path / "a")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.7 * TABLE, f"{peak / 2**20:.1f} MiB traced for a {TABLE / 2**20:.0f} MiB table"
+
