@@ -6,7 +6,7 @@ Reasoning and sources: docs/modules.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,14 +35,29 @@ class Side:
 
 
 def ort_side(name: str, artifact: CpuArtifact, threads: int | None = None,
-             spinning: bool = True) -> Side:
-    """Open an artifact in an InferenceSession, measuring the memory the session adds."""
+             spinning: bool = True, shared: Mapping[str, np.ndarray] | None = None) -> Side:
+    """Open an artifact in an InferenceSession, measuring the memory the session adds
+    (`shared`: initializers computed from memory this process holds, OrtGenerator's)."""
     before = current_rss_bytes()
-    gen = OrtGenerator(artifact.model_path, threads=threads, spinning=spinning)
+    gen = OrtGenerator(artifact.model_path, threads=threads, spinning=spinning, shared=shared)
     gen.generate(np.zeros((1, 4), np.int64), 2)  # arenas are sized on the first run
     m = artifact.manifest
     return Side(name, "onnxruntime", gen, current_rss_bytes() - before, m.get("weight_bytes"),
                 m.get("streamed_weight_bytes"))
+
+
+def shared_tables(model: Any) -> dict[str, np.ndarray]:
+    """The fp32 embedding table of the PyTorch `model` as a numpy view (no copy), for the
+    ``ort_side(shared=...)`` of an fp32 export made from this same model, which stores it
+    byte for byte (and reads it for a tied lm_head too: ``onnx_graph.TIED_OP``). For a
+    262k vocabulary it is 0.67 GB that the ONNX Runtime session would otherwise hold a
+    second time beside the PyTorch side. {} unless the model is fp32 on the CPU."""
+    import torch
+
+    table = model.get_input_embeddings().weight
+    if table.dtype != torch.float32 or table.device.type != "cpu":
+        return {}
+    return {"model.embed_tokens.weight": table.detach().numpy()}
 
 
 def torch_side(model: Any, threads: int | None = None) -> Side:
@@ -93,4 +108,4 @@ def run_bench(sides: list[Side], *, requests: int, concurrency: int, input_len: 
                               "session call; its requests share TTFT and TPOT"])
 
 
-__all__ = ["Side", "ort_side", "run_bench", "torch_side"]
+__all__ = ["Side", "ort_side", "run_bench", "shared_tables", "torch_side"]

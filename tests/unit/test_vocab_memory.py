@@ -14,6 +14,8 @@ from autoplan.backends.cpu.onnx_export import export_cpu_model
 from autoplan.backends.cpu.onnx_graph import TIED_OP
 from autoplan.backends.cpu.ort_runtime import OrtGenerator
 
+from autoplan.bench import ort_side, shared_tables
+from autoplan.errors import AutoplanError
 from autoplan.formats import Choice
 
 transformers = pytest.importorskip("transformers")
@@ -77,3 +79,20 @@ def test_the_export_holds_no_copy_of_the_table(big_vocab, tmp_path):
         tracemalloc.stop()
     assert peak < 0.7 * TABLE, f"{peak / 2**20:.1f} MiB traced for a {TABLE / 2**20:.0f} MiB table"
 
+
+def test_the_bench_baseline_shares_the_table_with_pytorch(big_vocab, tmp_path):
+    """bench's fp32 baseline session computes from the PyTorch model's table (the shared
+    session first: ORT's one-time start-up lands on it, not on the one it is compared to)."""
+    art = export_cpu_model(big_vocab, None, {}, tmp_path / "a")
+    tables = shared_tables(big_vocab)
+    assert tables["model.embed_tokens.weight"].ctypes.data == (
+        big_vocab.get_input_embeddings().weight.data_ptr())  # a view, not a copy
+    shared = ort_side("shared", art, threads=1, shared=tables)
+    own = ort_side("own", art, threads=1)
+    assert shared.rss_load < own.rss_load - TABLE // 2, (shared.rss_load, own.rss_load)
+    ids = np.array([[5, 17, 300, 9000]], np.int64)
+    assert (shared.generator.generate(ids, 3).tokens.tolist()
+            == own.generator.generate(ids, 3).tokens.tolist())
+    with pytest.raises(AutoplanError, match="cannot share"):
+        OrtGenerator(art.path, threads=1, shared={"model.embed_tokens.weight": np.zeros(
+            (VOCAB, 32), np.float32)})
