@@ -36,8 +36,10 @@ def copies_for(n: int, k: int, choice: Choice) -> int:
     return int(max(1, min(MAX_COPIES, want, BUILD_BYTES // fp32)))
 
 
-def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, seed: int = 0):
-    """ONNX model with `copies` independent [m, k] x [k, n] linear nodes in the given format."""
+def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, seed: int = 0,
+                data: Any = None):
+    """ONNX model with `copies` independent [m, k] x [k, n] linear nodes in the given format
+    (`data`: an onnx_data.TensorFile the fp32 weights go to as they are drawn, not kept)."""
     import onnx
     from autoplan.backends.cpu.onnx_graph import OPSET
     from autoplan.backends.cpu.ort_quant import ort_node, quantize_graph
@@ -50,7 +52,8 @@ def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, s
     for i in range(copies):
         name = f"linear{i}"
         w = base if i == 0 else np.roll(base, i, axis=0)
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(w), f"{name}.weight_t"))
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(w), f"{name}.weight_t")
+                     if data is None else data.add(f"{name}.weight_t", w))
         nodes.append(helper.make_node("MatMul", [f"x{i}", f"{name}.weight_t"], [f"y{i}"],
                                       name=name))
         inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [m, k]))
@@ -60,7 +63,7 @@ def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, s
     model.ir_version = min(model.ir_version, 9)
     node = ort_node(c.precision)
     decisions = {f"linear{i}": c for i in range(copies)} if node.op != "MatMul" else {}
-    records = quantize_graph(model, decisions)
+    records = quantize_graph(model, decisions, base_dir=None if data is None else data.path.parent)
     kernel = records[0].op_type if records else "MatMul"
     if node.op == "MatMulInteger":
         kernel = "DynamicQuantizeMatMul"  # what ORT fuses the int8 pattern into
@@ -77,6 +80,31 @@ def _session(model, threads: int | None, spinning: bool):
                                 providers=["CPUExecutionProvider"])
 
 
+def _row_session(m: int, n: int, k: int, c: Choice, copies: int, threads: int | None,
+                 spinning: bool):
+    """The row's session, built from files: its weights are never held in a ModelProto or
+    its serialization (a 262k-vocabulary lm_head row is a 0.67 GB fp32 weight)."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+    from autoplan.backends.cpu.onnx_data import TensorFile
+    from autoplan.backends.cpu.ort_runtime import session_options
+
+    with tempfile.TemporaryDirectory(prefix="autoplan-row-") as tmp:
+        data = TensorFile(Path(tmp) / "weights.data")
+        try:
+            model, kernel = build_graph(m, n, k, c, copies, data=data)
+        finally:
+            data.close()
+        onnx.save_model(model, str(Path(tmp) / "row.onnx"))
+        del model
+        opts = session_options(threads, spinning=spinning)
+        sess = ort.InferenceSession(str(Path(tmp) / "row.onnx"), opts,
+                                    providers=["CPUExecutionProvider"])
+    return sess, kernel
+
+
 def time_row(m: int, n: int, k: int, choice: Choice | str, threads: int | None = None,
              repeats: int | None = None, warmup: int = 3, min_seconds: float = 0.3,
              flush_cache: bool = True, spinning: bool = True) -> dict[str, Any]:
@@ -84,8 +112,7 @@ def time_row(m: int, n: int, k: int, choice: Choice | str, threads: int | None =
     starting from evicted caches (flush_cache)."""
     c = Choice.parse(choice) if isinstance(choice, str) else choice
     copies = copies_for(n, k, c)
-    model, kernel = build_graph(m, n, k, c, copies)
-    sess = _session(model, threads, spinning)
+    sess, kernel = _row_session(m, n, k, c, copies, threads, spinning)
     io = sess.io_binding()
     x = (np.random.default_rng(1).standard_normal((m, k), dtype=np.float32) * 0.5)
     for i in range(copies):

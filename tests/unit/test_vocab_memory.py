@@ -96,3 +96,22 @@ def test_the_bench_baseline_shares_the_table_with_pytorch(big_vocab, tmp_path):
     with pytest.raises(AutoplanError, match="cannot share"):
         OrtGenerator(art.path, threads=1, shared={"model.embed_tokens.weight": np.zeros(
             (VOCAB, 32), np.float32)})
+
+
+def test_a_vocabulary_wide_kernel_row_is_timed_from_files():
+    """The lm_head's kernel row (bench's prediction times it) is built into files, not a
+    ModelProto and its serialization: before, a 262k-vocabulary row held its 0.67 GB
+    weight four times over (drawn, proto, serialized, session)."""
+    from autoplan.backends.cpu import ort_microbench as OM
+
+    copies = OM.copies_for(VOCAB, 64, Choice.parse("fp32"))  # 2: drawn, then rolled
+    OM.time_row(1, 64, 64, "fp32", threads=1, repeats=2, warmup=1, flush_cache=False)  # imports
+    tracemalloc.start()
+    try:
+        row = OM.time_row(1, VOCAB, 64, "fp32", threads=1, repeats=2, warmup=1,
+                          flush_cache=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert row["kernel"] == "MatMul" and row["median_us"] > 0
+    assert peak < (copies + 0.5) * TABLE, f"{peak / 2**20:.0f} MiB for {copies} x 32 MiB"
