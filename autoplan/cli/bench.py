@@ -93,7 +93,7 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
     from autoplan.backends.cpu.onnx_export import CpuArtifact
     from autoplan.backends.cpu.predict import artifact_decisions, prediction_block
     from autoplan.backends.registry import resolve_target as get_target
-    from autoplan.bench import ort_side, read_bandwidth, run_bench, shared_tables, torch_side
+    from autoplan.bench import ort_side, read_bandwidth, run_bench, shared_weights, torch_side
     from autoplan.export.apply import apply_format, apply_plan, export_baseline, load_checked
     from autoplan.export.calibration import CalibrationArgs, check_calibration, plan_calibration
     from autoplan.models import check_loadable
@@ -120,9 +120,9 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
         elif given is not None:
             arts.append(("plan", given))
             decisions["plan"] = artifact_decisions(given)
-        # With the PyTorch side resident, the fp32 baseline's session computes from its
-        # embedding table instead of a copy (a 262k vocabulary's is 0.67 GB; bench.runner)
-        shared = {} if no_torch else {"baseline": shared_tables(loaded.model)}
+        # With the PyTorch side resident, it and the fp32 baseline's session compute from one
+        # copy of the weights (Gemma-3-270M's shape: 1.0 GiB; bench.runner.shared_weights)
+        shared = {} if no_torch else {"baseline": shared_weights(loaded.model, arts[0][1])}
         sides = [ort_side(name, art, threads, spinning=not no_spin, shared=shared.get(name))
                  for name, art in arts]
         if not no_torch:
@@ -133,9 +133,9 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
                            bandwidth=bandwidth, threads=threads,
                            progress=None if as_json else lambda m: err_console.print(m))
         if shared.get("baseline"):
-            report.notes.append("the baseline's ONNX Runtime session computes from the PyTorch "
-                                "side's embedding table (shared, not prepacked): its RSS "
-                                "added on load leaves that table out")
+            report.notes.append("the fp32 baseline's ONNX Runtime session and the PyTorch side "
+                                "compute from one copy of the weights (shared, not prepacked): "
+                                "the baseline's RSS added on load leaves them out")
         # the timed sessions and the PyTorch model go before the kernel timing, which builds
         # sessions of its own (a 262k-vocabulary lm_head row is a 0.67 GB weight)
         spec = loaded.spec

@@ -14,7 +14,7 @@ from autoplan.backends.cpu.onnx_export import export_cpu_model
 from autoplan.backends.cpu.onnx_graph import TIED_OP
 from autoplan.backends.cpu.ort_runtime import OrtGenerator
 
-from autoplan.bench import ort_side, shared_tables
+from autoplan.bench import ort_side, shared_weights
 from autoplan.errors import AutoplanError
 from autoplan.formats import Choice
 
@@ -80,19 +80,34 @@ def test_the_export_holds_no_copy_of_the_table(big_vocab, tmp_path):
     assert peak < 0.7 * TABLE, f"{peak / 2**20:.1f} MiB traced for a {TABLE / 2**20:.0f} MiB table"
 
 
-def test_the_bench_baseline_shares_the_table_with_pytorch(big_vocab, tmp_path):
-    """bench's fp32 baseline session computes from the PyTorch model's table (the shared
-    session first: ORT's one-time start-up lands on it, not on the one it is compared to)."""
-    art = export_cpu_model(big_vocab, None, {}, tmp_path / "a")
-    tables = shared_tables(big_vocab)
-    assert tables["model.embed_tokens.weight"].ctypes.data == (
-        big_vocab.get_input_embeddings().weight.data_ptr())  # a view, not a copy
-    shared = ort_side("shared", art, threads=1, shared=tables)
+def test_the_bench_baseline_shares_the_weights_with_pytorch(tmp_path):
+    """bench's fp32 baseline session and the PyTorch side compute from one copy of the
+    weights (the shared session first: ORT's one-time start-up lands on it, not on the one
+    it is compared to), and both still give the model's own tokens."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256,
+        tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = np.array([[5, 17, 300, 9000]], np.int64)
+    with torch.inference_mode():
+        want = model.generate(torch.from_numpy(ids), max_new_tokens=3, do_sample=False)[:, 4:]
+    art = export_cpu_model(model, None, {}, tmp_path / "a")
+    table = model.get_input_embeddings().weight.data_ptr()
+    weights = shared_weights(model, art)
+    assert weights["model.embed_tokens.weight"].ctypes.data == table  # a view, not a copy
+    qkv = weights["model.layers.0.self_attn.qkv_proj.weight_t"]  # packed q/k/v, [in, out]
+    assert model.model.layers[0].self_attn.k_proj.weight.data_ptr() == qkv.ctypes.data + 4 * 64
+    assert len(weights) == 1 + 2 * 4  # the table, then per block qkv, o, gate_up, down
+    shared = ort_side("shared", art, threads=1, shared=weights)
     own = ort_side("own", art, threads=1)
     assert shared.rss_load < own.rss_load - TABLE // 2, (shared.rss_load, own.rss_load)
-    ids = np.array([[5, 17, 300, 9000]], np.int64)
-    assert (shared.generator.generate(ids, 3).tokens.tolist()
-            == own.generator.generate(ids, 3).tokens.tolist())
+    assert shared.generator.generate(ids, 3).tokens.tolist() == want.tolist()
+    assert own.generator.generate(ids, 3).tokens.tolist() == want.tolist()
+    with torch.inference_mode():  # the PyTorch side, computing from the shared weights
+        again = model.generate(torch.from_numpy(ids), max_new_tokens=3, do_sample=False)
+    assert again[:, 4:].tolist() == want.tolist()
     with pytest.raises(AutoplanError, match="cannot share"):
         OrtGenerator(art.path, threads=1, shared={"model.embed_tokens.weight": np.zeros(
             (VOCAB, 32), np.float32)})
@@ -115,3 +130,4 @@ def test_a_vocabulary_wide_kernel_row_is_timed_from_files():
         tracemalloc.stop()
     assert row["kernel"] == "MatMul" and row["median_us"] > 0
     assert peak < (copies + 0.5) * TABLE, f"{peak / 2**20:.0f} MiB for {copies} x 32 MiB"
+
