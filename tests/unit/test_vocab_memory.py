@@ -131,3 +131,14 @@ def test_a_vocabulary_wide_kernel_row_is_timed_from_files():
     assert row["kernel"] == "MatMul" and row["median_us"] > 0
     assert peak < (copies + 0.5) * TABLE, f"{peak / 2**20:.0f} MiB for {copies} x 32 MiB"
 
+
+def test_the_bandwidth_probe_is_sized_by_the_cache():
+    """bench's read-bandwidth buffer is resident on top of the model while it measures: 8x
+    the last-level cache misses it as surely as a fixed 512 MiB did."""
+    from autoplan.bench.system import last_level_cache_bytes, probe_bytes
+
+    assert probe_bytes(32 * 2**20) == 256 * 2**20
+    assert probe_bytes(2 * 2**20) == 64 * 2**20 and probe_bytes(1 << 30) == 512 * 2**20
+    assert probe_bytes(None) == 512 * 2**20
+    llc = last_level_cache_bytes()
+    assert llc is None or llc >= 2**15
