@@ -109,8 +109,35 @@ def time_row(m: int, n: int, k: int, choice: Choice | str, threads: int | None =
              repeats: int | None = None, warmup: int = 3, min_seconds: float = 0.3,
              flush_cache: bool = True, spinning: bool = True) -> dict[str, Any]:
     """Build, run and time one row; per-call microseconds (median, p10, p90), each timed run
-    starting from evicted caches (flush_cache)."""
+    starting from evicted caches (flush_cache).
+
+    A row whose fp32 weight is over BUILD_BYTES (a 262k-vocabulary lm_head: 0.67 GB) is
+    timed in column slices of at most BUILD_BYTES, one session at a time, and their times
+    summed (`slices` in the row): the session and its prepacked copy of a whole weight
+    held it twice on top of the process (bench peaked there). A GEMM that large streams
+    its weight from memory, so its time is the sum of its column slices'."""
     c = Choice.parse(choice) if isinstance(choice, str) else choice
+    slices = max(1, -(-(n * k * 4) // BUILD_BYTES))
+    width = -(-n // slices)
+    parts = [_time_part(m, min(width, n - start), k, c, threads, repeats, warmup, min_seconds,
+                        flush_cache, spinning) for start in range(0, n, width)]
+    kernel, copies, repeats = parts[0]["kernel"], parts[0]["copies"], parts[0]["repeats"]
+    from autoplan.backends.cpu.ort_quant import ort_node
+
+    level = ort_node(c.precision).accuracy_level if kernel == "MatMulNBits" else None
+    m_, n_, k_, choice_s = row_key(m, n, k, c)
+    row = {"m": m_, "n": n_, "k": k_, "choice": choice_s, "accuracy_level": level,
+           "kernel": kernel, "copies": copies, "repeats": repeats,
+           **{f"{q}_us": sum(part[q] for part in parts) for q in ("median", "p10", "p90")}}
+    if len(parts) > 1:
+        row["slices"] = len(parts)
+    return row
+
+
+def _time_part(m: int, n: int, k: int, c: Choice, threads: int | None, repeats: int | None,
+               warmup: int, min_seconds: float, flush_cache: bool, spinning: bool
+               ) -> dict[str, Any]:
+    """One [m, k] x [k, n] GEMM timed in its own session (released on return)."""
     copies = copies_for(n, k, c)
     sess, kernel = _row_session(m, n, k, c, copies, threads, spinning)
     io = sess.io_binding()
@@ -135,13 +162,8 @@ def time_row(m: int, n: int, k: int, choice: Choice | str, threads: int | None =
         samples.append((time.perf_counter() - t0) * 1e6 / copies)
     samples.sort()
     pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]
-    from autoplan.backends.cpu.ort_quant import ort_node
-
-    level = ort_node(c.precision).accuracy_level if kernel == "MatMulNBits" else None
-    m_, n_, k_, choice_s = row_key(m, n, k, c)
-    return {"m": m_, "n": n_, "k": k_, "choice": choice_s, "accuracy_level": level,
-            "kernel": kernel, "copies": copies, "repeats": repeats,
-            "median_us": statistics.median(samples), "p10_us": pick(0.1), "p90_us": pick(0.9)}
+    return {"kernel": kernel, "copies": copies, "repeats": repeats,
+            "median": statistics.median(samples), "p10": pick(0.1), "p90": pick(0.9)}
 
 
 def machine_key(threads: int | None = None, spinning: bool = True) -> str:

@@ -142,3 +142,19 @@ def test_the_bandwidth_probe_is_sized_by_the_cache():
     assert probe_bytes(None) == 512 * 2**20
     llc = last_level_cache_bytes()
     assert llc is None or llc >= 2**15
+
+
+def test_a_row_over_the_build_limit_is_timed_in_column_slices(monkeypatch):
+    """Over BUILD_BYTES a row is timed slice by slice, one session at a time, and the times
+    summed: no session holds (and prepacks) the whole weight."""
+    from autoplan.backends.cpu import ort_microbench as OM
+
+    seen = []
+    real = OM._row_session
+    monkeypatch.setattr(OM, "BUILD_BYTES", TABLE // 3)
+    monkeypatch.setattr(OM, "_row_session", lambda m, n, *a: seen.append(n) or real(m, n, *a))
+    row = OM.time_row(1, VOCAB, 64, "fp32", threads=1, repeats=2, warmup=1, flush_cache=False)
+    assert row["slices"] == 4 and sum(seen) == VOCAB and max(seen) * 64 * 4 <= TABLE // 3
+    assert row["n"] == VOCAB and row["median_us"] > 0
+    assert "slices" not in OM.time_row(1, 256, 64, "fp32", threads=1, repeats=2, warmup=1,
+                                       flush_cache=False)
