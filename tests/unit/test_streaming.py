@@ -321,3 +321,24 @@ def test_recovery_on_a_streamed_model_is_refused_before_measuring(
         verifier.recover([picks])
     verifier.recovery = None  # without a stage, nothing to refuse
     verifier.recover([picks])
+
+
+def test_streamed_plan_holds_one_block_or_the_embedding_never_both() -> None:
+    """A streamed run holds one fp32 block, or the embedding / lm_head while a pass needs it,
+    plus one tensor in the checkpoint's dtype while it is converted; counting the block, the
+    embedding and a whole block read from disk at once overstated a streamed MoE profile by
+    about 2 GiB (docs/moe.md)."""
+    from autoplan.cost.configs import resolve_config
+
+    for name in ("qwen3-30b-a3b", "llama-3.1-8b"):
+        spec = resolve_config(name)
+        plan = estimate.plan(spec, "stream", "cpu")
+        block = estimate._block_dims(spec)[0] * 4
+        embed = max(spec.embedding_params, spec.vocab * spec.hidden) * 6  # fp32 + bf16 read
+        resident = plan.device_parts[estimate.RESIDENT]
+        assert max(block, embed) <= resident < max(block, embed) + 0.05 * block, name
+        assert not any("from disk" in part for part in plan.host_parts), name
+        profile = plan.to_json()["host_bytes_by_phase"]["profile"]
+        assert resident + estimate.PROCESS_BYTES <= profile <= plan.host, name
+        # 128 routed experts outweigh Qwen3-30B-A3B's embedding; Llama's embedding its block
+        assert (block > embed) == (name == "qwen3-30b-a3b"), name
