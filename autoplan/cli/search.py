@@ -100,6 +100,7 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     from autoplan.runtimes import get_runtime
     from autoplan.search import QualityBudget, check_writable_file
     from autoplan.search.writable import check_journal
+    from autoplan.streaming.device import check_device_cheaply
     from autoplan.workload import Workload
 
     # what the arguments alone show to be wrong, before the search stack is imported
@@ -113,6 +114,7 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     # (with --cost-table too, SearchRequest says "not both")
     if measure_kernels and cost_table is None and not measured_here(tgt.name):
         raise UserInputError(MEASURE_KERNELS_FIX)
+    check_device_cheaply(device)  # a GPU on a machine without one (preflight asks torch)
     check_text_source(text)
     if storage:
         check_journal(storage)  # a journal that could not be written; an RDB URL: preflight

@@ -24,11 +24,11 @@ def command(storage, study, wait_s, device, execution, offload_dir, quiet) -> No
     """Take trial batches and candidate measurements of a running search until it is done."""
     from autoplan.errors import UserInputError
     from autoplan.search.writable import check_journal
-    from autoplan.streaming.device import parse_device_name
+    from autoplan.streaming.device import check_device_cheaply
 
     if math.isnan(wait_s):  # click's range lets NaN through; it would wait forever
         raise UserInputError("--wait must be a number of seconds >= 0, got nan")
-    parse_device_name(device)  # the arguments first, before the search stack is imported
+    check_device_cheaply(device)  # the arguments first, before the search stack is imported
     check_journal(storage)  # a journal that could not be written; an RDB URL: run_worker
     from autoplan.search import run_worker
 
