@@ -99,7 +99,7 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     from autoplan.quality.text import check_text_source
     from autoplan.runtimes import get_runtime
     from autoplan.search import QualityBudget, check_writable_file
-    from autoplan.search.writable import check_journal
+    from autoplan.search.storage_url import check_storage_early
     from autoplan.streaming.device import check_device_cheaply
     from autoplan.workload import Workload
 
@@ -116,8 +116,8 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
         raise UserInputError(MEASURE_KERNELS_FIX)
     check_device_cheaply(device)  # a GPU on a machine without one (preflight asks torch)
     check_text_source(text)
-    if storage:
-        check_journal(storage)  # a journal that could not be written; an RDB URL: preflight
+    if storage:  # preflight opens it, last (opening creates an SQLite file)
+        check_storage_early(storage)
     price_per_hour = finite_non_negative("price-per-hour", price_per_hour)
     min_gain = finite_non_negative("min-gain", min_gain)
     picked = None if choices is None else parse_choices(

@@ -72,6 +72,15 @@ CORPUS = [
     "estimate --model llama-3.1-8b --target h100 --tpot-ms 0.001",
     "profile --model {tiny} --device cuda:99",
     _S + " --device cuda:99",
+    _S + " --storage sqlite:///{tmp}/afile/study.db",
+    _S + " --storage nosuchdb://user:hunter2@host/db",
+    _S + " --storage postgresql://user:hunter2@127.0.0.1:1/optuna",
+    _S + " --storage postgresql+psycopg2://user:hunter2@127.0.0.1:1/optuna",
+    _S + " --storage postgresql://user:s3cr@t:pw@host:notaport/db",
+    "worker --study autoplan-x --wait 0 --storage nosuchdb://user:hunter2@host/db",
+    "worker --study autoplan-x --wait 0 --storage postgresql://user:hunter2@127.0.0.1:1/optuna",
+    "worker --study autoplan-x --wait 0 --storage postgresql://user:s3cr@t:pw@host:notaport/db",
+    "worker --study autoplan-x --wait 0 --storage journal:{tmp}/none/s.journal",
 ]
 
 
