@@ -81,6 +81,11 @@ CORPUS = [
     "worker --study autoplan-x --wait 0 --storage postgresql://user:hunter2@127.0.0.1:1/optuna",
     "worker --study autoplan-x --wait 0 --storage postgresql://user:s3cr@t:pw@host:notaport/db",
     "worker --study autoplan-x --wait 0 --storage journal:{tmp}/none/s.journal",
+    "apply {plan} --model {tmp}/nope --out {tmp}/afile/art",
+    "apply {tmp}/no-plan.json --model {tiny} --out {tmp}/art",
+    "export {plan} --format bogus --model {tmp}/nope --out {tmp}/art",
+    "export {plan} --format onnx --model {tiny} --out {tmp}/art --calibration {tmp}/no.txt",
+    "bench --model {tiny} --artifact {tmp}/no-artifact",
 ]
 
 
@@ -137,6 +142,13 @@ def test_the_torch_free_format_facts_are_the_built_in_specs():
         if getattr(spec.onnx, "op", None) == "MatMulNBits":
             assert spec.onnx.bits == info.value_bits, name
             assert info.group in (0, spec.onnx.block), name
+
+
+def test_the_clis_export_format_names_are_the_registrys():
+    from autoplan.cli._export_options import EXPORT_FORMATS
+    from autoplan.export import exporter_names
+
+    assert sorted(EXPORT_FORMATS) == exporter_names()
 
 
 def test_the_kv_registrys_torch_free_constants_agree_with_the_numerics():
