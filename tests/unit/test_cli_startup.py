@@ -86,6 +86,7 @@ CORPUS = [
     "export {plan} --format bogus --model {tmp}/nope --out {tmp}/art",
     "export {plan} --format onnx --model {tiny} --out {tmp}/art --calibration {tmp}/no.txt",
     "bench --model {tiny} --artifact {tmp}/no-artifact",
+    "search --model {tmp}/nope --out {tmp}/plan.json",
 ]
 
 
