@@ -52,6 +52,11 @@ def check_rdb_driver(url: str) -> None:
                              f"which is not installed: {fix}") from None
 
 
+# sqlite:///PATH (relative) or sqlite:////PATH (absolute) through Python's own sqlite3, with no
+# query and nothing %-quoted: SQLAlchemy reads PATH as it stands
+_PLAIN_SQLITE = re.compile(r"sqlite(?:\+pysqlite)?:///([\w./-]+)")
+
+
 def check_storage_early(url: str) -> None:
     """What `jobs.check_storage` refuses, short of opening the storage through Optuna
     (which creates a new SQLite file and Optuna's tables, so it waits for preflight's
@@ -64,14 +69,17 @@ def check_storage_early(url: str) -> None:
     """
     if check_journal(url):
         return
-    check_rdb_driver(url)
-    from sqlalchemy.engine import make_url
+    plain = _PLAIN_SQLITE.fullmatch(url)  # a file path, no options: no SQLAlchemy needed
+    shown = url if plain is not None else redact(url)  # such a URL holds no password
+    if plain is None:
+        check_rdb_driver(url)
+        from sqlalchemy.engine import make_url
 
-    parsed = make_url(url)
+        parsed = make_url(url)
     try:
-        if parsed.get_backend_name() == "sqlite":
-            path = Path(parsed.database or "")
-            if parsed.database and parsed.database != ":memory:" and not path.exists() \
+        if plain is not None or parsed.get_backend_name() == "sqlite":
+            path = Path(plain.group(1) if plain is not None else parsed.database or "")
+            if str(path) not in ("", ".", ":memory:") and not path.exists() \
                     and not path.parent.is_dir():
                 import sqlite3  # SQLite's own error; it creates nothing where no folder is
 
@@ -86,7 +94,7 @@ def check_storage_early(url: str) -> None:
         finally:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001 - drivers raise many types
-        raise UserInputError(f"cannot open storage {redact(url)}: "
+        raise UserInputError(f"cannot open storage {shown}: "
                              f"{storage_error(exc, url)}") from None
 
 
@@ -101,6 +109,8 @@ def storage_error(exc: BaseException, url: str) -> str:
 
 
 def _password(url: str) -> str | None:
+    if "@" not in url:  # no user-info part: no password (and no SQLAlchemy to import)
+        return None
     try:
         from sqlalchemy.engine import make_url
 
