@@ -77,5 +77,5 @@ def measured_here(target: str) -> bool:
     return any(target in get_registered(n).measured_targets() for n in load_backends())
 
 
-__all__ = ["MEASURE_KERNELS_FIX", "MEASURE_OR_TABLE", "backend_for", "backend_names", "get_backend", "load_backends",
-           "measured_here", "resolve_target"]
+__all__ = ["MEASURE_KERNELS_FIX", "MEASURE_OR_TABLE", "backend_for", "backend_names",
+           "get_backend", "load_backends", "measured_here", "resolve_target"]

@@ -142,8 +142,8 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     # the model: a name that is no file, folder or alias is refused after every argument
     recovery = recovery_settings(recover_method, recover_steps, recover_lr, recover_rank,
                                  recover_text, recover_batch, recover_seq_len, recover_seed)
-    for text in budgets[1:]:  # the further budgets
-        QualityBudget.parse(text)
+    for further in budgets[1:]:  # the further budgets
+        QualityBudget.parse(further)
     if cost_table is not None:
         load_cost_table(cost_table)  # a file with no measured rows (CostTable reads it again)
         if measure_kernels:

@@ -3,8 +3,9 @@
 Each spec says how the format is stored (PrecisionInfo, for the cost model: the torch-free
 table of autoplan/formats/info.py), how weights and inputs round (scheme factories from
 autoplan.formats.schemes), and what compressed-tensors, ModelOpt, ONNX Runtime and the
-microbenchmark kernels call it -- or a one-line reason why they cannot hold it. Group-wise families (int4_gN, uint4_gN, ...) are
-built by one function per family so their three group sizes cannot drift apart.
+microbenchmark kernels call it -- or a one-line reason why they cannot hold it. Group-wise
+families (int4_gN, uint4_gN, ...) are built by one function per family so their three group
+sizes cannot drift apart.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import torch
 from torch import Tensor
 
 from autoplan.formats.elements import round_to_bf16, round_to_fp16
-from autoplan.formats.info import BUILTIN_INFO, GROUPS
 from autoplan.formats.gguf_blocks import GGUF, BlockFormat, GgufActScheme, GgufWeightScheme
+from autoplan.formats.info import BUILTIN_INFO, GROUPS
 from autoplan.formats.registry import (
     CompressedTensorsName,
     FormatSpec,

@@ -67,8 +67,8 @@ _S = "search --model {tiny} --out {tmp}/plan.json --trials 5"
 CORPUS = [
     "estimate --model llama-3.1-8b --target a100 --precision fp8",
     "estimate --model llama-3.1-8b --target h100 --precision nvfp4",
-    "estimate --model llama-3.1-70b --target h100 --precision fp8 --batch max "
-    "--input-len 400000",
+    ("estimate --model llama-3.1-70b --target h100 --precision fp8 --batch max "
+     "--input-len 400000"),
     "estimate --model llama-3.1-8b --target h100 --tpot-ms 0.001",
     "profile --model {tiny} --device cuda:99",
     _S + " --device cuda:99",
