@@ -237,6 +237,28 @@ def test_device_names() -> None:
             resolve_device("cuda:1")
 
 
+def test_the_cheap_gpu_check_agrees_with_torch(monkeypatch) -> None:
+    """`check_device_cheaply` refuses a GPU only where no driver file says one may exist,
+    with `resolve_device`'s own line; where one may, torch answers."""
+    from autoplan.streaming import device as dev
+
+    if not dev.gpu_may_exist():  # no driver file: torch must see no GPU either
+        assert not torch.cuda.is_available()
+    monkeypatch.setattr(dev, "gpu_may_exist", lambda: False)
+    with pytest.raises(UserInputError) as cheap:
+        dev.check_device_cheaply("cuda:3")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserInputError) as full:
+            resolve_device("cuda:3")
+        assert str(cheap.value) == str(full.value)
+    for name in ("cpu", "auto"):
+        dev.check_device_cheaply(name)
+    monkeypatch.setattr(dev, "gpu_may_exist", lambda: True)
+    dev.check_device_cheaply("cuda:99")  # a driver is here: resolve_device asks torch
+    with pytest.raises(UserInputError, match="not a device"):
+        dev.check_device_cheaply("tpu")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_cli_device_cuda_without_gpu_is_one_line_exit_2(case: Case) -> None:
     res = CliRunner().invoke(cli, ["profile", "--model", str(case.folder), "--device", "cuda"])
