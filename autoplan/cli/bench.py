@@ -72,6 +72,10 @@ def _prediction_table(predicted: dict) -> Table:
 @click.option("--input-len", type=int, default=128, show_default=True)
 @click.option("--output-len", type=int, default=64, show_default=True)
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch eager fp32 reference.")
+@click.option("--share-weights", is_flag=True,
+              help="The PyTorch side and the fp32 baseline compute from one copy of the "
+                   "weights: about half the memory, but the baseline runs unprepacked "
+                   "(its prefill 9-15 %% slower per MatMul on an AVX2 EPYC; decode alike).")
 @click.option("--threads", type=int, default=None, help="Threads (default: physical cores).")
 @click.option("--no-spin", is_flag=True,
               help="ORT pool threads sleep between ops (for a machine shared with other jobs; "
@@ -79,7 +83,7 @@ def _prediction_table(predicted: dict) -> Table:
 @json_option
 def command(model: str, plan_path: str | None, artifact: str | None, requests: int,
             concurrency: int, input_len: int, output_len: int, no_torch: bool,
-            threads: int | None, no_spin: bool, as_json: bool) -> None:
+            share_weights: bool, threads: int | None, no_spin: bool, as_json: bool) -> None:
     """Measure prefill/decode tok/s, TTFT, TPOT and memory: baseline vs plan, one run."""
     for flag, value in (("requests", requests), ("concurrency", concurrency),
                         ("input-len", input_len), ("output-len", output_len),
@@ -125,9 +129,12 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
         elif given is not None:
             arts.append(("plan", given))
             decisions["plan"] = artifact_decisions(given)
-        # With the PyTorch side resident, it and the fp32 baseline's session compute from one
-        # copy of the weights (Gemma-3-270M's shape: 1.0 GiB; bench.runner.shared_weights)
-        shared = {} if no_torch else {"baseline": shared_weights(loaded.model, arts[0][1])}
+        # --share-weights: the PyTorch side and the fp32 baseline's session compute from one
+        # copy of the weights (Gemma-3-270M's shape: 1.0 GiB; bench.runner.shared_weights).
+        # Not by default: a shared weight cannot be prepacked, which slows the baseline's
+        # prefill, and the baseline is the denominator of every ratio bench reports.
+        shared = {"baseline": shared_weights(loaded.model, arts[0][1])} \
+            if share_weights and not no_torch else {}
         sides = [ort_side(name, art, threads, spinning=not no_spin, shared=shared.get(name))
                  for name, art in arts]
         if not no_torch:
