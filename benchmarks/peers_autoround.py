@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from peers_common import PeerError, PeerVenv, error_row, peers_dir, run
+from peers_common import PeerError, PeerVenv, error_row, peers_dir, run_tool
 
 GOAL = 1.1
 OPTIONS = ("GGUF:Q4_0", "GGUF:Q4_1", "GGUF:Q5_0", "GGUF:Q5_1", "GGUF:Q8_0")
@@ -86,8 +86,8 @@ def run(args, log=print) -> dict:  # noqa: ANN001
         done = work / "autoscheme.json"
         prior = json.loads(done.read_text()) if done.is_file() else {}
         if sorted(prior.get("runs", {})) != sorted(f"{b:g}" for b in targets):
-            run([str(python), str(WORKER), json.dumps(cfg)], "AutoRound AutoScheme",
-                timeout=5400, log=work / "autoscheme.log")
+            run_tool([str(python), str(WORKER), json.dumps(cfg)], "AutoRound AutoScheme",
+                     timeout=5400, log=work / "autoscheme.log")
         doc = json.loads(done.read_text())
         if doc.get("error"):
             raise PeerError(doc["error"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from peers_common import PeerError, PeerVenv, error_row, peers_dir, run
+from peers_common import PeerError, PeerVenv, error_row, peers_dir, run_tool
 from peers_gpu import WORKLOADS, autoplan_at, prepare_for, score_peer
 from peers_table import pair
 
@@ -44,8 +44,9 @@ def quark_candidates(loaded, log) -> dict:  # noqa: ANN001
     if prior.get("configs"):
         return prior
     try:
-        run([str(python), str(WORKER), json.dumps({"hf": str(loaded.path), "out": str(out)})],
-            "Quark ConfigSearcher", timeout=1800, log=work / "quark_search.log")
+        cfg = json.dumps({"hf": str(loaded.path), "out": str(out)})
+        run_tool([str(python), str(WORKER), cfg], "Quark ConfigSearcher", timeout=1800,
+                 log=work / "quark_search.log")
     finally:
         doc = json.loads(out.read_text()) if out.is_file() else {}
     if doc.get("error") or not doc.get("configs"):
