@@ -20,7 +20,9 @@ from peers_common import PeerError, PeerVenv, error_row, peers_dir, run_tool
 
 GOAL = 1.1
 OPTIONS = ("GGUF:Q4_0", "GGUF:Q4_1", "GGUF:Q5_0", "GGUF:Q5_1", "GGUF:Q8_0")
-VENV = PeerVenv("autoround", (("torch==2.13.0",), ("auto-round==0.16.1",)), "auto_round")
+# auto-round does not declare gguf, which its GGUF export imports
+VENV = PeerVenv("autoround", (("torch==2.13.0",), ("auto-round==0.16.1", "gguf>=0.10")),
+                "auto_round, gguf")
 WORKER = Path(__file__).with_name("peers_autoround_worker.py")
 RESULTS = Path(__file__).resolve().parent / "results"
 
