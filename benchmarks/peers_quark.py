@@ -30,8 +30,9 @@ CHOICES = ("dense+fp8_e4m3",)
 PARTITIONS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
               "dense_mlp": ("gate_proj", "up_proj", "down_proj")}
 PPL_GATE = 1.02  # Quark's default eval_threshold for perplexity
-VENV = PeerVenv("quark", (("torch==2.13.0",), ("amd-quark[quant-perf]==0.13",)),
-                "quark.experimental.torch.mix_precision")
+# the check is the package, not its mix_precision search: that one imports vLLM's plugin and
+# fails on a CPU, which the worker records as the finding (search_error) rather than an install
+VENV = PeerVenv("quark", (("torch==2.13.0",), ("amd-quark[quant-perf]==0.13",)), "quark")
 WORKER = Path(__file__).with_name("peers_quark_worker.py")
 
 
