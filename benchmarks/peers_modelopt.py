@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 
 from peers_common import PeerError, PeerVenv, error_row, last_line, peers_dir, run_tool
-from peers_gpu import WORKLOADS, autoplan_at, prepare_for, score_peer
-from peers_table import pair
+from peers_gpu import WORKLOADS, autoplan_at, command, prepare_for, score_peer
+from peers_table import floor_budget, pair
 
 GOAL = 1.15
 TARGET, RUNTIME = "h100-sxm", "tensorrt-llm"
@@ -196,7 +196,13 @@ def run(args, log=print) -> dict:  # noqa: ANN001
     rows, pairs = list(peers.values()), []
     progress.update({**head, "rows": rows, "pairs": pairs, "errors": errors})
     for (bits, w), peer in peers.items():
-        ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], choices, "modelopt", log)
+        try:
+            ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], choices, "modelopt", log)
+        except Exception as exc:  # noqa: BLE001 - autoplan's own failure is that pair's row
+            errors.append(error_row("modelopt", f"autoplan beside modelopt-e{bits:g} batch {w}",
+                                    exc, command(TARGET, RUNTIME, w,
+                                                 f"kl<={floor_budget(peer['kl'])}", choices)))
+            continue
         ours["effective_bits"] = _plan_bits(prep[w], ours["plan"])
         rows.append(ours)
         pairs.append(pair(peer, ours, GOAL, metric="tokens_per_s",

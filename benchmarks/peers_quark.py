@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 
 from peers_common import PeerError, PeerVenv, error_row, peers_dir, run_tool
-from peers_gpu import WORKLOADS, autoplan_at, prepare_for, score_peer
-from peers_table import pair
+from peers_gpu import WORKLOADS, autoplan_at, command, prepare_for, score_peer
+from peers_table import floor_budget, pair
 
 GOAL = 1.15
 TARGET, RUNTIME = "mi300x", "vllm"
@@ -102,7 +102,13 @@ def run(args, log=print) -> dict:  # noqa: ANN001
     rows, pairs = list(peers.values()), []
     progress.update({**head, "rows": rows, "pairs": pairs})
     for (_i, w), peer in peers.items():
-        ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], CHOICES, "quark", log)
+        try:
+            ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], CHOICES, "quark", log)
+        except Exception as exc:  # noqa: BLE001 - autoplan's own failure is that pair's row
+            errors.append(error_row("quark", f"autoplan beside {peer['name']} batch {w}", exc,
+                                    command(TARGET, RUNTIME, w,
+                                            f"kl<={floor_budget(peer['kl'])}", CHOICES)))
+            continue
         rows.append(ours)
         pairs.append(pair(peer, ours, GOAL, metric="tokens_per_s",
                           label=f"tokens/s, MI300X, batch {w}"))
