@@ -135,7 +135,12 @@ def goals_summary(docs: dict[str, dict]) -> list[str]:
     for name, doc in docs.items():
         pairs = doc.get("pairs") or []
         if not pairs:
-            state = "not measured" if not doc.get("errors") else "peer not runnable"
+            rows = doc.get("rows") or []
+            if rows:  # stopped or failed before pairing: what was measured is listed below
+                state = (f"{len(rows)} rows measured, none paired with autoplan yet (goal not "
+                         "assessed; the section's lines below say why)")
+            else:
+                state = "not measured" if not doc.get("errors") else "peer not runnable"
             out.append(f"- {name}: {state}")
             continue
         met = sum(p["met"] for p in pairs)

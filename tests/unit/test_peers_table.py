@@ -75,6 +75,10 @@ def test_empty_sections_and_summary_say_what_is_missing() -> None:
                                                        1.1)]}})
     assert lines == ["- nncf: not measured", "- quark: peer not runnable",
                      "- llamacpp: 1 of 1 pairs meet the goal; lowest ratio 1.20x (a vs b)"]
+    stopped = goals_summary({"nncf": {"rows": [_row("r", 1, 0.1)], "errors": [
+        {"peer": "nncf (whole section)", "error": "NotFinished: stopped"}]}})
+    assert stopped[0].startswith("- nncf: 1 rows measured, none paired")
+    assert "not runnable" not in stopped[0]
     assert error_lines([{"peer": "p", "error": "e", "command": "c"}]) == [
         "- **p: not runnable here.** `e` (command: `c`)"]
 
