@@ -108,25 +108,27 @@ def _contended(n_trials: int, quiet: set[int], seed: int = 0) -> list[list[float
 def test_the_kernel_time_is_the_uncontended_one_under_load():
     import statistics
 
-    trials = _contended(8, quiet={0, 3, 6})
+    trials = _contended(12, quiet={0, 3, 4, 7})
     runs = [x for t in trials for x in t]
     assert statistics.median(runs) > 20 * _QUIET  # v1's statistic: 100s of us, not 24
     timing = gm.quiet_time(trials)
     assert _QUIET <= timing["median_us"] <= 1.05 * _QUIET
     lo, hi = timing["halves_us"]
-    assert lo == timing["median_us"] and hi <= 1.05 * _QUIET and gm.repeatable(timing)
-    assert timing["trials"] == 8 and timing["p90_us"] > 20 * _QUIET  # the load stays visible
+    assert timing["median_us"] <= lo and hi <= 1.05 * _QUIET and gm.repeatable(timing)
+    assert timing["trials"] == 12 and timing["p90_us"] > 20 * _QUIET  # the load stays visible
 
 
-def test_a_single_fast_run_does_not_set_the_time_and_no_quiet_half_is_refused():
+def test_a_lucky_run_or_trial_does_not_set_the_time_and_a_quiet_half_alone_is_refused():
     # every trial has one unpreempted run: that is not a quiet trial
     assert gm.quiet_time(_contended(8, quiet=set()))["median_us"] > 10 * _QUIET
-    # one quiet trial (an odd one): the even half never saw a quiet trial
-    timing = gm.quiet_time(_contended(8, quiet={5}))
+    # one quiet (or lucky) trial does not set the time either
+    assert gm.quiet_time(_contended(8, quiet={5}))["median_us"] > 10 * _QUIET
+    # two quiet trials, both odd: the even half never saw one, the halves disagree
+    timing = gm.quiet_time(_contended(8, quiet={1, 5}))
     assert timing["median_us"] < 1.05 * _QUIET
     assert not gm.repeatable(timing) and timing["spread"] > gm.SPREAD_BOUND
     with pytest.raises(ValueError):
-        gm.quiet_time([[1.0, 2.0]])
+        gm.quiet_time([[1.0, 2.0]] * 3)
 
 
 def test_an_unrepeatable_row_is_refused_in_one_line_naming_the_fix(monkeypatch, tmp_path):
@@ -169,7 +171,7 @@ def test_an_unrepeatable_row_is_refused_in_one_line_naming_the_fix(monkeypatch, 
 
 
 def test_a_v1_table_is_measured_again(tmp_path, monkeypatch):
-    assert gm.METHOD.endswith("/v2") and "min-trial-median" in gm.METHOD
+    assert gm.METHOD.endswith("/v2") and "quiet-trial-median" in gm.METHOD
     header = {"schema_version": 1, "runtime": "llama.cpp", "threads": 2,
               "llama_cpp_python": "x", "method": gm.METHOD}
     path = tmp_path / "t.json"
@@ -205,6 +207,6 @@ def test_one_real_row_is_timed_by_ggml(tmp_path):
     table = gm.measure_rows([row_key(1, 64, 64, "q4_0")], threads=1, path=tmp_path / "t.json")
     (row,) = table["rows"]
     assert row["kernel"] == "ggml_mul_mat" and row["ggml_type"] == 2
-    assert 0 < row["halves_us"][0] == row["median_us"] <= row["halves_us"][1]
+    assert 0 < row["median_us"] <= row["halves_us"][0] <= row["halves_us"][1]
     assert row["trials"] >= gm.TRIALS and gm.repeatable(row)
     assert table["runtime"] == "llama.cpp" and table["includes_dispatch"] is True
