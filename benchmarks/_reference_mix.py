@@ -38,6 +38,7 @@ class Reference:
     uniform_picks: tuple[int, ...] = ()
     steps: list[dict[str, Any]] = field(default_factory=list)  # the bisection, in order
     extended: bool = False  # a stronger reference that bisected on past A (stronger_reference)
+    a_is_fastest: bool = False  # no uniform recipe (or the model as is) is faster than A
 
 
 def real_evaluations(prep: Any) -> int:
@@ -63,7 +64,7 @@ def reference_mix(prep: Any, rep: Any) -> Reference:
         verifier.measure(prep.baseline_picks, "baseline")
     label_a, a = best_a
     best = Reference(a, label_a, prep.value(a), verifier.measured[a].badness, 0, label_a, None,
-                     a)
+                     a, a_is_fastest=not faster)
     # toward the next faster recipe and toward the fastest: the best of both bisections
     for label_b, b in dict.fromkeys([*faster[-1:], *faster[:1]]):
         found = _bisect(prep, rep, a, label_a, b, label_b)
@@ -89,7 +90,7 @@ def stronger_reference(prep: Any, rep: Any, ref: Reference) -> Reference:
     """`ref` where a uniform recipe faster than A fails; where none does (A is the fastest
     recipe), the better of `ref` and the bisection from A toward each unit's fastest choice.
     Its evaluations count every real pass on `prep`'s verifier, `ref`'s included."""
-    if ref.faster is not None or ref.label != ref.uniform:
+    if not ref.a_is_fastest:
         return Reference(**{**ref.__dict__, "steps": list(ref.steps)})
     a = ref.uniform_picks
     best = Reference(**{**ref.__dict__, "steps": [], "extended": True})

@@ -83,3 +83,16 @@ def test_where_a_faster_recipe_fails_the_stronger_reference_is_the_reference(mon
     strong = stronger_reference(prep, SimpleNamespace(note=lambda s: None), ref)
     assert not strong.extended and strong.picks == ref.picks
     assert real_evaluations(prep) == n  # nothing more measured
+
+
+def test_a_failing_faster_recipe_whose_bisection_finds_nothing_is_not_extended(monkeypatch):
+    import autoplan.search.stages as stages
+
+    monkeypatch.setattr(stages, "recipes", lambda prep: [("uniform 2", (2,) * 6),
+                                                         ("uniform 1", (1,) * 6)])
+    monkeypatch.setattr(stages, "acceptable", lambda prep, m: m.passed)
+    prep = _prep(0.0065)  # uniform 1 passes (0.006); any unit at choice 2 fails
+    ref = reference_mix(prep, SimpleNamespace(note=lambda s: None))
+    assert ref.label == "uniform 1" and not ref.a_is_fastest
+    strong = stronger_reference(prep, SimpleNamespace(note=lambda s: None), ref)
+    assert not strong.extended and strong.picks == ref.picks
