@@ -252,7 +252,7 @@ def _predicted(plan, loaded, args, sides) -> tuple[dict, dict]:  # noqa: ANN001
     meta = {k: table.get(k) for k in ("non_gemm_decode_s", "source_decode_step_s",
                                        "source_gemm_s", "source_decode_step_spread",
                                        "source_load_avg_1m", "threads", "method", "device")}
-    from autoplan.search.preparation._uncertainty import kernel_spread
+    from autoplan.search.preparation import kernel_spread
 
     meta["kernel_spread"] = kernel_spread(table)
     return out, meta

@@ -194,7 +194,7 @@ def test_a_v1_table_is_measured_again(tmp_path, monkeypatch):
 
 
 def test_the_uncertainty_of_a_ggml_table_is_its_halves_spread():
-    from autoplan.search.preparation._uncertainty import kernel_spread
+    from autoplan.search.preparation import kernel_spread
 
     row = {"median_us": 100.0, "p10_us": 90.0, "p90_us": 5000.0, "halves_us": [100.0, 110.0]}
     assert kernel_spread({"rows": [row]}) == (0.05, 1)
