@@ -251,6 +251,7 @@ def _predicted(plan, loaded, args, sides) -> tuple[dict, dict]:  # noqa: ANN001
             cost.evaluate(decisions).metrics.decode_tokens_per_s
     meta = {k: table.get(k) for k in ("non_gemm_decode_s", "source_decode_step_s",
                                        "source_gemm_s", "source_decode_step_spread",
+                                       "source_decode_clock", "clock",
                                        "source_load_avg_1m", "threads", "method", "device")}
     from autoplan.search.preparation import kernel_spread
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 # v2: interleaved trials, a row's time is its quiet trials' median run (v1: the median of
 # back-to-back runs, which a loaded machine inflated up to 135x; such tables are re-measured)
-METHOD = "ggml-backend-cpu+no-extra-bufts+rotate-copies-m1+flush-96MB+quiet-trial-median/v2"
+METHOD = "ggml-backend-cpu+no-extra-bufts+rotate-copies-m1+flush-96MB+quiet-trial-median+cpu-clock-1t/v2"
 MAX_COPIES = 8
 BUILD_BYTES = 256 * 2**20  # fp32 source of one weight copy, quantized by ggml one at a time
 QUIET_RANK = 2  # the time is the QUIET_RANK-th lowest trial median
@@ -118,7 +118,7 @@ def empty_table(threads: int | None = None) -> dict[str, Any]:
     n_threads = threads or default_threads()
     return {"schema_version": SCHEMA_VERSION, "device": f"{cpu_info().model} ({n_threads} threads)",
             "runtime": "llama.cpp", "llama_cpp_python": engine_version(), "threads": n_threads,
-            "includes_dispatch": True, "method": METHOD,
+            "includes_dispatch": True, "method": METHOD, "clock": clock_for(n_threads),
             "time": "the second lowest of interleaved trials' median runs (median_us); "
                     "halves_us: the same over even and odd trials",
             "spread_bound": SPREAD_BOUND}
@@ -190,6 +190,13 @@ def _groups(rows: list[tuple[Row, int, int]]) -> Iterator[list[tuple[Row, int, i
         yield group
 
 
+def clock_for(threads: int) -> str:
+    """What a run's time is read from: the process's CPU time with one thread (its run
+    without the waits for a core a loaded machine adds), wall time with more (their
+    barriers spin, so CPU time would count a peer's wait as work)."""
+    return "cpu" if threads == 1 else "wall"
+
+
 def _time_group(worker: Any, group: list[tuple[Row, int, int]], threads: int,
                 progress: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
     """Each row of a group timed in trials interleaved with the group's other rows; a row
@@ -211,7 +218,8 @@ def _time_group(worker: Any, group: list[tuple[Row, int, int]], threads: int,
                 loads.append(os.getloadavg()[0])
                 for row in pending:
                     graph_id, runs, _, _ = built[row]
-                    trials[row].append(worker.trial(graph_id, runs, FLUSH_BYTES))
+                    trials[row].append(worker.trial(graph_id, runs, FLUSH_BYTES,
+                                                    clock=clock_for(threads)))
             for row in pending:
                 timing[row] = quiet_time(trials[row])
             pending = [row for row in pending if not repeatable(timing[row])]
@@ -226,7 +234,7 @@ def _time_group(worker: Any, group: list[tuple[Row, int, int]], threads: int,
             m, n, k, choice = row
             _, _, ggml_type, copies = built[row]
             yield {"m": m, "n": n, "k": k, "choice": choice, "kernel": "ggml_mul_mat",
-                   "ggml_type": ggml_type, "copies": copies,
+                   "ggml_type": ggml_type, "copies": copies, "clock": clock_for(threads),
                    "load_avg_1m": round(statistics.median(loads), 2), **timing[row]}
         if pending:
             m, n, k, choice = pending[0]
@@ -329,16 +337,20 @@ def decode_step_seconds(gguf: Path, input_len: int, output_len: int,
     from autoplan.engines.llamacpp import LlamaCppWorker, default_threads
 
     ids = np.random.default_rng(0).integers(100, 20000, size=(1, input_len))
+    n_threads = threads or default_threads()
+    field = "step_cpu_s" if clock_for(n_threads) == "cpu" else "step_s"
     trials: list[list[float]] = []
     with LlamaCppWorker(gguf, threads=threads, n_ctx=input_len + output_len + 8) as worker:
         worker.generate(ids[:, :8], 4)  # warm-up
         for _ in range(ATTEMPTS):
-            trials += [[s * 1e6 for s in worker.generate(ids, output_len).step_s]
-                       for _ in range(repeats)]
+            for _ in range(repeats):
+                out = worker.ask({"op": "generate", "ids": ids.tolist(), "n": output_len})
+                trials.append([s * 1e6 for s in out[field]])
             timing = quiet_time(trials)
             if repeatable(timing):
-                return {**timing, "step_s": timing["median_us"] * 1e-6}
-    raise _refusal(f"the decode step of {gguf.name}", timing, threads or default_threads())
+                return {**timing, "step_s": timing["median_us"] * 1e-6,
+                        "clock": clock_for(n_threads)}
+    raise _refusal(f"the decode step of {gguf.name}", timing, n_threads)
 
 
 def _runs(layer: Any, spec: Any, batch: int) -> float:
@@ -375,7 +387,7 @@ def non_gemm_decode(loaded: LoadedModel, workload: Any, threads: int | None = No
     return {"non_gemm_decode_s": step - gemm if step > gemm else None,
             "source_decode_step_s": step, "source_gemm_s": gemm,
             "source_decode_step_spread": timing["spread"],
-            "source_decode_step_trials": timing["trials"],
+            "source_decode_step_trials": timing["trials"], "source_decode_clock": timing["clock"],
             "source_gguf": source_gguf(loaded).name, "source_load_avg_1m": load}
 
 
@@ -407,4 +419,4 @@ def search_kernel_table(loaded: LoadedModel, space: Any, workload: Any, threads:
 __all__ = ["GGML_TYPE_IDS", "METHOD", "SOURCE_PREFIX", "SPREAD_BOUND", "cache_path",
            "copies_for", "decode_rows", "decode_step_seconds", "empty_table", "engine_version",
            "ggml_type_id", "machine_key", "measure_rows", "non_gemm_decode", "quiet_time",
-           "repeatable", "search_kernel_table", "source_decisions"]
+           "repeatable", "search_kernel_table", "source_decisions", "clock_for"]

@@ -145,7 +145,7 @@ def test_an_unrepeatable_row_is_refused_in_one_line_naming_the_fix(monkeypatch, 
         def build(self, m, n, k, ggml_type, copies=1):
             return {"id": n, "copies": copies, "once_us": 10.0}
 
-        def trial(self, graph_id, runs, flush_bytes=0):
+        def trial(self, graph_id, runs, flush_bytes=0, clock="wall"):
             self.n[graph_id] = self.n.get(graph_id, 0) + 1
             if graph_id == 64:  # repeatable: the same every trial
                 return [10.0] * runs
