@@ -31,6 +31,8 @@ Usage:
   python benchmarks/llamacpp_plans.py [--budget 'kl<=0.01'] [--objective tpot] [--plan PLAN.json]
       [--threads 1] [--requests 6] [--input-len 128] [--output-len 64] [--trials 500]
       [--gguf-dir DIR] [--out benchmarks/results/llamacpp_plans.json]
+  python benchmarks/llamacpp_plans.py --speed-only [--plan PLAN.json] [--sides q8_0] [--threads 1]
+      (predicted vs measured decode tok/s only: benchmarks/results/llamacpp_speed_check.json)
 """
 
 from __future__ import annotations
