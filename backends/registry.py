@@ -67,6 +67,7 @@ def resolve_target(name: str) -> Target:
 
 MEASURE_KERNELS_FIX = ("--measure-kernels times this machine's kernels: use it with --target "
                        "local and --runtime onnxruntime or llama.cpp")
+MEASURE_OR_TABLE = "pass --measure-kernels or --cost-table, not both"
 
 
 def measured_here(target: str) -> bool:
@@ -76,5 +77,5 @@ def measured_here(target: str) -> bool:
     return any(target in get_registered(n).measured_targets() for n in load_backends())
 
 
-__all__ = ["MEASURE_KERNELS_FIX", "backend_for", "backend_names", "get_backend", "load_backends",
-           "measured_here", "resolve_target"]
+__all__ = ["MEASURE_KERNELS_FIX", "MEASURE_OR_TABLE", "backend_for", "backend_names",
+           "get_backend", "load_backends", "measured_here", "resolve_target"]

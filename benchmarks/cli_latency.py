@@ -85,6 +85,7 @@ def main() -> None:
     p.add_argument("--only-headline", action="store_true")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/cli_latency.json"))
     args = p.parse_args()
+    load_start = os.getloadavg()  # the machine's load beside the times (it stretches them)
     with tempfile.TemporaryDirectory(prefix="autoplan-cli-inputs-") as root:
         shared = _inputs(Path(root))
         commands = list(HEADLINE) + ([] if args.only_headline else _corpus_args())
@@ -120,7 +121,8 @@ def main() -> None:
     if args.before and corpus:
         summary["before_median_of_medians_s"] = statistics.median(
             [r["before_median_s"] for r in corpus])
-    result = {"machine": machine_info() | {"load_avg": os.getloadavg()},
+    result = {"machine": machine_info() | {"load_avg_start": load_start,
+                                           "load_avg": os.getloadavg()},
               "command": "python benchmarks/cli_latency.py " + " ".join(sys.argv[1:]),
               "repeat": args.repeat, "interleaved": bool(args.before),
               "before": "PYTHONPATH=" + Path(args.before).name if args.before else None,

@@ -11,7 +11,8 @@ import click
 
 from autoplan.cli._args import positive_int, seed_in_range
 from autoplan.cli._output import console, emit_json
-from autoplan.errors import UserInputError
+from autoplan.errors import UnknownNameError, UserInputError
+from autoplan.registry import Registry
 
 if TYPE_CHECKING:
     from autoplan.export.calibration import CalibrationArgs
@@ -42,10 +43,24 @@ def export_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def calibration_args(calibration: str | None, seq_len: int | None, n_calib: int | None,
-                     n_eval: int | None, seed: int | None, calib_batch: int | None
-                     ) -> CalibrationArgs:
-    """The calibration options, their numbers checked before anything is loaded."""
+# The formats autoplan.export registers (test_cli_startup checks they are its names), so an
+# unknown --format is refused before the export stack (torch) is imported.
+EXPORT_FORMATS = ("compressed-tensors", "modelopt", "onnx", "gguf")
+
+
+def check_export_format(fmt: str) -> None:
+    """Refuse a --format no built-in exporter writes, with the registry's own message.
+
+    Raises:
+        UnknownNameError: lists the formats.
+    """
+    if Registry.key(fmt) not in EXPORT_FORMATS:
+        raise UnknownNameError("export format", fmt, EXPORT_FORMATS)
+
+
+def check_calibration_options(seq_len: int | None, n_calib: int | None, n_eval: int | None,
+                              seed: int | None, calib_batch: int | None) -> None:
+    """The calibration numbers, checked before anything is imported or loaded."""
     if seq_len is not None and seq_len < 2:  # a block predicts its tokens from earlier ones
         raise UserInputError(f"--seq-len must be >= 2, got {seq_len}")
     positive_int("n-calib", n_calib)
@@ -53,8 +68,16 @@ def calibration_args(calibration: str | None, seq_len: int | None, n_calib: int 
     if n_eval is not None and n_eval < 0:
         raise UserInputError(f"--n-eval must be >= 0, got {n_eval}")
     seed_in_range(seed)
+
+
+def calibration_args(calibration: str | None, seq_len: int | None, n_calib: int | None,
+                     n_eval: int | None, seed: int | None, calib_batch: int | None
+                     ) -> CalibrationArgs:
+    """The calibration options (checked with `check_calibration_options` first: this imports
+    the export stack)."""
     from autoplan.export.calibration import CalibrationArgs
 
+    check_calibration_options(seq_len, n_calib, n_eval, seed, calib_batch)
     return CalibrationArgs(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
 
 
@@ -75,4 +98,5 @@ def report(out: Path, fmt: str, layers: int, as_json: bool) -> None:
     console.print(f"wrote {out} ({fmt}, {layers} layers); {sidecars}")
 
 
-__all__ = ["calibration_args", "export_options", "report"]
+__all__ = ["EXPORT_FORMATS", "calibration_args", "check_calibration_options",
+           "check_export_format", "export_options", "report"]

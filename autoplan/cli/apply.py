@@ -7,7 +7,12 @@ from __future__ import annotations
 import click
 
 from autoplan.atomic import check_writable_dir
-from autoplan.cli._export_options import calibration_args, export_options, report
+from autoplan.cli._export_options import (
+    calibration_args,
+    check_calibration_options,
+    export_options,
+    report,
+)
 from autoplan.cli._output import err_console, json_option
 
 
@@ -21,9 +26,12 @@ def command(plan_path: str, out_dir: str, model: str | None, calibration: str | 
             calib_batch: int | None, allow_model_mismatch: bool, recovered_file: str | None,
             as_json: bool) -> None:
     """Apply PLAN to the model and write the runnable artifact to --out."""
-    # the arguments first, before the export stack (torch) is imported
-    args = calibration_args(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
+    # the arguments and the plan file first, before the export stack (torch) is imported
+    check_calibration_options(seq_len, n_calib, n_eval, seed, calib_batch)
     check_writable_dir(out_dir)
+    from autoplan.plan.io import read_plan
+
+    plan = read_plan(plan_path)
     from autoplan.export.apply import (
         apply_format,
         apply_plan,
@@ -34,9 +42,8 @@ def command(plan_path: str, out_dir: str, model: str | None, calibration: str | 
     )
     from autoplan.export.calibration import plan_calibration
     from autoplan.export.preflight import check_export
-    from autoplan.plan.io import read_plan
 
-    plan = read_plan(plan_path)
+    args = calibration_args(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
     fmt = apply_format(plan)  # refuse before spending time loading the model
     name = plan_model_arg(plan.model_id, model)
     check_export(plan.full, fmt, name, out_dir, args)  # all that can be refused before loading

@@ -89,6 +89,10 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
     from autoplan.plan.io import read_plan
 
     plan = read_plan(plan_path) if plan_path else None  # before the stack: a missing plan
+    if artifact:  # and a folder holding no artifact
+        from autoplan.backends.cpu.manifest import require_manifest
+
+        require_manifest(artifact)
     from autoplan.backends.cpu.onnx_export import CpuArtifact
     from autoplan.backends.cpu.predict import artifact_decisions, prediction_block
     from autoplan.backends.registry import resolve_target as get_target

@@ -11,7 +11,13 @@ from __future__ import annotations
 import click
 
 from autoplan.atomic import check_writable_dir
-from autoplan.cli._export_options import calibration_args, export_options, report
+from autoplan.cli._export_options import (
+    calibration_args,
+    check_calibration_options,
+    check_export_format,
+    export_options,
+    report,
+)
 from autoplan.cli._output import err_console, json_option
 
 
@@ -34,15 +40,20 @@ def command(plan_path: str, fmt: str, out_dir: str, model: str | None, calibrati
             adapter_dir: str | None, as_json: bool) -> None:
     """Export PLAN applied to its model as --format into --out."""
     check_writable_dir(out_dir)  # the arguments first, before the export stack (torch)
-    args = calibration_args(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
+    check_calibration_options(seq_len, n_calib, n_eval, seed, calib_batch)
     if adapter_dir is not None:
         check_writable_dir(adapter_dir, "--lora-adapter")
+    check_export_format(fmt)
+    from autoplan.quality.text import check_text_source
+
+    check_text_source(calibration, "--calibration")  # a missing file (check_export again)
     from autoplan.export import export_plan, get_exporter
     from autoplan.export.apply import load_checked, plan_model_arg, recovered_weights
     from autoplan.export.calibration import plan_calibration
     from autoplan.export.preflight import check_export
     from autoplan.plan.io import load_plan
 
+    args = calibration_args(calibration, seq_len, n_calib, n_eval, seed, calib_batch)
     get_exporter(fmt)  # refuse an unknown format before loading anything
     plan = load_plan(plan_path)
     if adapter_dir is not None and (plan.recovery is None or plan.recovery.method != "lora"):

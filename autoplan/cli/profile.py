@@ -42,7 +42,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
             seq_len, seed, device, execution, offload_dir, dry_run, gpu_memory, host_memory,
             as_json, quiet, ray_address) -> None:
     """Profile every layer x choice (cached on disk, resumable) and show the table."""
-    from autoplan.streaming.device import parse_device_name
+    from autoplan.streaming.device import check_device_cheaply, parse_device_name
 
     # argument checks first, before the stack is imported (torch: seconds) or the model
     # loaded: a bad count or device name is answered at once
@@ -52,7 +52,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     seed_in_range(seed)
     finite_positive("gpu-memory", gpu_memory)
     finite_positive("host-memory", host_memory)
-    parse_device_name(device)  # whether this machine has that GPU needs torch: later
+    parse_device_name(device)  # whether this machine has that GPU: below, or torch's later
     from autoplan.backends.registry import resolve_target as get_target
     from autoplan.runtimes import get_runtime
 
@@ -70,6 +70,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
         tuple(c.strip() for c in choices.split(",") if c.strip()))
     if not dry_run:
         check_text_source(text)
+        check_device_cheaply(device)  # a GPU on a machine without one (the dry run plans one)
     from autoplan.cache_dir import cache_root
     from autoplan.models import check_loadable
     from autoplan.quality.text import load_text_dataset

@@ -93,13 +93,21 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     """Search per-layer sparsity x precision under a quality budget; write an auditable plan."""
     from pydantic import ValidationError
 
-    from autoplan.backends.registry import MEASURE_KERNELS_FIX, measured_here, resolve_target
+    from autoplan.backends.registry import (
+        MEASURE_KERNELS_FIX,
+        MEASURE_OR_TABLE,
+        measured_here,
+        resolve_target,
+    )
+    from autoplan.cost.measured import load_cost_table
     from autoplan.errors import UserInputError
     from autoplan.formats import parse_choices
+    from autoplan.models.registry import resolve_model_arg
     from autoplan.quality.text import check_text_source
     from autoplan.runtimes import get_runtime
     from autoplan.search import QualityBudget, check_writable_file
-    from autoplan.search.writable import check_journal
+    from autoplan.search.storage_url import check_storage_early
+    from autoplan.streaming.device import check_device_cheaply
     from autoplan.workload import Workload
 
     # what the arguments alone show to be wrong, before the search stack is imported
@@ -113,9 +121,10 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     # (with --cost-table too, SearchRequest says "not both")
     if measure_kernels and cost_table is None and not measured_here(tgt.name):
         raise UserInputError(MEASURE_KERNELS_FIX)
+    check_device_cheaply(device)  # a GPU on a machine without one (preflight asks torch)
     check_text_source(text)
-    if storage:
-        check_journal(storage)  # a journal that could not be written; an RDB URL: preflight
+    if storage:  # preflight opens it, last (opening creates an SQLite file)
+        check_storage_early(storage)
     price_per_hour = finite_non_negative("price-per-hour", price_per_hour)
     min_gain = finite_non_negative("min-gain", min_gain)
     picked = None if choices is None else parse_choices(
@@ -129,6 +138,17 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UserInputError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+    # the rest of what SearchRequest refuses from the arguments, that the corpus names, then
+    # the model: a name that is no file, folder or alias is refused after every argument
+    recovery = recovery_settings(recover_method, recover_steps, recover_lr, recover_rank,
+                                 recover_text, recover_batch, recover_seq_len, recover_seed)
+    for further in budgets[1:]:  # the further budgets
+        QualityBudget.parse(further)
+    if cost_table is not None:
+        load_cost_table(cost_table)  # a file with no measured rows (CostTable reads it again)
+        if measure_kernels:
+            raise UserInputError(MEASURE_OR_TABLE)
+    resolve_model_arg(model)
     from autoplan.compress import CompressionSettings
     from autoplan.search import CostTable, SearchRequest, run_search
 
@@ -136,9 +156,7 @@ def command(model, target, runtime, budgets, objective, batch, input_len, output
     req = SearchRequest(
         model=model, target=target, runtime=runtime, budget=budget,
         also=tuple(budgets[1:]), lmeval_tasks=lm_eval_tasks, lmeval_limit=lm_eval_limit,
-        slices=slices, recovery=recovery_settings(
-            recover_method, recover_steps, recover_lr, recover_rank, recover_text,
-            recover_batch, recover_seq_len, recover_seed),
+        slices=slices, recovery=recovery,
         objective=Objective(objective), workload=workload, trials=trials, seed=seed,
         storage=storage, study=study, out=out, multi_objective=multi_objective,
         settings=CompressionSettings(prune_score, quant_method), text=text,

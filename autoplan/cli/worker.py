@@ -23,13 +23,16 @@ from autoplan.cli._progress import RichReporter
 def command(storage, study, wait_s, device, execution, offload_dir, quiet) -> None:  # noqa: ANN001
     """Take trial batches and candidate measurements of a running search until it is done."""
     from autoplan.errors import UserInputError
-    from autoplan.search.writable import check_journal
-    from autoplan.streaming.device import parse_device_name
+    from autoplan.search.storage_url import check_storage_early, check_worker_journal
+    from autoplan.streaming.device import check_device_cheaply
 
     if math.isnan(wait_s):  # click's range lets NaN through; it would wait forever
         raise UserInputError("--wait must be a number of seconds >= 0, got nan")
-    parse_device_name(device)  # the arguments first, before the search stack is imported
-    check_journal(storage)  # a journal that could not be written; an RDB URL: run_worker
+    check_device_cheaply(device)  # the arguments first, before the search stack is imported
+    # a journal that could not be written, or that no search created when not waiting; a
+    # bad RDB URL, a missing driver, a database that refuses: run_worker checks them again
+    check_storage_early(storage)
+    check_worker_journal(storage, study, wait_s)
     from autoplan.search import run_worker
 
     with RichReporter(quiet=quiet) as reporter:

@@ -1,10 +1,11 @@
 """The built-in FormatSpecs: every format autoplan simulates, with its engines' names for it.
 
-Each spec says, in one place, how the format is stored (PrecisionInfo, for the cost model),
-how weights and inputs round (scheme factories from autoplan.formats.schemes), and what
-compressed-tensors, ModelOpt, ONNX Runtime and the microbenchmark kernels call it -- or a
-one-line reason why they cannot hold it. Group-wise families (int4_gN, uint4_gN, ...) are
-built by one function per family so their three group sizes cannot drift apart.
+Each spec says how the format is stored (PrecisionInfo, for the cost model: the torch-free
+table of autoplan/formats/info.py), how weights and inputs round (scheme factories from
+autoplan.formats.schemes), and what compressed-tensors, ModelOpt, ONNX Runtime and the
+microbenchmark kernels call it -- or a one-line reason why they cannot hold it. Group-wise
+families (int4_gN, uint4_gN, ...) are built by one function per family so their three group
+sizes cannot drift apart.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import Tensor
 
 from autoplan.formats.elements import round_to_bf16, round_to_fp16
 from autoplan.formats.gguf_blocks import GGUF, BlockFormat, GgufActScheme, GgufWeightScheme
+from autoplan.formats.info import BUILTIN_INFO, GROUPS
 from autoplan.formats.registry import (
     CompressedTensorsName,
     FormatSpec,
@@ -40,7 +42,12 @@ from autoplan.formats.schemes import (
     scale_dtype_for,
 )
 
-GROUPS = (32, 64, 128)
+
+def _info(precision: Precision) -> PrecisionInfo:
+    """How the format is stored and computed: the torch-free table's entry (its one place)."""
+    return BUILTIN_INFO[precision.value]
+
+
 INT8_NBITS_BLOCK = 128  # MatMulNBits block of 8-bit layers; each block repeats the channel scale
 
 # ---- shared pieces -----------------------------------------------------------------------
@@ -80,7 +87,7 @@ def _block_int8_inputs(group: int):  # noqa: ANN202 - a scheme factory
 
 # ---- floats ------------------------------------------------------------------------------
 register_format(FormatSpec(
-    Precision.FP32, PrecisionInfo(32, 0.0, "fp32", 4, 0, False),
+    Precision.FP32, _info(Precision.FP32),
     weight=lambda dtype, per_channel: RoundScheme(None), activation=_passthrough,
     compressed_tensors=_KEEP_CT, modelopt=_KEEP_MO, onnx=OrtNode("MatMul"),
     kernels={"dense": "torch.linear", "block": "triton_bsr"}, other={GGUF: "F32"},
@@ -89,7 +96,7 @@ register_format(FormatSpec(
 for _p, _round, _gguf, _dtype in ((Precision.BF16, round_to_bf16, "BF16", torch.bfloat16),
                                   (Precision.FP16, round_to_fp16, "F16", torch.float16)):
     register_format(FormatSpec(
-        _p, PrecisionInfo(16, 0.0, "bf16", 2, 0, False),
+        _p, _info(_p),
         weight=lambda dtype, per_channel, r=_round: RoundScheme(r),
         activation=lambda static_scale=None, r=_round: RoundScheme(r),
         compressed_tensors=_KEEP_CT, modelopt=_KEEP_MO,
@@ -102,7 +109,7 @@ for _p, _round, _gguf, _dtype in ((Precision.BF16, round_to_bf16, "BF16", torch.
 
 # ---- FP8 (W8A8) --------------------------------------------------------------------------
 register_format(FormatSpec(
-    Precision.FP8_E4M3, PrecisionInfo(8, 0.0, "fp8", 1, 0, False),
+    Precision.FP8_E4M3, _info(Precision.FP8_E4M3),
     weight=lambda dtype, per_channel: Fp8Scheme(e4m3=True, per_tensor=not per_channel),
     activation=lambda static_scale=None: Fp8Scheme(e4m3=True, min_scale=FP8_ACT_MIN_SCALE),
     compressed_tensors=CompressedTensorsName(preset="FP8_DYNAMIC"),
@@ -111,7 +118,7 @@ register_format(FormatSpec(
     summary="FP8 E4M3 weights per channel, dynamic per-token FP8 inputs",
 ))
 register_format(FormatSpec(
-    Precision.FP8_E5M2, PrecisionInfo(8, 0.0, "fp8", 1, 0, False),
+    Precision.FP8_E5M2, _info(Precision.FP8_E5M2),
     weight=lambda dtype, per_channel: Fp8Scheme(e4m3=False, per_tensor=not per_channel),
     activation=lambda static_scale=None: Fp8Scheme(e4m3=False, min_scale=FP8_ACT_MIN_SCALE),
     compressed_tensors=Refused("compressed-tensors' FP8 presets store E4M3 weights, not E5M2; "
@@ -125,7 +132,7 @@ register_format(FormatSpec(
 # by a separate quantization kernel before the GEMM.
 register_format(FormatSpec(
     Precision.FP8_B128,
-    PrecisionInfo(8, 32 / (128 * 128), "fp8", 1 + 4 / 128, 128, False, block_rows=128),
+    _info(Precision.FP8_B128),
     weight=lambda dtype, per_channel: Fp8BlockScheme(128, 128),
     activation=lambda static_scale=None: Fp8TokenGroupActScheme(128),
     compressed_tensors=CompressedTensorsName(preset="FP8_BLOCK"),
@@ -139,7 +146,7 @@ register_format(FormatSpec(
 
 # ---- INT8 ----------------------------------------------------------------------------------
 register_format(FormatSpec(
-    Precision.INT8, PrecisionInfo(8, 0.0, "int8", 1, 0, False),
+    Precision.INT8, _info(Precision.INT8),
     weight=_int8_weights,
     # Dynamic: vLLM's per-token kernel, x * (127 / amax). Static: its x / scale kernel,
     # codes clamped to the full int8 range.
@@ -150,7 +157,7 @@ register_format(FormatSpec(
     summary="INT8 weights per channel (symmetric), dynamic per-token INT8 inputs",
 ))
 register_format(FormatSpec(
-    Precision.INT8_WO, PrecisionInfo(8, 0.0, "bf16", 2, 0, True),
+    Precision.INT8_WO, _info(Precision.INT8_WO),
     weight=_int8_weights, activation=_passthrough,
     # The library's W8A16 preset is group-128; autoplan's int8_wo is per channel.
     compressed_tensors=CompressedTensorsName(weights=dict(
@@ -159,7 +166,7 @@ register_format(FormatSpec(
     summary="INT8 weights per channel, 16-bit inputs (W8A16)",
 ))
 register_format(FormatSpec(
-    Precision.INT8A8_G128, PrecisionInfo(8, 32 / 128, "int8", 1, 0, False, act_group=128),
+    Precision.INT8A8_G128, _info(Precision.INT8A8_G128),
     weight=_int8_weights, activation=_block_int8_inputs(128),
     compressed_tensors=Refused(_A8_CT), modelopt=Refused(_MO_ONLY),
     onnx=OrtNode("MatMulNBits", 8, INT8_NBITS_BLOCK, 4),
@@ -171,18 +178,15 @@ register_format(FormatSpec(
 def _register_int4_family(group: int) -> None:
     """int4_gN / uint4_gN (W4A16, ONNX level 0) and int4a8_gN / uint4a8_gN (level 4).
 
-    Scale bits per weight: an FP16 scale per group for W4A16 (hw-facts §3.6: int4 g128 =
-    4.125), an FP32 scale per block in the fp32 ONNX model for the a8 formats; asymmetric
-    formats add one 4-bit zero point per group.
+    Their bits and scales per weight: autoplan/formats/info.py.
     """
     by_name = Precision.parse
     for signed in (True, False):
-        prefix, zp_bits = ("int4", 0) if signed else ("uint4", 4)
+        prefix = "int4" if signed else "uint4"
         weights = _int4_weights(group) if signed else _uint4_weights(group)
         kind = "symmetric, codes -8..7" if signed else "asymmetric, codes 0..15 + zero point"
         register_format(FormatSpec(
-            by_name(f"{prefix}_g{group}"),
-            PrecisionInfo(4, (16 + zp_bits) / group, "bf16", 2, group, True),
+            by_name(f"{prefix}_g{group}"), _info(by_name(f"{prefix}_g{group}")),
             weight=weights, activation=_passthrough,
             compressed_tensors=CompressedTensorsName(weights=dict(
                 num_bits=4, type="int", strategy="group", symmetric=signed, dynamic=False,
@@ -192,8 +196,7 @@ def _register_int4_family(group: int) -> None:
             summary=f"INT4 weights per group of {group} ({kind}), 16-bit inputs (W4A16)",
         ))
         register_format(FormatSpec(
-            by_name(f"{prefix}a8_g{group}"),
-            PrecisionInfo(4, (32 + zp_bits) / group, "int8", 1, group, False, act_group=group),
+            by_name(f"{prefix}a8_g{group}"), _info(by_name(f"{prefix}a8_g{group}")),
             weight=weights, activation=_block_int8_inputs(group),
             compressed_tensors=Refused(_A8_CT), modelopt=Refused(_MO_ONLY),
             onnx=OrtNode("MatMulNBits", 4, group, 4, zero_points=not signed),
@@ -207,7 +210,7 @@ for _group in GROUPS:
 
 # ---- FP4 (W4A4) ----------------------------------------------------------------------------
 register_format(FormatSpec(
-    Precision.NVFP4, PrecisionInfo(4, 8 / 16, "fp4", 0.5625, 16, False),
+    Precision.NVFP4, _info(Precision.NVFP4),
     weight=lambda dtype, per_channel: NvFp4Scheme(zero_scale=0.125),
     activation=lambda static_scale=None: NvFp4Scheme(static_scale),
     compressed_tensors=CompressedTensorsName(preset="NVFP4"), modelopt=Refused(_MO_ONLY),
@@ -216,7 +219,7 @@ register_format(FormatSpec(
     summary="E2M1 values, E4M3 scale per 16, FP32 tensor scale; inputs likewise",
 ))
 register_format(FormatSpec(
-    Precision.MXFP4, PrecisionInfo(4, 8 / 32, "fp4", 0.53125, 32, False),
+    Precision.MXFP4, _info(Precision.MXFP4),
     weight=lambda dtype, per_channel: MxFp4Scheme(),
     activation=lambda static_scale=None: MxFp4Scheme(),
     compressed_tensors=Refused("autoplan's compressed-tensors exporter does not write MXFP4 "
@@ -226,17 +229,12 @@ register_format(FormatSpec(
 ))
 
 # ---- llama.cpp GGUF block types -------------------------------------------------------------
-# Bits from the block sizes (Q4_1: 20 bytes per 32 weights = 5.0 bits); activations read as
-# Q8_0 (34 bytes per 32) or Q8_1 (36 bytes per 32) blocks; int8 dot products.
-for _fmt, _scale_bits in ((BlockFormat("Q8_0", 8, False, "Q8_0"), 16 / 32),
-                          (BlockFormat("Q4_0", 4, False, "Q8_0"), 16 / 32),
-                          (BlockFormat("Q4_1", 4, True, "Q8_1"), 32 / 32),
-                          (BlockFormat("Q5_0", 5, False, "Q8_0"), 16 / 32),
-                          (BlockFormat("Q5_1", 5, True, "Q8_1"), 32 / 32)):
+# Bits, scales and the Q8_0/Q8_1 activation blocks: autoplan/formats/info.py.
+for _fmt in (BlockFormat("Q8_0", 8, False, "Q8_0"), BlockFormat("Q4_0", 4, False, "Q8_0"),
+             BlockFormat("Q4_1", 4, True, "Q8_1"), BlockFormat("Q5_0", 5, False, "Q8_0"),
+             BlockFormat("Q5_1", 5, True, "Q8_1")):
     register_format(FormatSpec(
-        Precision.parse(_fmt.ggml_type),
-        PrecisionInfo(_fmt.bits, _scale_bits, "int8", (34 if _fmt.act_type == "Q8_0" else 36) / 32,
-                      32, False, act_group=32),
+        Precision.parse(_fmt.ggml_type), _info(Precision.parse(_fmt.ggml_type)),
         weight=lambda dtype, per_channel, f=_fmt: GgufWeightScheme(f),
         activation=lambda static_scale=None: GgufActScheme(),
         compressed_tensors=Refused(_GGUF_ONLY), modelopt=Refused(_GGUF_ONLY),

@@ -106,7 +106,14 @@ class Precision(str, metaclass=_Vocabulary):
 
     @property
     def info(self) -> PrecisionInfo:
-        """How the format is stored and computed (its FormatSpec's info)."""
+        """How the format is stored and computed (its FormatSpec's info). A built-in
+        format's comes from the torch-free table (autoplan/formats/info.py) its spec is built
+        from, so reading it does not load the specs (and torch)."""
+        if self.value not in _FORMATS:
+            from autoplan.formats.info import BUILTIN_INFO
+
+            if self.value in BUILTIN_INFO:
+                return BUILTIN_INFO[self.value]
         return format_spec(self).info
 
 

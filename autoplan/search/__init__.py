@@ -31,7 +31,8 @@ importing only those listed before it:
     stages/    uniform recipes, calibrated rounds, the answer and its plan
     run/       Pipeline, run_search (the driver), run_worker, the record workers read
 
-`reporter` (progress sink) and `writable` (can a file be written?) sit below all of them.
+`reporter` (progress sink), `writable` (can a file be written?) and `storage_url` (a
+storage URL checked without Optuna) sit below all of them.
 docs/architecture.md, "Search pipeline", says what each stage does.
 """
 

@@ -7,6 +7,8 @@ every device; only where its tensors live changes.
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autoplan.errors import UserInputError
@@ -32,6 +34,42 @@ def parse_device_name(text: str | None) -> tuple[str, int | None]:
     return "cuda", int(m.group(2) or 0)
 
 
+def _no_gpu_message(text: str | None) -> str:
+    return (f"--device {text}: torch sees no CUDA/ROCm GPU on this machine; "
+            "use --device cpu (or auto)")
+
+
+def gpu_may_exist() -> bool:
+    """False when this Linux machine certainly has no GPU torch could use, read from the
+    files a GPU driver creates (no torch: importing it takes seconds): no NVIDIA GPU under
+    /proc/driver/nvidia/gpus and no /dev/nvidia0.., no ROCm /dev/kfd, no WSL /dev/dxg. True
+    whenever one may exist, or on another OS: then torch decides."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        gpus = Path("/proc/driver/nvidia/gpus")
+        if gpus.is_dir() and any(gpus.iterdir()):
+            return True
+        if any(Path("/dev").glob("nvidia[0-9]*")):
+            return True
+        return any(Path(p).exists() for p in ("/dev/kfd", "/dev/dxg"))
+    except OSError:  # cannot tell: let torch answer
+        return True
+
+
+def check_device_cheaply(text: str | None) -> None:
+    """Refuse, without torch, a device name that is not one, and a GPU on a machine with no
+    GPU driver at all (the same line `resolve_device` says); whether a GPU index exists
+    where a driver does is torch's to answer, in `resolve_device`.
+
+    Raises:
+        UserInputError: not a device name, or a GPU asked of a machine without one.
+    """
+    kind, _index = parse_device_name(text)
+    if kind == "cuda" and not gpu_may_exist():
+        raise UserInputError(_no_gpu_message(text))
+
+
 def resolve_device(text: str | torch.device | None) -> torch.device:
     """The torch device `text` names, checked to exist here.
 
@@ -48,8 +86,7 @@ def resolve_device(text: str | torch.device | None) -> torch.device:
     if kind == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise UserInputError(f"--device {text}: torch sees no CUDA/ROCm GPU on this machine; "
-                             "use --device cpu (or auto)")
+        raise UserInputError(_no_gpu_message(text))
     count = torch.cuda.device_count()
     if index >= count:
         raise UserInputError(f"--device {text}: this machine has {count} GPU(s) "
@@ -89,5 +126,5 @@ def is_out_of_memory(exc: BaseException) -> bool:
                                               or "can't allocate memory" in text)
 
 
-__all__ = ["DEVICE_CHOICES", "device_memory", "host_memory", "is_out_of_memory",
-           "parse_device_name", "resolve_device"]
+__all__ = ["DEVICE_CHOICES", "check_device_cheaply", "device_memory", "gpu_may_exist",
+           "host_memory", "is_out_of_memory", "parse_device_name", "resolve_device"]

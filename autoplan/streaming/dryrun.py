@@ -60,8 +60,11 @@ def render(report: dict) -> list[str]:
                 lines.append(f"    {label:6s} {part:42s} {gib(b)}"
                              + (f"   ({phase})" if phase else ""))
         gpu = f", GPU peak {gib(p['device_bytes']).strip()}" if dev != "cpu" else ""
+        by_phase = ", ".join(f"{ph} alone {gib(b).strip()}"
+                             for ph, b in p.get("host_bytes_by_phase", {}).items())
         lines.append(f"    peak (shared parts + the larger phase): host "
-                     f"{gib(p['host_bytes']).strip()}{gpu} -> "
+                     f"{gib(p['host_bytes']).strip()}{gpu}"
+                     + (f" ({by_phase})" if by_phase else "") + " -> "
                      f"{'fits' if report['fits'][ex] else 'does NOT fit'}")
     budget = f"host budget {gib(report['host_budget_bytes']).strip()}"
     if report["gpu_memory_bytes"]:

@@ -11,6 +11,7 @@ from autoplan.models.head import chunk_rows
 from autoplan.modelspec import ModelSpec
 
 F32 = 4
+RESIDENT = "weights resident (fp32 block or embedding)"
 # fp32 [positions, vocab] arrays alive at once while a chunk of logits is reduced: the
 # logits, their log-softmax, its exponent and the KL's temporaries (models/head.py)
 LOGIT_COPIES = 6
@@ -65,9 +66,17 @@ class MemoryPlan:
     def gpu(self) -> int:
         return self.device_total if self.device != "cpu" else 0
 
+    def phase_host(self, phase: str) -> int:
+        """Host peak of one phase alone (what `profile` needs without a search's
+        verification, say)."""
+        parts = {**self.host_parts, **(self.device_parts if self.device == "cpu" else {})}
+        return sum(b for k, b in parts.items() if self.phases.get(k, phase) == phase)
+
     def to_json(self) -> dict:
         return {"execution": self.execution, "device": self.device,
                 "host_bytes": self.host, "device_bytes": self.gpu,
+                "host_bytes_by_phase": {ph: self.phase_host(ph)
+                                        for ph in sorted(set(self.phases.values()))},
                 "host_parts": self.host_parts, "device_parts": self.device_parts,
                 "phases": self.phases}
 
@@ -87,6 +96,18 @@ def _block_dims(spec: ModelSpec) -> tuple[int, int, int, int]:
         ins += k * (spec.hidden + spec.moe.expert_intermediate)
         outs += k * sum(la.out_features for la in one_expert)
     return (sum(la.params for la in block), ins, outs, sum(la.in_features ** 2 for la in block))
+
+
+def _largest_block_tensor(spec: ModelSpec) -> int:
+    """Elements of the largest tensor a block stores (gpt-oss stacks a block's routed experts
+    in one tensor per projection; other checkpoints store one per expert)."""
+    moe = spec.moe
+    if moe is not None and moe.fused_gate_up:
+        index = moe.moe_blocks[0] if moe.moe_blocks else 0
+        experts = [la for la in spec.layers if la.block == index and la.expert >= 0]
+        return max((sum(la.params for la in experts if la.role == role)
+                    for role in {la.role for la in experts}), default=0)
+    return max((la.params for la in spec.layers if la.role != "lm_head"), default=0)
 
 
 def checkpoint_bytes(spec: ModelSpec, params: float | None = None) -> float:
@@ -163,27 +184,36 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
             ("compressed layers + all Hessians", "reference log-probs"),
             "verification")
         return MemoryPlan(execution, dev, {"process": PROCESS_BYTES}, parts, phases)
-    # the embedding and lm_head are read only while a pass needs them, never both at once
-    on_demand = max(spec.embedding_params, v * h) * F32
+    # One block, or the embedding / lm_head, is resident at a time (never both: the
+    # embedding is read for the first block's inputs, the lm_head after the last block), and
+    # each is read a tensor at a time, so only one tensor is also held in the checkpoint's
+    # dtype while it is converted.
+    on_demand = max(spec.embedding_params, v * h)
+    per = _DTYPE_BYTES.get(spec.dtype, 2)
+    resident = max(block_params * F32 + _largest_block_tensor(spec) * per,
+                   on_demand * (F32 + per))
+    # verification compresses every decided layer of the resident block once per block and
+    # keeps the simulations until the block is done
+    block_sims = block_params * SIM_BYTES
     device_parts = {
-        "embedding or lm_head, while in use (fp32)": on_demand,
-        "one block (fp32)": block_params * F32,
+        RESIDENT: resident,
         "one block's captures": max(t * (block_in + block_out) * F32, head_capture),
         "activations (one block, 1 batch)": _activations(
             spec, w.calib_batch_tokens, w.seq_len),
         "scoring (largest layer)": _scoring(spec, t, w.head_profiled),
         "verification: one block's Hessians": block_h * F32,
+        "verification: one block's simulations": block_sims,
         chunked: logits,
     }
     host_parts = {
         "process": PROCESS_BYTES,
         "block-boundary states": (spec.n_layers + 1) * t * h * F32 + 2 * t * h * F32,
-        "one block read from disk": int(checkpoint_bytes(spec, block_params)),
         "reference log-probs": reference,
     }
     phases = {"one block's captures": "profile", "activations (one block, 1 batch)": "profile",
               "scoring (largest layer)": "profile",
               "verification: one block's Hessians": "verification",
+              "verification: one block's simulations": "verification",
               "reference log-probs": "verification"}
     return MemoryPlan(execution, dev, host_parts, device_parts, phases)
 

@@ -21,16 +21,17 @@ import onnx
 import torch
 
 from autoplan.atomic import atomic_dir
+from autoplan.backends.cpu.manifest import (
+    MANIFEST,
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    require_manifest,
+)
 from autoplan.backends.cpu.onnx_graph import OPSET, build_decoder
 from autoplan.backends.cpu.ort_quant import QuantizedNode, ort_node, quantize_graph, tensor_sha256
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "autoplan-cpu-onnx"
-# 2: each MatMulNBits layer records the accuracy_level its format implies (version 1 had one
-# artifact-wide level, so its layer formats do not say how the kernel rounded).
-MANIFEST_VERSION = 2
 INT8_ACTIVATIONS = "dynamic per-tensor uint8 asymmetric (ORT DynamicQuantizeLinear)"
 
 
@@ -48,10 +49,7 @@ class CpuArtifact:
     @classmethod
     def load(cls, path: str | Path) -> CpuArtifact:
         """Open an artifact folder written by export_cpu_model."""
-        folder = Path(path)
-        if not (folder / MANIFEST).is_file():  # also a file, or nothing, at `path`
-            raise UserInputError(f"'{path}' is not a CPU artifact (no {MANIFEST}): create one "
-                                 "with `autoplan apply PLAN --model M --out DIR`")
+        folder = require_manifest(path)
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):

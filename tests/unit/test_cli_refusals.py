@@ -178,6 +178,52 @@ def test_sqlite_storage_opens(tmp_path):
     assert (tmp_path / "study.db").is_file()
 
 
+@pytest.mark.parametrize("url", [
+    f"postgresql://user:{_SECRET}@host:notaport/db", "nosuchdb://user@host/db", "not-a-url",
+    "postgresql+psycopg2://user:hunter2@127.0.0.1:1/optuna",
+    "postgresql://user:hunter2@127.0.0.1:1/optuna",  # no server: refused when opened
+    "sqlite:///{tmp}/afile/study.db", "journal:{tmp}/afile/study.journal",
+])
+def test_the_early_storage_check_says_what_opening_it_says(url, tmp_path, monkeypatch):
+    """The CLI's check before the search stack (no Optuna) refuses with check_storage's own
+    line, and leaves nothing behind."""
+    from autoplan.search.storage_url import check_storage_early
+
+    monkeypatch.setitem(sys.modules, "psycopg2", None)
+    (tmp_path / "afile").write_text("")
+    url = url.format(tmp=tmp_path)
+    with pytest.raises(UserInputError) as early:
+        check_storage_early(url)
+    with pytest.raises(UserInputError) as opened:
+        check_storage(url)
+    assert str(early.value) == str(opened.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_the_early_storage_check_creates_no_sqlite_file(tmp_path):
+    from autoplan.search.storage_url import check_storage_early
+
+    check_storage_early(f"sqlite:///{tmp_path / 'study.db'}")
+    check_storage_early(f"journal:{tmp_path / 'new' / 's.journal'}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_worker_not_waiting_for_a_missing_journal_is_answered_at_once(tmp_path):
+    from autoplan.search.run import run_worker
+    from autoplan.search.storage_url import check_worker_journal
+
+    url = f"journal:{tmp_path / 'none' / 's.journal'}"
+    with pytest.raises(UserInputError) as early:
+        check_worker_journal(url, "autoplan-x", 0)
+    with pytest.raises(UserInputError) as waited:
+        run_worker(url, "autoplan-x", wait_s=0)
+    assert str(early.value) == str(waited.value)
+    check_worker_journal(url, "autoplan-x", 5)  # told to wait: run_worker waits
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "s.journal").write_text("")
+    check_worker_journal(url, "autoplan-x", 0)  # a journal: run_worker reads it
+
+
 # ---- search: refused before any work (issue 13 item 1; autoplan/search/preflight.py) --------
 
 

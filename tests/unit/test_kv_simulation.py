@@ -197,3 +197,43 @@ def test_streamed_kv_profile_equals_in_memory_and_is_cached(tmp_path: Path) -> N
     # cached: a second run reads the file and computes nothing
     again = build_kv_profile_streamed(sm, request, calib, cache_dir=tmp_path / "b", **kw)
     assert again.kv == streamed.kv
+
+
+def test_gpt_oss_attention_sinks_and_window_see_the_quantized_cache(monkeypatch) -> None:  # noqa: ANN001
+    """gpt-oss attention (learned sinks in the softmax, block 0 windowed): the hooked model
+    equals gpt-oss's own eager attention run on the same quantized K and V, so the sinks and
+    the window pass through the wrapper; and the sinks still change the hooked output."""
+    import sys
+
+    from tests.unit._tiny_moe import tiny_moe_model
+
+    model = tiny_moe_model("gpt_oss")
+    mod = sys.modules[type(attention_modules(model)[0]).__module__]
+    ref = _logits(model)
+    with kv_hooks(model, {}):  # the wrapper alone: nothing changes, sinks included
+        assert torch.equal(_logits(model), ref)
+    amax = calibrate_kv(model, [IDS])
+    quants = kv_quants({i: KvFormat.FP8_E4M3 for i in amax}, amax, None)
+    with kv_hooks(model, quants):
+        hooked = _logits(model)
+    assert not torch.equal(hooked, ref)
+
+    eager = mod.eager_attention_forward
+
+    def quantized_eager(module, query, key, value, attention_mask, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        query, key, value = quants[module.layer_idx](query, key, value)
+        return eager(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(mod, "eager_attention_forward", quantized_eager)
+    impl = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
+    try:
+        assert torch.allclose(_logits(model), hooked, atol=1e-5, rtol=1e-5)
+    finally:
+        model.config._attn_implementation = impl
+    monkeypatch.setattr(mod, "eager_attention_forward", eager)
+    with torch.no_grad():
+        for attn in attention_modules(model).values():
+            attn.sinks.zero_()
+    with kv_hooks(model, quants):
+        assert not torch.allclose(_logits(model), hooked, atol=1e-4)

@@ -237,6 +237,28 @@ def test_device_names() -> None:
             resolve_device("cuda:1")
 
 
+def test_the_cheap_gpu_check_agrees_with_torch(monkeypatch) -> None:
+    """`check_device_cheaply` refuses a GPU only where no driver file says one may exist,
+    with `resolve_device`'s own line; where one may, torch answers."""
+    from autoplan.streaming import device as dev
+
+    if not dev.gpu_may_exist():  # no driver file: torch must see no GPU either
+        assert not torch.cuda.is_available()
+    monkeypatch.setattr(dev, "gpu_may_exist", lambda: False)
+    with pytest.raises(UserInputError) as cheap:
+        dev.check_device_cheaply("cuda:3")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserInputError) as full:
+            resolve_device("cuda:3")
+        assert str(cheap.value) == str(full.value)
+    for name in ("cpu", "auto"):
+        dev.check_device_cheaply(name)
+    monkeypatch.setattr(dev, "gpu_may_exist", lambda: True)
+    dev.check_device_cheaply("cuda:99")  # a driver is here: resolve_device asks torch
+    with pytest.raises(UserInputError, match="not a device"):
+        dev.check_device_cheaply("tpu")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_cli_device_cuda_without_gpu_is_one_line_exit_2(case: Case) -> None:
     res = CliRunner().invoke(cli, ["profile", "--model", str(case.folder), "--device", "cuda"])
@@ -321,6 +343,27 @@ def test_recovery_on_a_streamed_model_is_refused_before_measuring(
         verifier.recover([picks])
     verifier.recovery = None  # without a stage, nothing to refuse
     verifier.recover([picks])
+
+
+def test_streamed_plan_holds_one_block_or_the_embedding_never_both() -> None:
+    """A streamed run holds one fp32 block, or the embedding / lm_head while a pass needs it,
+    plus one tensor in the checkpoint's dtype while it is converted; counting the block, the
+    embedding and a whole block read from disk at once overstated a streamed MoE profile by
+    about 2 GiB (docs/moe.md)."""
+    from autoplan.cost.configs import resolve_config
+
+    for name in ("qwen3-30b-a3b", "llama-3.1-8b"):
+        spec = resolve_config(name)
+        plan = estimate.plan(spec, "stream", "cpu")
+        block = estimate._block_dims(spec)[0] * 4
+        embed = max(spec.embedding_params, spec.vocab * spec.hidden) * 6  # fp32 + bf16 read
+        resident = plan.device_parts[estimate.RESIDENT]
+        assert max(block, embed) <= resident < max(block, embed) + 0.05 * block, name
+        assert not any("from disk" in part for part in plan.host_parts), name
+        profile = plan.to_json()["host_bytes_by_phase"]["profile"]
+        assert resident + estimate.PROCESS_BYTES <= profile <= plan.host, name
+        # 128 routed experts outweigh Qwen3-30B-A3B's embedding; Llama's embedding its block
+        assert (block > embed) == (name == "qwen3-30b-a3b"), name
 
 
 def test_gguf_names_of_a_streamed_model_are_the_in_memory_ones(tmp_path: Path) -> None:

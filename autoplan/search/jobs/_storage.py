@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 import warnings
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from optuna.storages.journal._file import BaseJournalFileLock, get_lock_file
 from optuna.trial import FrozenTrial, TrialState
 
 from autoplan.errors import UserInputError
+from autoplan.search.storage_url import check_rdb_driver, redact, storage_error
 from autoplan.search.writable import JOURNAL_PREFIX, check_journal, journal_path
 
 # A process holding a job records a heartbeat this often (seconds); a job whose heartbeat
@@ -41,19 +41,6 @@ FSYNC_S = 10.0  # a journal reaches the disk at least this often (SyncedJournalF
 def default_storage_url(plan_path: str | Path) -> str:
     p = Path(plan_path)
     return f"{JOURNAL_PREFIX}{p.with_name(p.stem + '.optuna.journal')}"
-
-
-_DRIVER_INSTALL = {  # DB-API module SQLAlchemy imports -> what to install
-    "psycopg": 'pip install "autoplan[postgres]" (psycopg 3, the driver SQLAlchemy uses for '
-               "postgresql://)",
-    "psycopg2": "pip install psycopg2-binary, or use postgresql+psycopg:// with "
-                'pip install "autoplan[postgres]"',
-    "MySQLdb": "pip install mysqlclient, or use mysql+pymysql:// with pip install pymysql",
-    "pymysql": "pip install pymysql",
-}
-# key=value pairs in a URL's query that carry a secret (libpq accepts password=...).
-_SECRET_QUERY = re.compile(r"(?i)([?&](?:password|passwd|pwd|pass|secret|token|sslpassword)=)"
-                           r"[^&]*")
 
 
 def check_storage(url: str) -> None:
@@ -71,33 +58,8 @@ def check_storage(url: str) -> None:
     """
     if check_journal(url):
         return
-    _rdb_driver(url)
+    check_rdb_driver(url)
     open_storage(url)
-
-
-def _rdb_driver(url: str) -> None:
-    """Refuse an RDB URL whose dialect is unknown or whose driver is not installed."""
-    if "://" not in url:
-        raise UserInputError(
-            f"cannot read storage '{redact(url)}': use journal:PATH, sqlite:///PATH or an "
-            "Optuna RDB URL such as postgresql://user@host/db")
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        dialect = make_url(url).get_dialect()
-    except (ArgumentError, ValueError) as exc:
-        raise UserInputError(f"cannot read storage '{redact(url)}' ({type(exc).__name__}): "
-                             "check the URL, e.g. postgresql://user:PASSWORD@host:5432/db "
-                             "(quote special characters in the password as %XX)") from None
-    try:
-        dialect.import_dbapi()
-    except ImportError as exc:
-        module = (exc.name or "").split(".")[0]
-        fix = _DRIVER_INSTALL.get(module, f"pip install {module}" if module else
-                                  "install the database driver")
-        raise UserInputError(f"storage {redact(url)} needs the Python module '{module}', "
-                             f"which is not installed: {fix}") from None
 
 
 class FlockJournalLock(BaseJournalFileLock):
@@ -201,7 +163,7 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_S,
         lock = FlockJournalLock(str(path)) if os.name == "posix" else None
         return HeartbeatJournalStorage(SyncedJournalFile(str(path), lock), heartbeat_s,
                                        grace_s, retry_stale_job)
-    _rdb_driver(url)
+    check_rdb_driver(url)
     for attempt in range(_CREATE_TRIES):
         try:
             with warnings.catch_warnings():
@@ -216,7 +178,7 @@ def open_storage(url: str, *, heartbeat_s: int = HEARTBEAT_S,
                 time.sleep(0.2 * (attempt + 1))  # another process created the tables: reopen
                 continue
             raise UserInputError(f"cannot open storage {redact(url)}: "
-                                 f"{_reason(exc, url)}") from None
+                                 f"{storage_error(exc, url)}") from None
     raise AssertionError("unreachable")
 
 
@@ -233,49 +195,6 @@ def _lost_create_race(exc: BaseException | None) -> bool:
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
-
-
-def _reason(exc: BaseException, url: str) -> str:
-    """The first line of a database error, with the URL's password scrubbed from it."""
-    orig = getattr(exc, "orig", None) or exc
-    line = (str(orig).strip().splitlines() or [""])[0][:200]
-    secret = _password(url)
-    if secret:
-        line = line.replace(secret, "***")
-    return f"{type(orig).__name__}: {line}" if line else type(orig).__name__
-
-
-def _password(url: str) -> str | None:
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).password
-    except Exception:  # noqa: BLE001 - unparsable: take everything between :// and the last @
-        rest = url.split("://", 1)[-1]
-        return rest.rsplit("@", 1)[0] if "@" in rest else None
-
-
-def redact(url: str) -> str:
-    """The URL with any password replaced by ***, safe to print and to write into a plan.
-
-    A URL SQLAlchemy cannot parse loses its whole user-info part (everything between
-    ``://`` and the LAST ``@``: an unquoted ``@`` in a password splits it anywhere; without
-    an ``@``, the whole authority), and a password given as a query parameter is masked
-    either way.
-    """
-    if "://" not in url:
-        return url
-    try:
-        from sqlalchemy.engine import make_url
-
-        out = make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - unparsable: redact the whole userinfo part
-        scheme, rest = url.split("://", 1)
-        if "@" in rest:
-            out = f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-        else:  # no telling user:password from host:port: hide the whole authority
-            out = f"{scheme}://***" + (f"/{rest.split('/', 1)[1]}" if "/" in rest else "")
-    return _SECRET_QUERY.sub(r"\1***", out)
 
 
 def load_or_create(storage: BaseStorage, name: str, directions: list[str]) -> optuna.Study:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage
 
+from autoplan.backends.registry import MEASURE_OR_TABLE
 from autoplan.compress import CompressionSettings
 from autoplan.cost.measured import load_cost_table
 from autoplan.cost.operating import OperatingRequest
@@ -187,7 +188,7 @@ class SearchRequest:
         if self.lmeval_limit is not None:
             at_least("lm-eval-limit", self.lmeval_limit, 1)
         if self.measure_kernels and self.cost_table is not None:
-            raise UserInputError("pass --measure-kernels or --cost-table, not both")
+            raise UserInputError(MEASURE_OR_TABLE)
 
     @property
     def threads(self) -> int | None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autoplan.backends.registry import resolve_target
-from autoplan.errors import UserInputError
 from autoplan.runtimes import get_runtime
 from autoplan.search.jobs import (
     POLL_S,
@@ -25,6 +24,7 @@ from autoplan.search.jobs import (
     redact,
 )
 from autoplan.search.reporter import Reporter
+from autoplan.search.storage_url import no_search
 from autoplan.streaming.settings import ExecutionSettings
 
 if TYPE_CHECKING:  # the search stack (torch, the study) is imported once a search is found
@@ -63,9 +63,7 @@ def _wait_for_record(open_store: Callable[[], BaseStorage | None], study: str, l
                 if rec is not None:
                     return storage, queue, rec
         if time.monotonic() > deadline:
-            raise UserInputError(f"no search named {study} in {label} after {wait_s:g} s: "
-                                 f"start `autoplan search --storage URL --study {study}` (the "
-                                 "study name its plan and progress show), then the worker")
+            raise no_search(study, label, wait_s)
         if not waiting:  # said only when there is something to wait for
             rep.note(f"no search named {study} in {label} yet: waiting up to {wait_s:g} s "
                      "for it to start (--wait)")
