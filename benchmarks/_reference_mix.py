@@ -10,7 +10,14 @@ as the search measures them (fastest first, a failing pass stopped once the budg
 certainly exceeded), so both count their real evaluations alike, but all of them until one
 is acceptable where the search stops after six.
 
+When the fastest uniform recipe passes there is no B and that reference stops at A. The
+stronger reference (`stronger_reference`) then bisects on from A toward F, each unit's
+fastest choice (by the tables' time; of equal times, the least surrogate damage), the units
+ordered the same way, every step measured (F's own end too: it is not a recipe known to
+fail). Where a faster recipe fails, it is the reference above.
+
     reference_mix(prep, rep) -> Reference     (prep: autoplan.search.Prepared, fresh verifier)
+    stronger_reference(prep, rep, ref) -> Reference   (the same prep, after reference_mix)
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ class Reference:
     faster: str | None  # B
     uniform_picks: tuple[int, ...] = ()
     steps: list[dict[str, Any]] = field(default_factory=list)  # the bisection, in order
+    extended: bool = False  # a stronger reference that bisected on past A (stronger_reference)
+    a_is_fastest: bool = False  # no uniform recipe (or the model as is) is faster than A
 
 
 def real_evaluations(prep: Any) -> int:
@@ -55,7 +64,7 @@ def reference_mix(prep: Any, rep: Any) -> Reference:
         verifier.measure(prep.baseline_picks, "baseline")
     label_a, a = best_a
     best = Reference(a, label_a, prep.value(a), verifier.measured[a].badness, 0, label_a, None,
-                     a)
+                     a, a_is_fastest=not faster)
     # toward the next faster recipe and toward the fastest: the best of both bisections
     for label_b, b in dict.fromkeys([*faster[-1:], *faster[:1]]):
         found = _bisect(prep, rep, a, label_a, b, label_b)
@@ -65,10 +74,43 @@ def reference_mix(prep: Any, rep: Any) -> Reference:
     return best
 
 
+FASTEST = "each unit's fastest choice"
+
+
+def fastest_picks(prep: Any) -> tuple[int, ...]:
+    """Each unit's fastest choice by the tables' time (ties: the least surrogate damage)."""
+    tables = prep.tables
+    return tuple(min(range(len(tables.total_time(u))),
+                     key=lambda c, u=u: (float(tables.total_time(u)[c]),
+                                         float(tables.quality[u][c])))
+                 for u in range(len(tables.space.units)))
+
+
+def stronger_reference(prep: Any, rep: Any, ref: Reference) -> Reference:
+    """`ref` where a uniform recipe faster than A fails; where none does (A is the fastest
+    recipe), the better of `ref` and the bisection from A toward each unit's fastest choice.
+    Its evaluations count every real pass on `prep`'s verifier, `ref`'s included."""
+    if not ref.a_is_fastest:
+        return Reference(**{**ref.__dict__, "steps": list(ref.steps)})
+    a = ref.uniform_picks
+    best = Reference(**{**ref.__dict__, "steps": [], "extended": True})
+    f = fastest_picks(prep)
+    if f != a:
+        found = _bisect(prep, rep, a, ref.uniform, f, FASTEST, measure_end=True)
+        found.extended = True
+        if prep.sign * found.objective < prep.sign * best.objective:
+            best = found
+        else:
+            best.steps = found.steps
+    best.evaluations = real_evaluations(prep)
+    return best
+
+
 def _bisect(prep: Any, rep: Any, a: tuple[int, ...], label_a: str, b: tuple[int, ...],
-            label_b: str) -> Reference:
+            label_b: str, measure_end: bool = False) -> Reference:
     """The largest k whose mix (the k units B speeds up most per unit of surrogate damage at
-    B, the rest at A) passes when measured."""
+    B, the rest at A) passes when measured (`measure_end`: B itself is measured too, not
+    known to fail)."""
     verifier, tables, metric = prep.verifier, prep.tables, prep.req.budget.metric
     gains = []
     for u in range(len(a)):
@@ -96,7 +138,7 @@ def _bisect(prep: Any, rep: Any, a: tuple[int, ...], label_a: str, b: tuple[int,
         return m.passed
 
     lo, hi = 0, len(order)  # mix(lo) passes; mix(hi) fails (B itself, or measured so)
-    if mix(hi) != b and passes(hi):
+    if (measure_end or mix(hi) != b) and passes(hi):
         lo = hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -107,4 +149,5 @@ def _bisect(prep: Any, rep: Any, a: tuple[int, ...], label_a: str, b: tuple[int,
                      label_a, label_b, a, steps)
 
 
-__all__ = ["Reference", "real_evaluations", "reference_mix"]
+__all__ = ["FASTEST", "Reference", "fastest_picks", "real_evaluations", "reference_mix",
+           "stronger_reference"]

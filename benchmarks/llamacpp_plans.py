@@ -31,6 +31,8 @@ Usage:
   python benchmarks/llamacpp_plans.py [--budget 'kl<=0.01'] [--objective tpot] [--plan PLAN.json]
       [--threads 1] [--requests 6] [--input-len 128] [--output-len 64] [--trials 500]
       [--gguf-dir DIR] [--out benchmarks/results/llamacpp_plans.json]
+  python benchmarks/llamacpp_plans.py --speed-only [--plan PLAN.json] [--sides q8_0] [--threads 1]
+      (predicted vs measured decode tok/s only: benchmarks/results/llamacpp_speed_check.json)
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sides", default=",".join(UNIFORM + tuple(KQUANTS)),
                     help="the uniform sides beside the plan and the original (q8_0 always; "
                          "fewer sides: a shorter run on a busy machine)")
+    ap.add_argument("--speed-only", action="store_true",
+                    help="only the cost model's predicted decode tok/s beside llama.cpp's "
+                         "measured decode (no KL, no exactness): the kernel table's check")
     ap.add_argument("--exactness-only", action="store_true",
                     help="only compare ggml's mul_mat with autoplan's simulated layer per type")
     ap.add_argument("--out", default=str(RESULTS / "llamacpp_plans.json"))
@@ -247,7 +252,12 @@ def _predicted(plan, loaded, args, sides) -> tuple[dict, dict]:  # noqa: ANN001
         out[side] = None if decisions is None else \
             cost.evaluate(decisions).metrics.decode_tokens_per_s
     meta = {k: table.get(k) for k in ("non_gemm_decode_s", "source_decode_step_s",
-                                       "source_gemm_s", "threads", "method", "device")}
+                                       "source_gemm_s", "source_decode_step_spread",
+                                       "source_decode_clock", "clock",
+                                       "source_load_avg_1m", "threads", "method", "device")}
+    from autoplan.search.preparation import kernel_spread
+
+    meta["kernel_spread"] = kernel_spread(table)
     return out, meta
 
 
@@ -325,6 +335,35 @@ def _table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _speed_only(args, loaded, gguf_dir: Path, info, command, out: Path) -> int:  # noqa: ANN001
+    """Predicted vs measured decode tok/s per side, and the load beside each round."""
+    plan = _search(args, out.with_name(out.stem + "_plan.json"))
+    files = _files(plan, loaded, args, gguf_dir)
+    load_before = os.getloadavg()[0]
+    predicted, kernel_meta = _predicted(plan, loaded, args, files)
+    speed = _speed(files, _prompts(loaded, args), args)
+    loads = speed.pop("_load_avg_1m")
+    sides = {name: {"gguf": path.name, "types": _type_counts(path), **speed[name],
+                    "quietest_request_tok_s": max(speed[name]["decode_tok_s_runs"]),
+                    "predicted_tok_s": predicted.get(name)} for name, path in files.items()}
+    write_result(out, {"machine": info, "command": command, "threads": args.threads,
+                       "workload": {"batch": 1, "input_len": args.input_len,
+                                    "output_len": args.output_len, "requests": args.requests},
+                       "load_avg_1m_before_kernel_table": round(load_before, 2),
+                       "load_avg_1m_per_round": loads, "kernel_table": kernel_meta,
+                       "sides": sides})
+    print("| side | predicted decode tok/s | measured decode tok/s (median of requests) | "
+          "quietest request | TPOT ms |")
+    print("|---|---|---|---|---|")
+    for name, s in sides.items():
+        pred = f"{s['predicted_tok_s']:.1f}" if s["predicted_tok_s"] else "-"
+        print(f"| {name} | {pred} | {s['decode_tok_s']:.1f} | {s['quietest_request_tok_s']:.1f} "
+              f"| {s['tpot_ms_p50']:.2f} |")
+    print(f"kernel table: {kernel_meta}")
+    print(f"load average (1 min) per round: {', '.join(f'{x:.1f}' for x in loads)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     info, command = start_run(args.seed, argv)
@@ -337,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     gguf_dir = Path(args.gguf_dir) if args.gguf_dir else cache_root() / "llamacpp_plans"
     budget = QualityBudget.parse(args.budget)
     loaded = load_model(args.model)
+    if args.speed_only:
+        return _speed_only(args, loaded, gguf_dir, info, command, out)
     exact = exactness(loaded)
     for name, e in exact["relative_max_error"].items():
         print(f"ggml vs simulated {name}: {e['simulated']:.1e} (weight-only: {e['weight_only']:.1e})")

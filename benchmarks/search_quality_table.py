@@ -17,8 +17,20 @@ from search_quality import answer_uses_budget  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 HEADER = ("| model | target / runtime | budget | uncertainty | reference mix: KL, evals | "
-          "search (min gain 0): KL, evals | x reference | P4 | stopped | answer (noise rule) "
-          "| answer KL | answer P4 | goals |")
+          "stronger reference: KL, evals | search (min gain 0): KL, evals | x reference | "
+          "x stronger | P4 | stopped | answer (noise rule) | answer KL | answer P4 | goals |")
+
+
+def _strong(r: dict) -> tuple[str, str]:
+    """The stronger reference's cells: its KL and evaluations and the plan over it; 'same'
+    where it is the reference (a faster uniform recipe fails); '-' in a row run before it."""
+    strong = r.get("reference_strong")
+    if strong is None:
+        return ("same", "same") if r["reference"]["faster_b"] is not None else ("-", "-")
+    if not strong.get("extended"):
+        return "same", "same"
+    return (f"{strong['kl']:.4f}, {strong['real_evaluations']}",
+            f"{r['plan_over_strong_reference_ratio']:.4f}")
 
 
 def _goals(r: dict) -> str:
@@ -31,11 +43,13 @@ def _goals(r: dict) -> str:
 
 def row_line(model: str, r: dict) -> str:
     ref, loose, plan = r["reference"], r["plan_min_gain_0"], r["plan"]
+    strong, over_strong = _strong(r)
     return (f"| {model} | {r['target']} / {r['runtime']} | {r['budget']} "
             f"| {r['speed_uncertainty']['relative']:.1%} "
-            f"| {ref['kl']:.4f}, {ref['real_evaluations']} "
+            f"| {ref['kl']:.4f}, {ref['real_evaluations']} | {strong} "
             f"| {loose['kl']:.4f}, {loose['real_evaluations']} "
-            f"| {r['plan_over_reference_ratio']:.4f} | {r['p4_plan_over_best_uniform']:.4f} "
+            f"| {r['plan_over_reference_ratio']:.4f} | {over_strong} "
+            f"| {r['p4_plan_over_best_uniform']:.4f} "
             f"| {loose['stopped'].split(':')[0]} | {plan['label']} ({plan['outcome']}) "
             f"| {plan['kl']:.4f} | {r['p4_answer_over_best_uniform']:.4f} "
             f"| {_goals(r)} |")

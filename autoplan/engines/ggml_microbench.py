@@ -10,7 +10,7 @@ import os
 import re
 import statistics
 import subprocess
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +26,18 @@ if TYPE_CHECKING:
     from autoplan.models import LoadedModel
 
 SCHEMA_VERSION = 1
-METHOD = "ggml-backend-cpu+no-extra-bufts+rotate-copies+flush-96MB/v1"
+# v2: interleaved trials, a row's time is its quiet trials' median run (v1: the median of
+# back-to-back runs, which a loaded machine inflated up to 135x; such tables are re-measured)
+METHOD = "ggml-backend-cpu+no-extra-bufts+rotate-copies-m1+flush-96MB+quiet-trial-median+cpu-clock-1t/v2"
 MAX_COPIES = 8
 BUILD_BYTES = 256 * 2**20  # fp32 source of one weight copy, quantized by ggml one at a time
+QUIET_RANK = 2  # the time is the QUIET_RANK-th lowest trial median
+TRIALS = 8  # trials per attempt, each row's interleaved with the other rows of its group
+ATTEMPTS = 4  # attempts (TRIALS more trials each) before a row is refused
+SPREAD_BOUND = 0.25  # the two interleaved halves' times may differ by this (relative) ...
+SPREAD_FLOOR_US = 2.0  # ... or by this many microseconds
+GROUP_BYTES = 768 * 2**20  # weight copies built at once for interleaving
+GROUP_ROWS = 8
 
 
 def _ggml_type_ids() -> dict[Precision, int]:
@@ -109,36 +118,173 @@ def empty_table(threads: int | None = None) -> dict[str, Any]:
     n_threads = threads or default_threads()
     return {"schema_version": SCHEMA_VERSION, "device": f"{cpu_info().model} ({n_threads} threads)",
             "runtime": "llama.cpp", "llama_cpp_python": engine_version(), "threads": n_threads,
-            "includes_dispatch": True, "method": METHOD}
+            "includes_dispatch": True, "method": METHOD, "clock": clock_for(n_threads),
+            "time": "the second lowest of interleaved trials' median runs (median_us); "
+                    "halves_us: the same over even and odd trials",
+            "spread_bound": SPREAD_BOUND}
+
+
+def _pick(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def quiet_time(trials: list[list[float]]) -> dict[str, Any]:
+    """A kernel's time from trials of timed runs (microseconds, trials in the order they ran).
+
+    The time is the median run of the quietest trials: the second lowest of the trials'
+    medians (QUIET_RANK). Contention only ever adds time, and a dedicated machine sees the
+    uncontended time; a median within the trial keeps one lucky run from setting it, and the
+    second lowest keeps one lucky trial from it. Its repeatability is the same statistic
+    over the even and over the odd trials (``halves_us``: interleaved in time, so a burst of
+    load hits both alike); ``spread`` is their relative difference. The distribution of
+    every run is kept beside it (``p10_us``, ``p90_us``, ``samples_median_us``): on a loaded
+    machine it is far wider than the time's spread.
+    """
+    if len(trials) < 2 * QUIET_RANK or any(not t for t in trials):
+        raise ValueError(f"quiet_time needs at least {2 * QUIET_RANK} non-empty trials")
+    medians = [statistics.median(t) for t in trials]
+
+    def low(values: list[float]) -> float:
+        return sorted(values)[QUIET_RANK - 1]
+
+    halves = sorted((low(medians[0::2]), low(medians[1::2])))
+    runs = [x for t in trials for x in t]
+    return {"median_us": low(medians), "halves_us": halves,
+            "spread": halves[1] / halves[0] - 1 if halves[0] > 0 else float("inf"),
+            "p10_us": _pick(runs, 0.1), "p90_us": _pick(runs, 0.9),
+            "samples_median_us": statistics.median(runs),
+            "trial_medians_us": [round(x, 3) for x in medians], "trials": len(trials),
+            "runs_per_trial": len(trials[0])}
+
+
+def repeatable(timing: Mapping[str, Any]) -> bool:
+    """The halves agree within SPREAD_BOUND (relative) or SPREAD_FLOOR_US."""
+    lo, hi = timing["halves_us"]
+    return hi - lo <= max(SPREAD_BOUND * lo, SPREAD_FLOOR_US)
+
+
+def _refusal(what: str, timing: Mapping[str, Any], threads: int) -> UserInputError:
+    lo, hi = timing["halves_us"]
+    fewer = f" or with fewer threads (--threads {threads - 1})" if threads > 1 else ""
+    return UserInputError(
+        f"ggml timings of {what} did not repeat on this machine (quiet trials "
+        f"{lo:.1f} vs {hi:.1f} us, {timing['spread']:.0%} apart > {SPREAD_BOUND:.0%} after "
+        f"{timing['trials']} trials; load average {os.getloadavg()[0]:.1f}): rerun on a "
+        f"quieter machine{fewer}")
+
+
+def _groups(rows: list[tuple[Row, int, int]]) -> Iterator[list[tuple[Row, int, int]]]:
+    """Rows (row, ggml type, copies) in groups built at once (GROUP_BYTES, GROUP_ROWS)."""
+    group: list[tuple[Row, int, int]] = []
+    size = 0
+    for item in rows:
+        (_, n, k, _), ggml_type, copies = item
+        nbytes = copies * _stored_bytes(n, k, ggml_type)
+        if group and (len(group) >= GROUP_ROWS or size + nbytes > GROUP_BYTES):
+            yield group
+            group, size = [], 0
+        group.append(item)
+        size += nbytes
+    if group:
+        yield group
+
+
+def clock_for(threads: int) -> str:
+    """What a run's time is read from: the process's CPU time with one thread (its run
+    without the waits for a core a loaded machine adds), wall time with more (their
+    barriers spin, so CPU time would count a peer's wait as work)."""
+    return "cpu" if threads == 1 else "wall"
+
+
+def _time_group(worker: Any, group: list[tuple[Row, int, int]], threads: int,
+                progress: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
+    """Each row of a group timed in trials interleaved with the group's other rows; a row
+    whose halves disagree gets TRIALS more trials, up to ATTEMPTS; then it is refused (the
+    group's repeatable rows are yielded first)."""
+    built = {}
+    try:
+        for row, ggml_type, copies in group:
+            m, n, k, _ = row
+            info = worker.build(m, n, k, ggml_type, copies=copies)
+            runs = 5 if info["once_us"] * info["copies"] < 20_000 else 3
+            built[row] = (info["id"], runs, ggml_type, info["copies"])
+        trials: dict[Row, list[list[float]]] = {row: [] for row, _, _ in group}
+        loads: list[float] = []
+        pending = list(trials)
+        timing: dict[Row, dict[str, Any]] = {}
+        for attempt in range(ATTEMPTS):
+            for _ in range(TRIALS):
+                loads.append(os.getloadavg()[0])
+                for row in pending:
+                    graph_id, runs, _, _ = built[row]
+                    trials[row].append(worker.trial(graph_id, runs, FLUSH_BYTES,
+                                                    clock=clock_for(threads)))
+            for row in pending:
+                timing[row] = quiet_time(trials[row])
+            pending = [row for row in pending if not repeatable(timing[row])]
+            if not pending:
+                break
+            if progress:
+                progress(f"{len(pending)} ggml kernel rows not repeatable after attempt "
+                         f"{attempt + 1}: timing them again")
+        for row, _, _ in group:
+            if row in pending:
+                continue
+            m, n, k, choice = row
+            _, _, ggml_type, copies = built[row]
+            yield {"m": m, "n": n, "k": k, "choice": choice, "kernel": "ggml_mul_mat",
+                   "ggml_type": ggml_type, "copies": copies, "clock": clock_for(threads),
+                   "load_avg_1m": round(statistics.median(loads), 2), **timing[row]}
+        if pending:
+            m, n, k, choice = pending[0]
+            raise _refusal(f"m={m} n={n} k={k} {choice}", timing[pending[0]], threads)
+    finally:
+        for graph_id, _, _, _ in built.values():
+            worker.drop(graph_id)
 
 
 def measure_rows(wanted: Iterable[Row], threads: int | None = None, *,
                  path: str | Path | None = None, refresh: bool = False,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The cost table holding every wanted row (cached rows reused, missing ones timed in one
-    ggml worker, the table written back; path default cache_path(threads))."""
-    from autoplan.engines.llamacpp import GgmlWorker
+    ggml worker in interleaved trials, the table written back; path default
+    cache_path(threads)).
 
-    worker: list[GgmlWorker] = []  # started on the first missing row only
+    Raises:
+        UserInputError: a row's time did not repeat (see quiet_time, repeatable) after
+            ATTEMPTS x TRIALS trials; the rows timed before it are kept in the cache.
+    """
+    from autoplan.engines.llamacpp import GgmlWorker, default_threads
 
-    def time_row(row: Row) -> dict[str, Any]:
-        m, n, k, choice = row
-        if not worker:
-            worker.append(GgmlWorker(threads))
-        ggml_type = ggml_type_id(choice)
-        timing = worker[0].time(m, n, k, ggml_type, copies=copies_for(n, k, ggml_type),
-                                flush_bytes=FLUSH_BYTES)
-        return {"m": m, "n": n, "k": k, "choice": choice, "kernel": "ggml_mul_mat",
-                "ggml_type": ggml_type, "load_avg_1m": round(os.getloadavg()[0], 2), **timing}
+    n_threads = threads or default_threads()
+
+    def time_rows(missing: list[Row]) -> Iterator[dict[str, Any]]:
+        if not missing:
+            return
+        items = []
+        for row in missing:
+            m, n, k, choice = row
+            ggml_type = ggml_type_id(choice)
+            # m > 1 (prefill): each weight serves m rows, so the call is compute-bound and
+            # one cold copy (the flush evicts it) is what a prefill reads; rotating copies
+            # would only make the run longer than a scheduler slice on a loaded machine
+            copies = copies_for(n, k, ggml_type) if m == 1 else 1
+            items.append((row, ggml_type, copies))
+        with GgmlWorker(threads) as worker:
+            done = 0
+            for group in _groups(items):
+                for out in _time_group(worker, group, n_threads, progress):
+                    done += 1
+                    yield out
+                if progress:
+                    progress(f"ggml kernel {done}/{len(missing)} timed")
 
     p = Path(path) if path is not None else cache_path(threads)
-    try:
-        return cached_table(p, empty_table(threads), wanted, time_row,
-                            match=("runtime", "threads", "llama_cpp_python", "method"),
-                            refresh=refresh, progress=progress, label="ggml kernel")
-    finally:
-        if worker:
-            worker[0].close()
+    return cached_table(p, empty_table(threads), wanted, None,
+                        match=("runtime", "threads", "llama_cpp_python", "method"),
+                        refresh=refresh, progress=progress, label="ggml kernel",
+                        time_rows=time_rows)
 
 
 def source_decisions(loaded: LoadedModel) -> dict[str, str]:
@@ -175,18 +321,36 @@ def decode_rows(spec: Any, batch: int, decisions: Mapping[str, str]) -> list[Row
 
 
 def decode_step_seconds(gguf: Path, input_len: int, output_len: int,
-                        threads: int | None = None, repeats: int = 3) -> float:
-    """Median over ``repeats`` of the mean greedy decode step of a GGUF in llama.cpp (a
-    prompt of ``input_len`` tokens, ``output_len`` new tokens: the mean context of the
-    workload's decode steps)."""
-    from autoplan.engines.llamacpp import LlamaCppWorker
+                        threads: int | None = None, repeats: int = 4) -> dict[str, Any]:
+    """The greedy decode step of a GGUF in llama.cpp (a prompt of ``input_len`` tokens,
+    ``output_len`` new tokens: their median step is at the workload's mean context), timed
+    as the kernels are: each generation a trial, the step its median, the second lowest of
+    those
+    (quiet_time), ``repeats`` more generations while the halves disagree, ATTEMPTS at most.
+
+    Returns:
+        quiet_time's fields in microseconds, plus ``step_s`` (the step in seconds).
+
+    Raises:
+        UserInputError: the step did not repeat (see repeatable).
+    """
+    from autoplan.engines.llamacpp import LlamaCppWorker, default_threads
 
     ids = np.random.default_rng(0).integers(100, 20000, size=(1, input_len))
+    n_threads = threads or default_threads()
+    field = "step_cpu_s" if clock_for(n_threads) == "cpu" else "step_s"
+    trials: list[list[float]] = []
     with LlamaCppWorker(gguf, threads=threads, n_ctx=input_len + output_len + 8) as worker:
         worker.generate(ids[:, :8], 4)  # warm-up
-        runs = [float(np.mean(worker.generate(ids, output_len).step_s))
-                for _ in range(repeats)]
-    return statistics.median(runs)
+        for _ in range(ATTEMPTS):
+            for _ in range(repeats):
+                out = worker.ask({"op": "generate", "ids": ids.tolist(), "n": output_len})
+                trials.append([s * 1e6 for s in out[field]])
+            timing = quiet_time(trials)
+            if repeatable(timing):
+                return {**timing, "step_s": timing["median_us"] * 1e-6,
+                        "clock": clock_for(n_threads)}
+    raise _refusal(f"the decode step of {gguf.name}", timing, n_threads)
 
 
 def _runs(layer: Any, spec: Any, batch: int) -> float:
@@ -214,13 +378,16 @@ def non_gemm_decode(loaded: LoadedModel, workload: Any, threads: int | None = No
                  f"{workload.output_len} out)")
     from autoplan.export.gguf import source_gguf
 
-    step = decode_step_seconds(source_gguf(loaded), workload.input_len, workload.output_len,
-                               threads)
+    timing = decode_step_seconds(source_gguf(loaded), workload.input_len, workload.output_len,
+                                 threads)
+    step = timing["step_s"]
     load = round(os.getloadavg()[0], 2)
     # A non-positive difference (kernels timed slower alone than inside the model) cannot
     # stand for the rest of the step: the analytic fixed terms are kept then.
     return {"non_gemm_decode_s": step - gemm if step > gemm else None,
             "source_decode_step_s": step, "source_gemm_s": gemm,
+            "source_decode_step_spread": timing["spread"],
+            "source_decode_step_trials": timing["trials"], "source_decode_clock": timing["clock"],
             "source_gguf": source_gguf(loaded).name, "source_load_avg_1m": load}
 
 
@@ -249,7 +416,7 @@ def search_kernel_table(loaded: LoadedModel, space: Any, workload: Any, threads:
     return doc
 
 
-__all__ = ["GGML_TYPE_IDS", "METHOD", "SOURCE_PREFIX", "cache_path", "copies_for",
-           "decode_rows", "decode_step_seconds", "empty_table", "engine_version",
-           "ggml_type_id", "machine_key", "measure_rows", "non_gemm_decode",
-           "search_kernel_table", "source_decisions"]
+__all__ = ["GGML_TYPE_IDS", "METHOD", "SOURCE_PREFIX", "SPREAD_BOUND", "cache_path",
+           "copies_for", "decode_rows", "decode_step_seconds", "empty_table", "engine_version",
+           "ggml_type_id", "machine_key", "measure_rows", "non_gemm_decode", "quiet_time",
+           "repeatable", "search_kernel_table", "source_decisions", "clock_for"]

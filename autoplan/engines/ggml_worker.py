@@ -9,7 +9,6 @@ Reasoning and sources: docs/modules.md.
 import ctypes
 import importlib.util
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -109,36 +108,53 @@ class _Graph:
         self.g.ggml_free(self.ctx)
 
 
-def _time(g: Ggml, req: dict) -> dict:
-    m, n, k, qtype = int(req["m"]), int(req["n"]), int(req["k"]), int(req["type"])
-    copies = max(1, min(int(req.get("copies", 1)), _GRAPH_NODES // 2))
-    rng = np.random.default_rng(0)
-    base = (rng.standard_normal((n, k), dtype=np.float32) * 0.02)
-    graph = _Graph(g, qtype, m, n, k, copies, lambda i: np.roll(base, i, axis=1))
-    try:
+class _Timer:
+    """Graphs built for timing, by id: trials of different rows interleave (see
+    autoplan/engines/ggml_microbench.py for how the samples become a kernel time)."""
+
+    def __init__(self, g: Ggml) -> None:
+        self.g = g
+        self.graphs: dict[int, tuple[_Graph, int]] = {}
+        self.flush = np.ones(1, dtype=np.float64)
+        self.next_id = 0
+
+    def build(self, req: dict) -> dict:
+        m, n, k, qtype = int(req["m"]), int(req["n"]), int(req["k"]), int(req["type"])
+        copies = max(1, min(int(req.get("copies", 1)), _GRAPH_NODES // 2))
+        rng = np.random.default_rng(0)
+        base = (rng.standard_normal((n, k), dtype=np.float32) * 0.02)
+        graph = _Graph(self.g, qtype, m, n, k, copies, lambda i: np.roll(base, i, axis=1))
         graph.set_input(rng.standard_normal((m, k), dtype=np.float32) * 0.5)
-        flush = np.ones(max(1, int(req.get("flush_bytes", 0)) // 8), dtype=np.float64)
         for _ in range(3):
             graph.run()
         t0 = time.perf_counter()
         graph.run()
         once = time.perf_counter() - t0
-        repeats = int(min(50, max(5, float(req.get("min_seconds", 0.3)) / max(once, 1e-6))))
-        samples = []
-        for _ in range(repeats):
-            flush.sum()
-            t0 = time.perf_counter()
+        self.next_id += 1
+        self.graphs[self.next_id] = (graph, copies)
+        return {"id": self.next_id, "copies": copies, "once_us": once * 1e6 / copies}
+
+    def trial(self, req: dict) -> dict:
+        graph, copies = self.graphs[int(req["id"])]
+        words = max(1, int(req.get("flush_bytes", 0)) // 8)
+        if self.flush.size != words:
+            self.flush = np.ones(words, dtype=np.float64)
+        samples, cpu = [], []
+        for _ in range(max(1, int(req.get("runs", 5)))):
+            self.flush.sum()
+            c0, t0 = time.process_time(), time.perf_counter()
             graph.run()
-            samples.append((time.perf_counter() - t0) * 1e6 / copies)
-    finally:
+            t1, c1 = time.perf_counter(), time.process_time()
+            samples.append((t1 - t0) * 1e6 / copies)
+            cpu.append((c1 - c0) * 1e6 / copies)
+        # cpu_us: the process's CPU time per call (all threads): with one thread, the run's
+        # time without the waits for a core that a loaded machine adds
+        return {"samples_us": samples, "cpu_us": cpu}
+
+    def drop(self, req: dict) -> dict:
+        graph, _ = self.graphs.pop(int(req["id"]))
         graph.close()
-    samples.sort()
-
-    def pick(q: float) -> float:
-        return samples[min(len(samples) - 1, int(q * len(samples)))]
-
-    return {"median_us": statistics.median(samples), "p10_us": pick(0.1), "p90_us": pick(0.9),
-            "repeats": repeats, "copies": copies}
+        return {"dropped": int(req["id"])}
 
 
 def _matmul(g: Ggml, req: dict) -> dict:
@@ -158,11 +174,14 @@ def main() -> int:
     cfg = json.loads(sys.argv[1])
     lib = Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib"
     g = Ggml(lib, int(cfg["threads"]))
+    timer = _Timer(g)
+    ops = {"matmul": lambda req: _matmul(g, req), "build": timer.build, "trial": timer.trial,
+           "drop": timer.drop}
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
         try:
-            out = _matmul(g, req) if req.get("op") == "matmul" else _time(g, req)
+            out = ops[req.get("op", "")](req)
         except Exception as exc:  # noqa: BLE001 - reported to the client as one line
             out = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
         print(json.dumps(out), flush=True)

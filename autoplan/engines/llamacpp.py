@@ -167,12 +167,24 @@ class GgmlWorker(EngineWorker):
         self.threads = threads or default_threads()
         super().__init__(GGML_WORKER, {"threads": self.threads}, "ggml_mul_mat", python)
 
-    def time(self, m: int, n: int, k: int, ggml_type: int, *, copies: int = 1,
-             min_seconds: float = 0.3, flush_bytes: int = 0) -> dict[str, Any]:
-        """Per-call microseconds (median, p10, p90) of x[m, k] @ W[n, k].T in ``ggml_type``."""
-        return self.ask({"op": "time", "m": m, "n": n, "k": k, "type": ggml_type,
-                         "copies": copies, "min_seconds": min_seconds,
-                         "flush_bytes": flush_bytes})
+    def build(self, m: int, n: int, k: int, ggml_type: int, *, copies: int = 1) -> dict[str, Any]:
+        """Build (and warm) a graph of ``copies`` mul_mats x[m, k] @ W[n, k].T in
+        ``ggml_type``; returns its ``id``, ``copies`` and one run's per-call ``once_us``."""
+        return self.ask({"op": "build", "m": m, "n": n, "k": k, "type": ggml_type,
+                         "copies": copies})
+
+    def trial(self, graph_id: int, runs: int, flush_bytes: int = 0,
+              clock: str = "wall") -> list[float]:
+        """Per-call microseconds of ``runs`` timed runs of a built graph, each after reading
+        a ``flush_bytes`` buffer (so the weights stream from memory); ``clock`` "cpu": the
+        process's CPU time instead of wall time (one thread: no waits for a core)."""
+        out = self.ask({"op": "trial", "id": graph_id, "runs": runs,
+                        "flush_bytes": flush_bytes})
+        return out["cpu_us" if clock == "cpu" else "samples_us"]
+
+    def drop(self, graph_id: int) -> None:
+        """Free a built graph."""
+        self.ask({"op": "drop", "id": graph_id})
 
     def matmul(self, weight: np.ndarray, x: np.ndarray, ggml_type: int) -> np.ndarray:
         """What ggml computes for ``x @ weight.T`` with ``weight`` quantized by ggml to

@@ -4,7 +4,7 @@ kernel tables, which differ only in how one row is timed and what makes a cache 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +45,21 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def cached_table(path: Path, header: dict[str, Any], wanted: Iterable[Row],
-                 time_row: Callable[[Row], dict[str, Any]], *, match: tuple[str, ...],
+                 time_row: Callable[[Row], dict[str, Any]] | None, *, match: tuple[str, ...],
                  refresh: bool = False, progress: Callable[[str], None] | None = None,
-                 label: str = "kernel") -> dict[str, Any]:
+                 label: str = "kernel",
+                 time_rows: Callable[[list[Row]], Iterator[dict[str, Any]]] | None = None,
+                 ) -> dict[str, Any]:
     """The cost table (``header`` + ``rows``) holding every wanted row.
 
     Args:
-        path: the cache file (read if present, written back when rows were timed).
+        path: the cache file (read if present, written back when rows were timed, also
+            when timing stopped on an error: the rows timed until then are kept).
         header: the table's header fields for this machine and method.
         wanted: rows needed.
         time_row: times one missing row, returning the stored row dict.
+        time_rows: instead of time_row, times all missing rows together (e.g. interleaved),
+            yielding each stored row dict when it is done.
         match: header fields a cached table must share to be reused (else re-measured).
         refresh: ignore the cache.
         progress: called with one line per row timed.
@@ -69,13 +74,25 @@ def cached_table(path: Path, header: dict[str, Any], wanted: Iterable[Row],
             table["rows"] = list(old["rows"])
     have = {key_of(r) for r in table["rows"]}
     missing = [w for w in dict.fromkeys(wanted) if w not in have]
-    for i, row in enumerate(missing):
-        if progress:
-            m, n, k, choice = row
-            progress(f"{label} {i + 1}/{len(missing)}: m={m} n={n} k={k} {choice}")
-        table["rows"].append(time_row(row))
-    if missing:
-        write_cost_table(table, path)
+    done = 0
+    try:
+        if time_rows is not None:
+            if missing and progress:
+                progress(f"timing {len(missing)} {label} rows")
+            for out in time_rows(missing):
+                table["rows"].append(out)
+                done += 1
+        else:
+            assert time_row is not None
+            for i, row in enumerate(missing):
+                if progress:
+                    m, n, k, choice = row
+                    progress(f"{label} {i + 1}/{len(missing)}: m={m} n={n} k={k} {choice}")
+                table["rows"].append(time_row(row))
+                done += 1
+    finally:
+        if done:
+            write_cost_table(table, path)
     return table
 
 

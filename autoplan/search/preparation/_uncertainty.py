@@ -2,7 +2,9 @@
 bar a plan's predicted gain must clear before it may spend quality (the noise rule, _choose).
 
 - This machine's kernels, timed (`local`): their repeatability, the time-weighted half
-  spread (p10 to p90) of the timed rows the search predicts with.
+  spread of the timed rows the search predicts with: p10 to p90 of their runs (ONNX
+  Runtime), or of their two interleaved halves' times where a row has them (``halves_us``,
+  llama.cpp: a row's time is its quietest trial's, whose repeatability that is).
 - A catalog target: the cost model's mean absolute error on the published speedups of its
   hardware family, for models of the searched kind (dense or mixture-of-experts; `autoplan
   validate`, autoplan/cost/validate.family_error).
@@ -28,14 +30,23 @@ class SpeedUncertainty:
         return {"relative": self.relative, "source": self.source}
 
 
+def _interval(row: dict[str, Any]) -> tuple[float, float]:
+    if "halves_us" in row:
+        lo, hi = row["halves_us"]
+        return float(lo), float(hi)
+    return float(row["p10_us"]), float(row["p90_us"])
+
+
 def kernel_spread(table: dict[str, Any]) -> tuple[float, int] | None:
-    """(sum of the rows' half p10-p90 spreads / sum of their medians, rows), or None when
-    the table holds no row with a spread (a cost table given without one)."""
-    rows = [r for r in table.get("rows", []) if {"median_us", "p10_us", "p90_us"} <= set(r)]
+    """(sum of the rows' half spreads / sum of their times, rows), or None when the table
+    holds no row with a spread (a cost table given without one). A row's spread is its
+    ``halves_us`` where it has them, else p10 to p90."""
+    rows = [r for r in table.get("rows", []) if {"median_us", "p10_us", "p90_us"} <= set(r)
+            or {"median_us", "halves_us"} <= set(r)]
     total = sum(float(r["median_us"]) for r in rows)
     if not rows or total <= 0:
         return None
-    spread = sum((float(r["p90_us"]) - float(r["p10_us"])) / 2 for r in rows)
+    spread = sum((hi - lo) / 2 for lo, hi in map(_interval, rows))
     return spread / total, len(rows)
 
 
@@ -46,8 +57,11 @@ def speed_uncertainty(target: Any, kernel_times: dict[str, Any] | None,
     if measured is not None:
         spread, n = measured
         what = f"{kernels_label} kernels" if kernels_label else "measured GEMM times"
+        rows = kernel_times.get("rows", []) if kernel_times else []
+        which = "of the interleaved halves' times" if any("halves_us" in r for r in rows) \
+            else "p10 to p90"
         return SpeedUncertainty(spread, f"repeatability of the {n} {what} timed for this "
-                                        "search: time-weighted half spread, p10 to p90")
+                                        f"search: time-weighted half spread, {which}")
     family = family_of(target)
     mape, n, which = family_error(family, moe)
     return SpeedUncertainty(mape, f"autoplan validate: mean |error| of {n} published speedups "
