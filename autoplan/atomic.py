@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,21 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *,
                        fsync: bool = True) -> Path:
     """Write ``data`` to ``path`` through a temp sibling and ``os.replace`` (see
     ``write_text_atomic``)."""
+    return write_parts_atomic(path, [data], fsync=fsync)
+
+
+def write_parts_atomic(path: str | os.PathLike[str], parts: Iterable[Any], *,
+                       fsync: bool = True) -> Path:
+    """``write_bytes_atomic`` of the concatenation of ``parts`` (bytes or any buffer, e.g. a
+    numpy array's memoryview), written one after the other: a file of large tensors is
+    never joined into one bytes object in memory first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for part in parts:
+                fh.write(part)
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -161,4 +170,5 @@ def atomic_new_dir(dest: Path, *, complete: Callable[[Path], bool]) -> Iterator[
 
 
 __all__ = ["atomic_dir", "atomic_new_dir", "check_writable_dir", "json_text", "replace_files",
-           "write_bytes_atomic", "write_json_atomic", "write_text_atomic"]
+           "write_bytes_atomic", "write_json_atomic", "write_parts_atomic",
+           "write_text_atomic"]

@@ -66,7 +66,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                          "they reach, each with and without the imatrix")
     ap.add_argument("--peer-timeout", type=float, default=3600,
                     help="seconds a peer's own planner may run before it is recorded as not "
-                         "finishing here")
+                         "finishing here (modelopt: 0 skips mtq.auto_quantize, recording why, "
+                         "and uses its published method on autoplan's profile)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)

@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from peers_common import PeerError, PeerVenv, error_row, peers_dir, run
+from peers_common import PeerError, PeerVenv, error_row, peers_dir, run_tool
 
 GOAL = 1.1
 OPTIONS = ("GGUF:Q4_0", "GGUF:Q4_1", "GGUF:Q5_0", "GGUF:Q5_1", "GGUF:Q8_0")
-VENV = PeerVenv("autoround", (("torch==2.13.0",), ("auto-round==0.16.1",)), "auto_round")
+# auto-round does not declare gguf, which its GGUF export imports
+VENV = PeerVenv("autoround", (("torch==2.13.0",), ("auto-round==0.16.1", "gguf>=0.10")),
+                "auto_round, gguf")
 WORKER = Path(__file__).with_name("peers_autoround_worker.py")
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -86,8 +88,8 @@ def run(args, log=print) -> dict:  # noqa: ANN001
         done = work / "autoscheme.json"
         prior = json.loads(done.read_text()) if done.is_file() else {}
         if sorted(prior.get("runs", {})) != sorted(f"{b:g}" for b in targets):
-            run([str(python), str(WORKER), json.dumps(cfg)], "AutoRound AutoScheme",
-                timeout=5400, log=work / "autoscheme.log")
+            run_tool([str(python), str(WORKER), json.dumps(cfg)], "AutoRound AutoScheme",
+                     timeout=5400, log=work / "autoscheme.log")
         doc = json.loads(done.read_text())
         if doc.get("error"):
             raise PeerError(doc["error"])

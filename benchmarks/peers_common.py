@@ -107,6 +107,11 @@ def run(cmd: list[str], what: str, *, timeout: float | None = None, cwd: Path | 
     return proc
 
 
+# the name a section module imports it under: a section's own entry point is `run(args, log)`,
+# which would shadow this one at module level
+run_tool = run
+
+
 def autoplan(args: list[str], what: str, **kw) -> tuple[str, subprocess.CompletedProcess]:
     """Run the `autoplan` CLI as a user would; returns the command as typed and the result."""
     proc = run([sys.executable, "-m", "autoplan.cli", *args], what, **kw)
@@ -121,4 +126,4 @@ def error_row(section: str, peer: str, exc: BaseException, command: str = "") ->
 
 
 __all__ = ["PeerError", "PeerVenv", "autoplan", "error_row", "last_line", "peers_dir", "run",
-           "versions"]
+           "run_tool", "versions"]

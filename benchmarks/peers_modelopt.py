@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from peers_common import PeerError, PeerVenv, error_row, last_line, peers_dir, run
-from peers_gpu import WORKLOADS, autoplan_at, prepare_for, score_peer
-from peers_table import pair
+from peers_common import PeerError, PeerVenv, error_row, last_line, peers_dir, run_tool
+from peers_gpu import WORKLOADS, autoplan_at, command, prepare_for, score_peer
+from peers_table import floor_budget, pair
 
 GOAL = 1.15
 TARGET, RUNTIME = "h100-sxm", "tensorrt-llm"
@@ -35,6 +35,12 @@ EFFECTIVE_BITS = (7.0, 8.0, 9.5)
 VENV = PeerVenv("modelopt", (("torch==2.13.0",), ("nvidia-modelopt[hf]==0.47.0",)),
                 "modelopt.torch.quantization")
 WORKER = Path(__file__).with_name("peers_modelopt_worker.py")
+# what the one full attempt on the 2-core reference VM found (docs/peers.md), the error row of a
+# run told not to start ModelOpt's own planner again (--peer-timeout 0)
+NOT_FINISHING = ("mtq.auto_quantize ran without CUDA here (nvidia-modelopt 0.47.0, torch "
+                 "2.13.0+cpu) but did not finish: after FP8 calibration it spent 45 min in "
+                 "INT4-AWQ calibration on the 4 calibration blocks (2-core VM, load ~8) and was "
+                 "stopped")
 
 
 def modelopt_bits(choice: str) -> float:
@@ -99,6 +105,8 @@ def _real_modelopt(loaded, data, log, timeout: float) -> dict:  # noqa: ANN001
 
     import numpy as np
 
+    if timeout <= 0:
+        raise PeerError(f"not started (--peer-timeout 0): {NOT_FINISHING}")
     python = VENV.ensure(log)
     work = peers_dir() / "modelopt"
     out, log_file = work / "auto_quantize.json", work / "auto_quantize.log"
@@ -115,8 +123,8 @@ def _real_modelopt(loaded, data, log, timeout: float) -> dict:  # noqa: ANN001
                         f"'{last_line(log_file.read_text(), 120)}')")
     np.save(work / "calib.npy", data.calib.numpy())
     try:
-        run([str(python), str(WORKER), json.dumps(cfg)], "mtq.auto_quantize", timeout=timeout,
-            log=log_file)
+        run_tool([str(python), str(WORKER), json.dumps(cfg)], "mtq.auto_quantize",
+                 timeout=timeout, log=log_file)
     finally:
         doc = json.loads(out.read_text()) if out.is_file() else {}
     if doc.get("error"):
@@ -188,7 +196,13 @@ def run(args, log=print) -> dict:  # noqa: ANN001
     rows, pairs = list(peers.values()), []
     progress.update({**head, "rows": rows, "pairs": pairs, "errors": errors})
     for (bits, w), peer in peers.items():
-        ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], choices, "modelopt", log)
+        try:
+            ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], choices, "modelopt", log)
+        except Exception as exc:  # noqa: BLE001 - autoplan's own failure is that pair's row
+            errors.append(error_row("modelopt", f"autoplan beside modelopt-e{bits:g} batch {w}",
+                                    exc, command(TARGET, RUNTIME, w,
+                                                 f"kl<={floor_budget(peer['kl'])}", choices)))
+            continue
         ours["effective_bits"] = _plan_bits(prep[w], ours["plan"])
         rows.append(ours)
         pairs.append(pair(peer, ours, GOAL, metric="tokens_per_s",

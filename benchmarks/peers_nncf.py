@@ -46,7 +46,8 @@ def _nncf_irs(loaded, log) -> tuple[Path, dict[str, dict]]:  # noqa: ANN001
 
 def _plan(budget: str, args, log) -> tuple[Path, str]:  # noqa: ANN001
     folder = peers_dir() / "nncf" / f"plan_{budget.replace('kl<=', 'kl')}"
-    plan, art = folder.with_suffix(".json"), folder
+    # not with_suffix: "plan_kl0.175" has a suffix (".175"), and every budget shared one file
+    plan, art = folder.parent / f"{folder.name}.json", folder
     search = ["search", "--model", "smollm2-135m", "--target", "local", "--runtime",
               "onnxruntime", "--batch", "1", "--input-len", str(args.input_len), "--output-len",
               str(args.output_len), "--budget", budget, "--objective", args.objective,
@@ -55,9 +56,11 @@ def _plan(budget: str, args, log) -> tuple[Path, str]:  # noqa: ANN001
     folder.parent.mkdir(parents=True, exist_ok=True)
     if not plan.is_file():
         log(f"autoplan search --runtime onnxruntime {budget} ...")
-        autoplan(search, f"autoplan search {budget}", log=plan.with_suffix(".search.log"))
+        autoplan(search, f"autoplan search {budget}",
+                 log=folder.parent / f"{folder.name}.search.log")
     if not (art / "model.onnx").is_file() and not any(art.glob("*.onnx")):
-        autoplan(export, "autoplan export onnx", log=plan.with_suffix(".export.log"))
+        autoplan(export, "autoplan export onnx",
+                 log=folder.parent / f"{folder.name}.export.log")
     shown = [Path(a).name if a.startswith("/") else (f"'{a}'" if "<" in a else a)
              for a in search]
     return art, f"autoplan {' '.join(shown)} && autoplan export {plan.name} --format onnx " \

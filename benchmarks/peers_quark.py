@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from peers_common import PeerError, PeerVenv, error_row, peers_dir, run
-from peers_gpu import WORKLOADS, autoplan_at, prepare_for, score_peer
-from peers_table import pair
+from peers_common import PeerError, PeerVenv, error_row, peers_dir, run_tool
+from peers_gpu import WORKLOADS, autoplan_at, command, prepare_for, score_peer
+from peers_table import floor_budget, pair
 
 GOAL = 1.15
 TARGET, RUNTIME = "mi300x", "vllm"
@@ -30,8 +30,9 @@ CHOICES = ("dense+fp8_e4m3",)
 PARTITIONS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
               "dense_mlp": ("gate_proj", "up_proj", "down_proj")}
 PPL_GATE = 1.02  # Quark's default eval_threshold for perplexity
-VENV = PeerVenv("quark", (("torch==2.13.0",), ("amd-quark[quant-perf]==0.13",)),
-                "quark.experimental.torch.mix_precision")
+# the check is the package, not its mix_precision search: that one imports vLLM's plugin and
+# fails on a CPU, which the worker records as the finding (search_error) rather than an install
+VENV = PeerVenv("quark", (("torch==2.13.0",), ("amd-quark[quant-perf]==0.13",)), "quark")
 WORKER = Path(__file__).with_name("peers_quark_worker.py")
 
 
@@ -44,8 +45,9 @@ def quark_candidates(loaded, log) -> dict:  # noqa: ANN001
     if prior.get("configs"):
         return prior
     try:
-        run([str(python), str(WORKER), json.dumps({"hf": str(loaded.path), "out": str(out)})],
-            "Quark ConfigSearcher", timeout=1800, log=work / "quark_search.log")
+        cfg = json.dumps({"hf": str(loaded.path), "out": str(out)})
+        run_tool([str(python), str(WORKER), cfg], "Quark ConfigSearcher", timeout=1800,
+                 log=work / "quark_search.log")
     finally:
         doc = json.loads(out.read_text()) if out.is_file() else {}
     if doc.get("error") or not doc.get("configs"):
@@ -100,7 +102,13 @@ def run(args, log=print) -> dict:  # noqa: ANN001
     rows, pairs = list(peers.values()), []
     progress.update({**head, "rows": rows, "pairs": pairs})
     for (_i, w), peer in peers.items():
-        ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], CHOICES, "quark", log)
+        try:
+            ours = autoplan_at(prep[w], TARGET, RUNTIME, w, peer["kl"], CHOICES, "quark", log)
+        except Exception as exc:  # noqa: BLE001 - autoplan's own failure is that pair's row
+            errors.append(error_row("quark", f"autoplan beside {peer['name']} batch {w}", exc,
+                                    command(TARGET, RUNTIME, w,
+                                            f"kl<={floor_budget(peer['kl'])}", CHOICES)))
+            continue
         rows.append(ours)
         pairs.append(pair(peer, ours, GOAL, metric="tokens_per_s",
                           label=f"tokens/s, MI300X, batch {w}"))

@@ -108,7 +108,9 @@ def unpaired_table(rows: list[dict], pairs: list[dict]) -> list[str]:
 
 def error_lines(errors: list[dict]) -> list[str]:
     """A peer that could not be installed or run: one line with its own error."""
-    return [f"- **{_cell(e['peer'])}: not runnable here.** `{_cell(e['error'])}`"
+    return [f"- **{_cell(e['peer'])}: "
+            f"{'not finished' if e['error'].startswith('NotFinished') else 'not runnable'}"
+            f" here.** `{_cell(e['error'])}`"
             + (f" (command: `{_cell(e['command'])}`)" if e.get("command") else "")
             for e in errors]
 
@@ -135,7 +137,15 @@ def goals_summary(docs: dict[str, dict]) -> list[str]:
     for name, doc in docs.items():
         pairs = doc.get("pairs") or []
         if not pairs:
-            state = "not measured" if not doc.get("errors") else "peer not runnable"
+            rows = doc.get("rows") or []
+            if rows:  # stopped or failed before pairing: what was measured is listed below
+                state = (f"{len(rows)} rows measured, none paired with autoplan yet (goal not "
+                         "assessed; the section's lines below say why)")
+            elif any(e.get("error", "").startswith("NotFinished")
+                     for e in doc.get("errors") or []):
+                state = "not finished here (stopped before any row; its line below says why)"
+            else:
+                state = "not measured" if not doc.get("errors") else "peer not runnable"
             out.append(f"- {name}: {state}")
             continue
         met = sum(p["met"] for p in pairs)

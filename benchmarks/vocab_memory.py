@@ -8,7 +8,8 @@ For each model, in a fresh process each (peak RSS from getrusage of the child):
   - `search`: `autoplan search --execution memory --target T` end to end (profile,
     verification; T = h100 by default, whose search space protects the lm_head);
   - `bench`: `autoplan bench` of the baseline (its ONNX export, the ONNX Runtime session,
-    the torch side).
+    the torch side), as it runs by default (the baseline's weights prepacked), and
+    `bench_share_weights`: with `--share-weights` (one copy of the weights for both).
 
     python benchmarks/vocab_memory.py [--only gemma|smollm2] [--skip quality,search,bench]
         [--target h100] [--label after]
@@ -145,8 +146,10 @@ def main() -> None:
                                       "--budget", "kl<=0.1", "--out", str(work / f"{name}.json"),
                                       "--quiet"])
         if "bench" not in skip:
-            row["bench"] = _measure([*cli, "bench", "--model", model, "--requests", "2",
-                                     "--input-len", "128", "--output-len", "16", "--json"])
+            bench = [*cli, "bench", "--model", model, "--requests", "2", "--input-len", "128",
+                     "--output-len", "16", "--json"]
+            row["bench"] = _measure(bench)  # the default: the baseline prepacked
+            row["bench_share_weights"] = _measure([*bench, "--share-weights"])
         rows[name] = row
         print(json.dumps({name: row}, indent=1), flush=True)
     result = {"label": args.label, "machine": machine_info(),

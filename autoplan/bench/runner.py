@@ -5,8 +5,9 @@ Reasoning and sources: docs/modules.md.
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,14 +36,60 @@ class Side:
 
 
 def ort_side(name: str, artifact: CpuArtifact, threads: int | None = None,
-             spinning: bool = True) -> Side:
-    """Open an artifact in an InferenceSession, measuring the memory the session adds."""
+             spinning: bool = True, shared: Mapping[str, np.ndarray] | None = None) -> Side:
+    """Open an artifact in an InferenceSession, measuring the memory the session adds
+    (`shared`: initializers computed from memory this process holds, OrtGenerator's)."""
     before = current_rss_bytes()
-    gen = OrtGenerator(artifact.model_path, threads=threads, spinning=spinning)
+    gen = OrtGenerator(artifact.model_path, threads=threads, spinning=spinning, shared=shared)
     gen.generate(np.zeros((1, 4), np.int64), 2)  # arenas are sized on the first run
     m = artifact.manifest
     return Side(name, "onnxruntime", gen, current_rss_bytes() - before, m.get("weight_bytes"),
                 m.get("streamed_weight_bytes"))
+
+
+def shared_weights(model: Any, artifact: CpuArtifact) -> dict[str, np.ndarray]:
+    """One copy of the fp32 weights for the PyTorch `model` and the fp32 `artifact` exported
+    from it, for ``ort_side(artifact, shared=...)``: the embedding table as a view of the
+    model's own (a tied lm_head reads it too: ``onnx_graph.TIED_OP``), and each linear node's
+    [in, out] weight read from the artifact, the model's layers then computing from views of
+    it (``weight = W[:, cols].T``: the same values, stored transposed). For Gemma-3-270M's
+    shape that is 1.0 GiB the ONNX Runtime session would otherwise hold a second time beside
+    the PyTorch side. Every weight is checked equal before it is shared; {} unless the model
+    is fp32 on the CPU."""
+    import torch
+    from onnx import TensorProto
+    from onnx import load as onnx_load
+
+    from autoplan.backends.cpu.onnx_data import read_array
+    from autoplan.backends.cpu.onnx_graph import FUSED_KEY
+
+    table = model.get_input_embeddings().weight
+    if table.dtype != torch.float32 or table.device.type != "cpu":
+        return {}
+    shared = {"model.embed_tokens.weight": table.detach().numpy()}
+    proto = onnx_load(str(artifact.model_path), load_external_data=False)
+    inits = {t.name: t for t in proto.graph.initializer}
+    packed = json.loads({p.key: p.value for p in proto.metadata_props}.get(FUSED_KEY, "{}"))
+    modules = dict(model.named_modules())
+    for node in proto.graph.node:
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+        if weight is None or weight.data_type != TensorProto.FLOAT:
+            continue
+        members = packed.get(node.name) or [[node.name, None]]
+        if any(layer not in modules for layer, _ in members):
+            continue
+        arr = read_array(weight, artifact.path)
+        views = {}
+        for layer, cols in members:
+            view = torch.from_numpy(arr if cols is None else arr[:, cols[0]:cols[1]]).T
+            if not torch.equal(view, modules[layer].weight.detach()):
+                break  # not this model's weight (a plan's): left alone
+            views[layer] = view
+        else:
+            shared[weight.name] = arr
+            for layer, view in views.items():
+                modules[layer].weight = torch.nn.Parameter(view, requires_grad=False)
+    return shared
 
 
 def torch_side(model: Any, threads: int | None = None) -> Side:
@@ -93,4 +140,4 @@ def run_bench(sides: list[Side], *, requests: int, concurrency: int, input_len: 
                               "session call; its requests share TTFT and TPOT"])
 
 
-__all__ = ["Side", "ort_side", "run_bench", "torch_side"]
+__all__ = ["Side", "ort_side", "run_bench", "shared_weights", "torch_side"]

@@ -6,6 +6,7 @@ import os
 import resource
 import sys
 import time
+from pathlib import Path
 
 
 def current_rss_bytes() -> int:
@@ -23,11 +24,37 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def read_bandwidth(size_bytes: int = 512 << 20, repeats: int = 3, threads: int | None = None
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache of this machine (Linux sysfs), None where it is not known."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        try:
+            sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+        except (ValueError, IndexError):
+            continue
+    return max(sizes) if sizes else None
+
+
+def probe_bytes(cache_bytes: int | None) -> int:
+    """read_bandwidth's buffer: 8x the last-level cache (every read misses it), within
+    64-512 MiB; 512 MiB when the cache is not known. It is resident while bench measures,
+    on top of the model (32 MiB L3: 256 MiB, not 512)."""
+    if cache_bytes is None:
+        return 512 << 20
+    return int(min(512 << 20, max(64 << 20, 8 * cache_bytes)))
+
+
+def read_bandwidth(size_bytes: int | None = None, repeats: int = 3, threads: int | None = None
                    ) -> float:
     """Best-of-`repeats` memory read bandwidth in bytes/s: torch sum over a buffer far larger
-    than the last-level cache, on the same thread count the runtimes use."""
+    than the last-level cache (`size_bytes`, default ``probe_bytes``), on the same thread
+    count the runtimes use."""
     import torch
+
+    if size_bytes is None:
+        size_bytes = probe_bytes(last_level_cache_bytes())
 
     from autoplan.backends.cpu.ort_runtime import physical_cores
 
@@ -46,4 +73,5 @@ def read_bandwidth(size_bytes: int = 512 << 20, repeats: int = 3, threads: int |
         torch.set_num_threads(old)
 
 
-__all__ = ["current_rss_bytes", "peak_rss_bytes", "read_bandwidth"]
+__all__ = ["current_rss_bytes", "last_level_cache_bytes", "peak_rss_bytes", "probe_bytes",
+           "read_bandwidth"]

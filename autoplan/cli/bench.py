@@ -3,6 +3,7 @@ side in one interleaved run (same ONNX Runtime), plus PyTorch eager fp32."""
 
 from __future__ import annotations
 
+import gc
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,6 +72,10 @@ def _prediction_table(predicted: dict) -> Table:
 @click.option("--input-len", type=int, default=128, show_default=True)
 @click.option("--output-len", type=int, default=64, show_default=True)
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch eager fp32 reference.")
+@click.option("--share-weights", is_flag=True,
+              help="The PyTorch side and the fp32 baseline compute from one copy of the "
+                   "weights: about half the memory, but the baseline runs unprepacked "
+                   "(its prefill 9-15 %% slower per MatMul on an AVX2 EPYC; decode alike).")
 @click.option("--threads", type=int, default=None, help="Threads (default: physical cores).")
 @click.option("--no-spin", is_flag=True,
               help="ORT pool threads sleep between ops (for a machine shared with other jobs; "
@@ -78,7 +83,7 @@ def _prediction_table(predicted: dict) -> Table:
 @json_option
 def command(model: str, plan_path: str | None, artifact: str | None, requests: int,
             concurrency: int, input_len: int, output_len: int, no_torch: bool,
-            threads: int | None, no_spin: bool, as_json: bool) -> None:
+            share_weights: bool, threads: int | None, no_spin: bool, as_json: bool) -> None:
     """Measure prefill/decode tok/s, TTFT, TPOT and memory: baseline vs plan, one run."""
     for flag, value in (("requests", requests), ("concurrency", concurrency),
                         ("input-len", input_len), ("output-len", output_len),
@@ -96,9 +101,10 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
     from autoplan.backends.cpu.onnx_export import CpuArtifact
     from autoplan.backends.cpu.predict import artifact_decisions, prediction_block
     from autoplan.backends.registry import resolve_target as get_target
-    from autoplan.bench import ort_side, read_bandwidth, run_bench, torch_side
+    from autoplan.bench import ort_side, read_bandwidth, run_bench, shared_weights, torch_side
     from autoplan.export.apply import apply_format, apply_plan, export_baseline, load_checked
     from autoplan.export.calibration import CalibrationArgs, check_calibration, plan_calibration
+    from autoplan.heap import release_kept_memory
     from autoplan.models import check_loadable
 
     if plan is not None and apply_format(plan) != "onnx":  # refused before loading the model
@@ -123,7 +129,14 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
         elif given is not None:
             arts.append(("plan", given))
             decisions["plan"] = artifact_decisions(given)
-        sides = [ort_side(name, art, threads, spinning=not no_spin) for name, art in arts]
+        # --share-weights: the PyTorch side and the fp32 baseline's session compute from one
+        # copy of the weights (Gemma-3-270M's shape: 1.0 GiB; bench.runner.shared_weights).
+        # Not by default: a shared weight cannot be prepacked, which slows the baseline's
+        # prefill, and the baseline is the denominator of every ratio bench reports.
+        shared = {"baseline": shared_weights(loaded.model, arts[0][1])} \
+            if share_weights and not no_torch else {}
+        sides = [ort_side(name, art, threads, spinning=not no_spin, shared=shared.get(name))
+                 for name, art in arts]
         if not no_torch:
             sides.append(torch_side(loaded.model, threads))
         bandwidth = lambda: read_bandwidth(threads=threads)  # sampled once per batch round
@@ -131,10 +144,22 @@ def command(model: str, plan_path: str | None, artifact: str | None, requests: i
                            input_len=input_len, output_len=output_len, vocab=loaded.spec.vocab,
                            bandwidth=bandwidth, threads=threads,
                            progress=None if as_json else lambda m: err_console.print(m))
+        if shared.get("baseline"):
+            report.notes.append("the fp32 baseline's ONNX Runtime session and the PyTorch side "
+                                "compute from one copy of the weights (shared, not prepacked): "
+                                "the baseline's RSS added on load leaves them out")
+        # the timed sessions and the PyTorch model go before the kernel timing, which builds
+        # sessions of its own (a 262k-vocabulary lm_head row is a 0.67 GB weight)
+        spec = loaded.spec
+        sides.clear()
+        shared.clear()
+        del loaded
+        gc.collect()
+        release_kept_memory()  # glibc keeps the freed model's pages otherwise (0.45 GiB)
         # On this CPU the linear layers are predicted from measured ORT kernel times
         # (timed once per machine and shape, then cached): see autoplan.backends.cpu.predict.
         report.predicted = prediction_block(
-            loaded.spec, get_target("local"), report.workload, decisions,
+            spec, get_target("local"), report.workload, decisions,
             {s.name: s for s in report.sides}, artifacts=dict(arts), threads=threads,
             progress=None if as_json else lambda m: err_console.print(m), spinning=not no_spin)
     if as_json:

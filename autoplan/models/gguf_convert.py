@@ -196,13 +196,15 @@ def gguf_architecture(path: Path) -> str | None:
 
 
 def hf_to_gguf_names(model: torch.nn.Module, n_layers: int) -> dict[str, str]:
-    """HF parameter name -> GGUF tensor name, for every parameter llama.cpp names."""
+    """HF parameter name -> GGUF tensor name, for every parameter llama.cpp names (``model``
+    an in-memory module or a StreamedModel, whose meta-device skeleton holds the names)."""
     from gguf import get_tensor_name_map
 
     check_name_map(model.config.model_type)
     name_map = get_tensor_name_map(gguf_arch(model.config.model_type), n_layers)
+    module = model if isinstance(model, torch.nn.Module) else model.model
     out = {}
-    for hf_name in model.state_dict():
+    for hf_name in module.state_dict():
         stem, _, suffix = hf_name.rpartition(".")
         gguf_stem = name_map.get_name(stacked_stem(stem)[0])  # an expert: its stacked tensor
         if gguf_stem is not None:

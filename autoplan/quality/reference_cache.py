@@ -6,12 +6,13 @@ Reasoning and sources: docs/modules.md.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
-from autoplan.atomic import write_bytes_atomic
+from autoplan.atomic import write_parts_atomic
 from autoplan.quality.metrics import ReferenceLogprobs
 
 CACHE_VERSION = 3  # 2: NLL summed per block (metrics.block_terms); 3: per chunk of positions
@@ -30,7 +31,7 @@ def cached_reference(cache_dir: Path, key: str, tokens: torch.Tensor,
                      compute: Callable[[], ReferenceLogprobs]) -> ReferenceLogprobs:
     """The reference stored under `key`, else `compute()` stored there and returned."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file, save
+    from safetensors.torch import load_file
 
     path = Path(cache_dir) / f"reference-{key}.safetensors"
     if path.is_file():
@@ -43,11 +44,34 @@ def cached_reference(cache_dir: Path, key: str, tokens: torch.Tensor,
         except (SafetensorError, OSError, KeyError, ValueError, RuntimeError):
             pass  # unreadable or foreign: recomputed below
     ref = compute()
-    write_bytes_atomic(path, save({
-        "tokens": ref.tokens.cpu().to(torch.int64).contiguous(),
-        "logprobs": ref.logprobs.cpu().contiguous(),
+    write_parts_atomic(path, safetensors_parts({
+        "tokens": ref.tokens.cpu().to(torch.int64),
+        "logprobs": ref.logprobs.cpu(),
         "nll": torch.tensor(ref.nll, dtype=torch.float64)}))
     return ref
 
 
-__all__ = ["cached_reference", "reference_key"]
+_DTYPES = {torch.int64: "I64", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64"}
+
+
+def safetensors_parts(tensors: dict[str, torch.Tensor]) -> Iterator[memoryview | bytes]:
+    """A safetensors file of ``tensors`` as the header then each tensor's own memory, for
+    ``write_parts_atomic``. ``safetensors.torch.save`` returns the whole file as one bytes
+    object: for a 262k vocabulary the reference log-probs are 0.75 GiB, and that copy (plus
+    the one it is joined from) was the in-memory search's peak."""
+    header: dict[str, dict] = {}
+    offset = 0
+    flat = {name: t.contiguous() for name, t in tensors.items()}
+    for name, t in flat.items():
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    yield len(text).to_bytes(8, "little") + text
+    for t in flat.values():
+        if t.numel():
+            yield memoryview(t.numpy()).cast("B")
+
+__all__ = ["cached_reference", "reference_key", "safetensors_parts"]

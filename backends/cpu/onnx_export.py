@@ -27,11 +27,14 @@ from autoplan.backends.cpu.manifest import (
     MANIFEST_VERSION,
     require_manifest,
 )
-from autoplan.backends.cpu.onnx_graph import OPSET, build_decoder
+from autoplan.backends.cpu.onnx_data import TensorFile, save_streamed
+from autoplan.backends.cpu.onnx_graph import OPSET, TIED_OP, build_decoder
 from autoplan.backends.cpu.ort_quant import QuantizedNode, ort_node, quantize_graph, tensor_sha256
 from autoplan.errors import UserInputError
-from autoplan.formats import Choice
+from autoplan.formats import DENSE, Choice, Precision
 
+SCRATCH = "weights.scratch"  # the build's data file, inside the temporary folder
+_FP32 = Choice(DENSE, Precision.FP32)
 INT8_ACTIVATIONS = "dynamic per-tensor uint8 asymmetric (ORT DynamicQuantizeLinear)"
 
 
@@ -93,17 +96,26 @@ def export_cpu_model(model: torch.nn.Module, tokenizer: Any, decisions: Mapping[
     (autoplan.export._prepare.check_runtime) before they call here.
     """
     _check_sparsity(model, decisions, {**(weights or {}), **(masks or {})})
-    proto = build_decoder(model, masks=masks, weights=weights,
-                          fuse_qkv=lambda i: _same_choice(decisions, i, "self_attn", "qkv"),
-                          fuse_gate_up=lambda i: _same_choice(decisions, i, "mlp", ("gate", "up")))
-    records = quantize_graph(proto, decisions, quantized=quantized)
-    manifest = _manifest(model, proto, records)
     # an existing folder is replaced only when it is an autoplan artifact (holds a manifest)
     with atomic_dir(Path(out_dir), is_ours=lambda d: (d / MANIFEST).is_file(),
                     what="autoplan artifact") as tmp:
-        onnx.save_model(proto, str(tmp / "model.onnx"), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location="model.onnx.data",
-                        size_threshold=1024)
+        # weights go to a scratch file as the graph is built (the proto holds references),
+        # then into model.onnx.data tensor by tensor: the export never holds the model's
+        # fp32 weights a second time (onnx_data)
+        scratch = TensorFile(tmp / SCRATCH)
+        try:
+            proto = build_decoder(
+                model, masks=masks, weights=weights, data=scratch,
+                fuse_qkv=lambda i: _same_choice(decisions, i, "self_attn", "qkv"),
+                fuse_gate_up=lambda i: _same_choice(decisions, i, "mlp", ("gate", "up")),
+                tie_lm_head=decisions.get("lm_head", _FP32) == _FP32)
+        finally:
+            scratch.close()
+        records = quantize_graph(proto, decisions, quantized=quantized, base_dir=tmp)
+        records += _tied_records(proto)
+        manifest = _manifest(model, proto, records, tmp)
+        save_streamed(proto, tmp / "model.onnx", "model.onnx.data", base_dir=tmp)
+        (tmp / SCRATCH).unlink()
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         for name, text in (extra_files or {}).items():
@@ -137,13 +149,20 @@ def _check_sparsity(model: torch.nn.Module, decisions: Mapping[str, Choice],
             )
 
 
+def _tied_records(proto: onnx.ModelProto) -> list[QuantizedNode]:
+    """The lm_head computed from the embedding table (build_decoder's tie_lm_head), if so."""
+    return [QuantizedNode("lm_head", str(_FP32), node.op_type, node.name,
+                          {"weight": node.input[1]})
+            for node in proto.graph.node if node.name == "lm_head" and node.op_type == TIED_OP]
+
+
 def _manifest(model: torch.nn.Module, proto: onnx.ModelProto,
-              records: list[QuantizedNode]) -> dict[str, Any]:
+              records: list[QuantizedNode], base_dir: Path) -> dict[str, Any]:
     import onnxruntime
 
     layers: dict[str, Any] = {}
     for rec in records:
-        hashes = tensor_sha256(proto, list(rec.tensors.values()))
+        hashes = tensor_sha256(proto, list(rec.tensors.values()), base_dir)
         layers[rec.layer] = {
             "choice": rec.choice, "op_type": rec.op_type, "node": rec.node,
             # MatMulNBits compute type, implied by the format (its FormatSpec's ONNX name)

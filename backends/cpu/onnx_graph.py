@@ -19,12 +19,14 @@ from autoplan.backends.cpu.onnx_arch import (
     norm_eps,
     read_arch,
 )
+from autoplan.backends.cpu.onnx_data import EXTERNAL_MIN, TensorFile
 from onnx import TensorProto, helper, numpy_helper
 
 from autoplan.errors import ModelConfigError
 
 OPSET = 17
 FUSED_KEY = "autoplan.fused_layers"
+TIED_OP = "FusedMatMul"  # a tied lm_head's node: logits = x @ embedding^T (transB=1)
 _NEG = float(np.finfo(np.float32).min)
 
 
@@ -32,8 +34,8 @@ class _Graph:
     """Tiny node/initializer accumulator with unique names."""
 
     def __init__(self, masks: Mapping[str, torch.Tensor],
-                 weights: Mapping[str, torch.Tensor]) -> None:
-        self.masks, self.weights = masks, weights
+                 weights: Mapping[str, torch.Tensor], data: TensorFile | None = None) -> None:
+        self.masks, self.weights, self.data = masks, weights, data
         self.fused: dict[str, list] = {}  # node -> [[layer, [start, stop]]] of packed linears
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
@@ -52,7 +54,11 @@ class _Graph:
         """An initializer; a name already made is returned as it is (shared constants)."""
         if name not in self._consts:
             self._consts.add(name)
-            self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+            value = np.ascontiguousarray(value)
+            if self.data is not None and value.nbytes >= EXTERNAL_MIN:
+                self.inits.append(self.data.add(name, value))  # written now, not held
+            else:
+                self.inits.append(numpy_helper.from_array(value, name))
         return name
 
     def ints(self, name: str, values: list[int]) -> str:
@@ -72,7 +78,9 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
                   fused_attention: bool | None = None,
                   weights: Mapping[str, torch.Tensor] | None = None,
                   fuse_qkv: Callable[[int], bool] | None = None,
-                  fuse_gate_up: Callable[[int], bool] | None = None) -> onnx.ModelProto:
+                  fuse_gate_up: Callable[[int], bool] | None = None,
+                  data: TensorFile | None = None, tie_lm_head: bool = False
+                  ) -> onnx.ModelProto:
     """Build the fp32 ONNX decoder of a loaded transformers causal LM.
 
     Args:
@@ -95,6 +103,13 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
             (`model.layers.i.mlp.gate_up_proj`, split after): at decode each GEMV call has a
             fixed cost (thread-pool dispatch, activation quantization for int8), so one call
             instead of two saves it per block. Same rule: only when both share a format.
+        data: where weights of EXTERNAL_MIN bytes or more go as they are made (the proto
+            then refers to that file, read back with ``onnx_data``); None keeps them inside.
+        tie_lm_head: when the model ties its lm_head to the embedding (one tensor, no mask
+            or replacement weight for it), compute the logits from the embedding table itself
+            (com.microsoft FusedMatMul, transB=1) instead of a transposed copy: the table is
+            stored once. Only for an fp32 lm_head (the caller knows the plan); a quantized
+            one needs its own MatMul weight.
 
     Returns:
         The ModelProto; linear layers are `MatMul` nodes named by their module path, with the
@@ -103,7 +118,7 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
     arch = read_arch(model)
     cfg = model.config
     inner = model.model
-    g = _Graph(masks or {}, weights or {})
+    g = _Graph(masks or {}, weights or {}, data)
 
     g.const("model.embed_tokens.weight", _np(inner.embed_tokens.weight))
     x = g.op("Gather", ["model.embed_tokens.weight", "input_ids"], name="embed")
@@ -159,10 +174,22 @@ def build_decoder(model: torch.nn.Module, masks: Mapping[str, torch.Tensor] | No
     # Prefill needs only the last position's logits; the lm_head is the largest GEMM.
     neg_keep = g.op("Neg", ["logits_to_keep"])
     x = g.op("Slice", [x, neg_keep, g.ints("int_max", [2**62]), g.ints("axis1", [1])])
-    logits = _linear(g, x, model.lm_head, "lm_head")
+    if tie_lm_head and _tied(model, g):
+        logits = g.op(TIED_OP, [x, "model.embed_tokens.weight"], name="lm_head",
+                      domain="com.microsoft", transB=1)
+    else:
+        logits = _linear(g, x, model.lm_head, "lm_head")
     if arch.final_softcap:
         logits = _softcap(g, logits, arch.final_softcap, "final_logit_softcap")
     return _assemble(g, cfg, logits, arch.head_dim)
+
+
+def _tied(model: torch.nn.Module, g: _Graph) -> bool:
+    """Whether the lm_head's weight is the embedding table itself, unchanged by the export."""
+    head, table = model.lm_head, model.model.embed_tokens.weight
+    return (head.weight.data_ptr() == table.data_ptr() and head.weight.shape == table.shape
+            and head.weight.dtype == table.dtype and getattr(head, "bias", None) is None
+            and "lm_head" not in g.masks and "lm_head" not in g.weights)
 
 
 def _qkv(g: _Graph, h: str, att: torch.nn.Module, prefix: str, arch: Arch, *, packed: bool,
@@ -329,7 +356,8 @@ def _linear_group(g: _Graph, x: str, modules: list[torch.nn.Linear], names: list
                   node: str) -> str:
     """One MatMul computing several linears side by side (their outputs concatenated)."""
     weights = [_weight(g, m, n) for m, n in zip(modules, names)]
-    w = g.const(f"{node}.weight_t", np.concatenate(weights, axis=0).T)
+    # [in, out] made in one copy (a 262k-vocabulary lm_head is 0.67 GB fp32)
+    w = g.const(f"{node}.weight_t", np.concatenate([w.T for w in weights], axis=1))
     y = g.op("MatMul", [x, w], name=node)
     if len(names) > 1:
         start, cols = 0, []
@@ -459,4 +487,4 @@ def _assemble(g: _Graph, cfg, logits: str, head_dim: int) -> onnx.ModelProto:
 
 # check_supported is public for `autoplan search --runtime onnxruntime`, which refuses a
 # model this export cannot build before profiling it (a plan `autoplan apply` could never use).
-__all__ = ["FUSED_KEY", "OPSET", "SUPPORTED_TYPES", "build_decoder", "check_supported"]
+__all__ = ["FUSED_KEY", "OPSET", "SUPPORTED_TYPES", "TIED_OP", "build_decoder", "check_supported"]

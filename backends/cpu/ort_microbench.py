@@ -36,8 +36,10 @@ def copies_for(n: int, k: int, choice: Choice) -> int:
     return int(max(1, min(MAX_COPIES, want, BUILD_BYTES // fp32)))
 
 
-def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, seed: int = 0):
-    """ONNX model with `copies` independent [m, k] x [k, n] linear nodes in the given format."""
+def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, seed: int = 0,
+                data: Any = None):
+    """ONNX model with `copies` independent [m, k] x [k, n] linear nodes in the given format
+    (`data`: an onnx_data.TensorFile the fp32 weights go to as they are drawn, not kept)."""
     import onnx
     from autoplan.backends.cpu.onnx_graph import OPSET
     from autoplan.backends.cpu.ort_quant import ort_node, quantize_graph
@@ -50,7 +52,8 @@ def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, s
     for i in range(copies):
         name = f"linear{i}"
         w = base if i == 0 else np.roll(base, i, axis=0)
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(w), f"{name}.weight_t"))
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(w), f"{name}.weight_t")
+                     if data is None else data.add(f"{name}.weight_t", w))
         nodes.append(helper.make_node("MatMul", [f"x{i}", f"{name}.weight_t"], [f"y{i}"],
                                       name=name))
         inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [m, k]))
@@ -60,7 +63,7 @@ def build_graph(m: int, n: int, k: int, choice: Choice | str, copies: int = 1, s
     model.ir_version = min(model.ir_version, 9)
     node = ort_node(c.precision)
     decisions = {f"linear{i}": c for i in range(copies)} if node.op != "MatMul" else {}
-    records = quantize_graph(model, decisions)
+    records = quantize_graph(model, decisions, base_dir=None if data is None else data.path.parent)
     kernel = records[0].op_type if records else "MatMul"
     if node.op == "MatMulInteger":
         kernel = "DynamicQuantizeMatMul"  # what ORT fuses the int8 pattern into
@@ -77,15 +80,66 @@ def _session(model, threads: int | None, spinning: bool):
                                 providers=["CPUExecutionProvider"])
 
 
+def _row_session(m: int, n: int, k: int, c: Choice, copies: int, threads: int | None,
+                 spinning: bool):
+    """The row's session, built from files: its weights are never held in a ModelProto or
+    its serialization (a 262k-vocabulary lm_head row is a 0.67 GB fp32 weight)."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+    from autoplan.backends.cpu.onnx_data import TensorFile
+    from autoplan.backends.cpu.ort_runtime import session_options
+
+    with tempfile.TemporaryDirectory(prefix="autoplan-row-") as tmp:
+        data = TensorFile(Path(tmp) / "weights.data")
+        try:
+            model, kernel = build_graph(m, n, k, c, copies, data=data)
+        finally:
+            data.close()
+        onnx.save_model(model, str(Path(tmp) / "row.onnx"))
+        del model
+        opts = session_options(threads, spinning=spinning)
+        sess = ort.InferenceSession(str(Path(tmp) / "row.onnx"), opts,
+                                    providers=["CPUExecutionProvider"])
+    return sess, kernel
+
+
 def time_row(m: int, n: int, k: int, choice: Choice | str, threads: int | None = None,
              repeats: int | None = None, warmup: int = 3, min_seconds: float = 0.3,
              flush_cache: bool = True, spinning: bool = True) -> dict[str, Any]:
     """Build, run and time one row; per-call microseconds (median, p10, p90), each timed run
-    starting from evicted caches (flush_cache)."""
+    starting from evicted caches (flush_cache).
+
+    A row whose fp32 weight is over BUILD_BYTES (a 262k-vocabulary lm_head: 0.67 GB) is
+    timed in column slices of at most BUILD_BYTES, one session at a time, and their times
+    summed (`slices` in the row): the session and its prepacked copy of a whole weight
+    held it twice on top of the process (bench peaked there). A GEMM that large streams
+    its weight from memory, so its time is the sum of its column slices'."""
     c = Choice.parse(choice) if isinstance(choice, str) else choice
+    slices = max(1, -(-(n * k * 4) // BUILD_BYTES))
+    width = -(-n // slices)
+    parts = [_time_part(m, min(width, n - start), k, c, threads, repeats, warmup, min_seconds,
+                        flush_cache, spinning) for start in range(0, n, width)]
+    kernel, copies, repeats = parts[0]["kernel"], parts[0]["copies"], parts[0]["repeats"]
+    from autoplan.backends.cpu.ort_quant import ort_node
+
+    level = ort_node(c.precision).accuracy_level if kernel == "MatMulNBits" else None
+    m_, n_, k_, choice_s = row_key(m, n, k, c)
+    row = {"m": m_, "n": n_, "k": k_, "choice": choice_s, "accuracy_level": level,
+           "kernel": kernel, "copies": copies, "repeats": repeats,
+           **{f"{q}_us": sum(part[q] for part in parts) for q in ("median", "p10", "p90")}}
+    if len(parts) > 1:
+        row["slices"] = len(parts)
+    return row
+
+
+def _time_part(m: int, n: int, k: int, c: Choice, threads: int | None, repeats: int | None,
+               warmup: int, min_seconds: float, flush_cache: bool, spinning: bool
+               ) -> dict[str, Any]:
+    """One [m, k] x [k, n] GEMM timed in its own session (released on return)."""
     copies = copies_for(n, k, c)
-    model, kernel = build_graph(m, n, k, c, copies)
-    sess = _session(model, threads, spinning)
+    sess, kernel = _row_session(m, n, k, c, copies, threads, spinning)
     io = sess.io_binding()
     x = (np.random.default_rng(1).standard_normal((m, k), dtype=np.float32) * 0.5)
     for i in range(copies):
@@ -108,13 +162,8 @@ def time_row(m: int, n: int, k: int, choice: Choice | str, threads: int | None =
         samples.append((time.perf_counter() - t0) * 1e6 / copies)
     samples.sort()
     pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]
-    from autoplan.backends.cpu.ort_quant import ort_node
-
-    level = ort_node(c.precision).accuracy_level if kernel == "MatMulNBits" else None
-    m_, n_, k_, choice_s = row_key(m, n, k, c)
-    return {"m": m_, "n": n_, "k": k_, "choice": choice_s, "accuracy_level": level,
-            "kernel": kernel, "copies": copies, "repeats": repeats,
-            "median_us": statistics.median(samples), "p10_us": pick(0.1), "p90_us": pick(0.9)}
+    return {"kernel": kernel, "copies": copies, "repeats": repeats,
+            "median": statistics.median(samples), "p10": pick(0.1), "p90": pick(0.9)}
 
 
 def machine_key(threads: int | None = None, spinning: bool = True) -> str:
@@ -205,6 +254,7 @@ def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int |
     import tempfile
 
     import onnx
+    from autoplan.backends.cpu.onnx_graph import TIED_OP
     from autoplan.backends.cpu.ort_runtime import OrtGenerator
     from onnx import numpy_helper
 
@@ -219,8 +269,10 @@ def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int |
     inits = {t.name: t for t in graph.initializer}
     removed, nodes, consts = set(), [], []
     for node in graph.node:
-        if node.op_type == "MatMul" and node.input[1] in inits:
-            n = int(inits[node.input[1]].dims[-1])
+        # a MatMul's weight is [k, n]; a tied lm_head reads the embedding [n, k] transposed
+        tied = node.op_type == TIED_OP
+        if (node.op_type == "MatMul" or tied) and node.input[1] in inits:
+            n = int(inits[node.input[1]].dims[0 if tied else -1])
             name = f"{node.name}.const_out"
             consts.append(numpy_helper.from_array(np.zeros((1, 1, n), np.float32), name))
             nodes.append(onnx.helper.make_node("Identity", [name], list(node.output),
@@ -230,6 +282,7 @@ def non_gemm_decode_seconds(model_path: str | Path, context: int, threads: int |
             nodes.append(node)
     if not removed:
         raise UserInputError(f"{path} has no fp32 linear MatMul nodes: pass the baseline export")
+    removed -= {i for node in nodes for i in node.input}  # the tied table: still gathered
     del graph.node[:]
     graph.node.extend(nodes)
     keep = [t for t in graph.initializer if t.name not in removed]

@@ -5,10 +5,10 @@ Reasoning and sources: docs/modules.md.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,9 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from autoplan.backends.cpu.onnx_graph import FUSED_KEY
+from autoplan.backends.cpu import onnx_data
+from autoplan.backends.cpu.onnx_data import read_array
+from autoplan.backends.cpu.onnx_graph import FUSED_KEY, TIED_OP
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.formats import DENSE, Choice, OrtNode, Precision, format_spec
 from autoplan.quant import QuantizedWeight, quantize_weight
@@ -45,7 +47,7 @@ class QuantizedNode:
 
     layer: str
     choice: str
-    op_type: str  # MatMul | MatMulInteger | MatMulNBits
+    op_type: str  # MatMul | MatMulInteger | MatMulNBits | FusedMatMul (a tied fp32 lm_head)
     node: str
     tensors: dict[str, str]  # role (weight, scale, zero_point) -> initializer name
     columns: tuple[int, int] | None = None  # this layer's output columns in a packed node
@@ -149,7 +151,8 @@ def unpack_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int,
 
 # ---- graph rewrite --------------------------------------------------------------------------
 def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
-                   quantized: Mapping[str, QuantizedWeight] | None = None) -> list[QuantizedNode]:
+                   quantized: Mapping[str, QuantizedWeight] | None = None,
+                   base_dir: str | Path | None = None) -> list[QuantizedNode]:
     """Rewrite each decided layer's MatMul node of `model` in place; fail if one is missing.
 
     Args:
@@ -158,6 +161,7 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
         decisions: layer name -> Choice; layers not listed stay fp32.
         quantized: optional layer -> QuantizedWeight already computed for the plan (GPTQ
             codes); other quantized layers are rounded to nearest by autoplan.quant.
+        base_dir: the folder of the data file the graph's external weights lie in.
 
     Returns:
         One QuantizedNode per linear layer of the graph, in graph order.
@@ -194,7 +198,7 @@ def quantize_graph(model: onnx.ModelProto, decisions: Mapping[str, Choice],
             out += [QuantizedNode(layer, str(choice), "MatMul", node.name,
                                   {"weight": node.input[1]}, cols) for layer, cols in group]
             continue
-        w_t = numpy_helper.to_array(inits.pop(node.input[1]))
+        w_t = read_array(inits.pop(node.input[1]), base_dir)
         graph.initializer.remove(next(t for t in graph.initializer if t.name == node.input[1]))
         parts = [quantize_layer(torch.from_numpy(np.ascontiguousarray(
                      (w_t if cols is None else w_t[:, cols[0]:cols[1]]).T)),
@@ -277,16 +281,18 @@ def _nbits_nodes(node: onnx.NodeProto, layer: LayerCodes, spec: OrtNode
     return built, tensors
 
 
-def dequantized_weights(model: onnx.ModelProto, records: list[QuantizedNode]
-                        ) -> dict[str, np.ndarray]:
+def dequantized_weights(model: onnx.ModelProto, records: list[QuantizedNode],
+                        base_dir: str | Path | None = None) -> dict[str, np.ndarray]:
     """Float32 [K, N] weights as the ONNX graph stores them, per layer (for numerics tests)."""
     inits = {t.name: t for t in model.graph.initializer}
     nodes = {n.name: n for n in model.graph.node}
     out: dict[str, np.ndarray] = {}
     for rec in records:
-        weight = numpy_helper.to_array(inits[rec.tensors["weight"]])
+        weight = read_array(inits[rec.tensors["weight"]], base_dir)
         if rec.op_type == "MatMul":
             full = weight.astype(np.float32)
+        elif rec.op_type == TIED_OP:  # the embedding table [N, K], read transposed
+            full = weight.T.astype(np.float32)
         elif rec.op_type == "MatMulInteger":
             scale = numpy_helper.to_array(inits[rec.tensors["scale"]])
             zp_name = rec.tensors.get("zero_point")  # uint8 codes + 128 (older: int8, none)
@@ -310,11 +316,12 @@ def records_from_manifest(manifest: Mapping[str, Any]) -> list[QuantizedNode]:
             for name, entry in manifest["layers"].items()]
 
 
-def tensor_sha256(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
-    """sha256 of each named initializer's raw little-endian bytes (the plan audit)."""
+def tensor_sha256(model: onnx.ModelProto, names: list[str],
+                  base_dir: str | Path | None = None) -> dict[str, str]:
+    """sha256 of each named initializer's raw little-endian bytes (the plan audit), read
+    from its data file under `base_dir` when it lies in one."""
     inits = {t.name: t for t in model.graph.initializer}
-    return {name: hashlib.sha256(numpy_helper.to_array(inits[name]).tobytes()).hexdigest()
-            for name in names}
+    return {name: onnx_data.tensor_sha256(inits[name], base_dir) for name in names}
 
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,14 +89,21 @@ class OrtGenerator:
     """
 
     def __init__(self, model_path: str | Path, threads: int | None = None,
-                 spinning: bool = True) -> None:
+                 spinning: bool = True,
+                 shared: Mapping[str, np.ndarray] | None = None) -> None:
         """`spinning`: let idle pool threads spin between ops (ORT's default). A decode step
         is ~150 small kernels; sleeping workers pay a futex wake-up on each. Measured on the
         2-core dev box, quiet (SmolLM2-135M, 4 sessions interleaved in one process, 128 in /
         48 out): fp32 64 -> 70 tok/s and int4 (MatMulNBits level 4) 197 -> 267 tok/s with
         spinning on. On a machine busy with other jobs it goes the other way (spinning
         workers steal the cores: fp32 37 vs 57, int4 107 vs 181 tok/s measured under load
-        average 5), hence `autoplan bench --no-spin`."""
+        average 5), hence `autoplan bench --no-spin`.
+
+        `shared`: initializer name -> an array already in this process holding the same
+        values (bench's PyTorch model's fp32 embedding table): the session computes from
+        that memory instead of loading its own copy (SessionOptions.add_initializer), and
+        does not prepack weights, which would copy a shared table again. Each array must
+        match the graph's initializer in shape and dtype and outlive the session."""
         import onnxruntime as ort
 
         path = Path(model_path)
@@ -105,6 +112,7 @@ class OrtGenerator:
         if not path.is_file():
             raise AutoplanError(f"no ONNX model at '{model_path}': run `autoplan apply` first")
         opts = session_options(threads, spinning=spinning)
+        self._shared = _share(opts, path, shared) if shared else []
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self._past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values")]
         if not self._past:
@@ -207,6 +215,31 @@ def timed_greedy(batch: int, prompt_len: int, max_new_tokens: int,
             ttft = t1 - start
         advance(prompt_len + n + 1, tokens[:, n])
     return GenerationResult(tokens, prompt_len, ttft, steps)
+
+
+def _share(opts, path: Path, arrays: Mapping[str, np.ndarray]) -> list:  # noqa: ANN001
+    """Hand `arrays` to the session as its initializers (checked against the graph); the
+    OrtValues returned must live as long as the session."""
+    import onnx
+    from onnxruntime import OrtValue
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inits = {t.name: t for t in graph.initializer}
+    values = []
+    for name, arr in arrays.items():
+        t = inits.get(name)
+        if t is None or tuple(t.dims) != arr.shape or (
+                onnx.helper.tensor_dtype_to_np_dtype(t.data_type) != arr.dtype):
+            raise AutoplanError(f"cannot share '{name}' with {path}: the graph's initializer "
+                                "differs in name, shape or dtype")
+        if not arr.flags.c_contiguous:
+            raise AutoplanError(f"cannot share '{name}': the array is not contiguous")
+        value = OrtValue.ortvalue_from_numpy(arr)  # wraps the array's memory, no copy
+        opts.add_initializer(name, value)
+        values.append((arr, value))
+    # prepacking copies a weight into the kernel's layout (the shared table included)
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    return values
 
 
 def _has_op(path: Path, op_type: str) -> bool:

@@ -270,9 +270,9 @@ def test_bench_no_spin_reaches_every_ort_session(loaded, tmp_path, monkeypatch):
     spins = []
     real = runner.OrtGenerator
 
-    def spy(path, threads=None, spinning=True):
+    def spy(path, threads=None, spinning=True, shared=None):
         spins.append(spinning)
-        return real(path, threads=threads, spinning=spinning)
+        return real(path, threads=threads, spinning=spinning, shared=shared)
 
     monkeypatch.setattr(runner, "OrtGenerator", spy)
     base = export_baseline(loaded, tmp_path / "base")

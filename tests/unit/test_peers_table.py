@@ -75,6 +75,14 @@ def test_empty_sections_and_summary_say_what_is_missing() -> None:
                                                        1.1)]}})
     assert lines == ["- nncf: not measured", "- quark: peer not runnable",
                      "- llamacpp: 1 of 1 pairs meet the goal; lowest ratio 1.20x (a vs b)"]
+    stopped = goals_summary({"nncf": {"rows": [_row("r", 1, 0.1)], "errors": [
+        {"peer": "nncf (whole section)", "error": "NotFinished: stopped"}]}})
+    assert stopped[0].startswith("- nncf: 1 rows measured, none paired")
+    assert "not runnable" not in stopped[0]
+    early = goals_summary({"autoround": {"errors": [
+        {"peer": "autoround (whole section)", "error": "NotFinished: stopped by SIGTERM"}]}})
+    assert early == ["- autoround: not finished here (stopped before any row; its line below "
+                     "says why)"]
     assert error_lines([{"peer": "p", "error": "e", "command": "c"}]) == [
         "- **p: not runnable here.** `e` (command: `c`)"]
 
@@ -88,7 +96,7 @@ def test_a_stopped_section_is_one_row_that_says_so(tmp_path: Path, monkeypatch) 
     assert stopped["finished"] is False and not stopped["pairs"]
     assert "not finished here: stopped by SIGTERM after 25 min" in row["error"]
     assert "'timing 4 sides'" in row["error"] and row["command"].endswith("peers.py nncf")
-    assert "nncf (whole section): not runnable here" in "\n".join(
+    assert "nncf (whole section): not finished here" in "\n".join(
         section_markdown("nncf", stopped))
 
     # a stop during a run: the section's own handler-free code is interrupted, one row written

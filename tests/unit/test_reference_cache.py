@@ -43,3 +43,30 @@ def test_reference_is_computed_once_then_read_back(tmp_path: Path, execution: st
     stored.write_bytes(b"garbage")
     fixed = runner.evaluator(data.eval, cache_dir=cache).reference
     assert torch.equal(fixed.logprobs, first.logprobs)
+
+
+def test_reference_is_written_without_a_copy_of_the_log_probs(tmp_path: Path) -> None:
+    """Writing the cache streams each tensor from its own memory: no bytes object of the
+    whole file is built (for a 262k vocabulary that was 2 x 0.75 GiB at the search's peak),
+    and the file reads back with safetensors as the tensors it was given."""
+    import tracemalloc
+
+    from safetensors.torch import load_file
+
+    from autoplan.quality.reference_cache import cached_reference
+
+    tokens = torch.arange(2 * 64).reshape(2, 64)
+    logprobs = torch.randn(2, 64, 8192).to(torch.float16)  # 2 MiB
+    ref = metrics.ReferenceLogprobs(tokens, logprobs, 1.25)
+    tracemalloc.start()
+    try:
+        cached_reference(tmp_path, "k", tokens, lambda: ref)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < logprobs.numel() * 2 / 4, f"{peak} bytes traced writing the cache"
+    got = load_file(tmp_path / "reference-k.safetensors")
+    assert torch.equal(got["logprobs"], logprobs) and torch.equal(got["tokens"], tokens)
+    assert float(got["nll"]) == 1.25
+    again = cached_reference(tmp_path, "k", tokens, lambda: pytest.fail("recomputed"))
+    assert torch.equal(again.logprobs, logprobs) and again.nll == 1.25

@@ -364,3 +364,21 @@ def test_streamed_plan_holds_one_block_or_the_embedding_never_both() -> None:
         assert resident + estimate.PROCESS_BYTES <= profile <= plan.host, name
         # 128 routed experts outweigh Qwen3-30B-A3B's embedding; Llama's embedding its block
         assert (block > embed) == (name == "qwen3-30b-a3b"), name
+
+
+def test_gguf_names_of_a_streamed_model_are_the_in_memory_ones(tmp_path: Path) -> None:
+    """A GGUF-sourced model searched with streamed execution (as the peers benchmark's H100
+    search runs it) still maps its tensors to llama.cpp's names: the "as is" candidate
+    reads them."""
+    from transformers import AutoModelForCausalLM
+
+    from autoplan.models.gguf_convert import hf_to_gguf_names
+
+    pytest.importorskip("gguf")
+    folder = _folder(tmp_path / "model", tied=True)
+    memory = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    streamed = StreamedModel(folder, device=CPU)
+    n = memory.config.num_hidden_layers
+    names = hf_to_gguf_names(streamed, n)
+    assert names == hf_to_gguf_names(memory, n)
+    assert names["model.layers.0.self_attn.q_proj.weight"] == "blk.0.attn_q.weight"
