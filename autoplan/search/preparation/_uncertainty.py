@@ -1,13 +1,10 @@
 """How far a predicted speed ratio between two plans may be off, per target and runtime: the
 bar a plan's predicted gain must clear before it may spend quality (the noise rule, _choose).
 
-- This machine's kernels, timed (`local`): their repeatability, the time-weighted half
-  spread of the timed rows the search predicts with: p10 to p90 of their runs (ONNX
-  Runtime), or of their two interleaved halves' times where a row has them (``halves_us``,
-  llama.cpp: a row's time is its quietest trial's, whose repeatability that is).
-- A catalog target: the cost model's mean absolute error on the published speedups of its
-  hardware family, for models of the searched kind (dense or mixture-of-experts; `autoplan
-  validate`, autoplan/cost/validate.family_error).
+- `local`, kernels timed: their repeatability (ONNX Runtime rows' p10-p90; llama.cpp rows'
+  two interleaved halves, ``halves_us``), time-weighted over the rows the search uses.
+- A catalog target: the cost model's mean absolute error on published speedups of its
+  hardware family and model kind (`autoplan validate`, cost/validate.family_error).
 """
 
 from __future__ import annotations
