@@ -12,6 +12,7 @@ from pathlib import Path
 
 from autoplan.errors import UserInputError
 from autoplan.modelspec import ModelSpec
+from autoplan.safetensors_io import read_header
 
 # The safetensors library refuses headers above 100 MB; so do we, before reading one.
 MAX_HEADER_BYTES = 100_000_000
@@ -89,18 +90,12 @@ def check_safetensors(path: str | Path) -> None:
         _check_file(file)
 
 
-def _header(path: Path) -> dict:
-    with path.open("rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        return json.loads(fh.read(n))
-
-
 def tensor_shapes(folder: str | Path) -> dict[str, list[int]]:
     """Every tensor's shape in an HF folder's `*.safetensors` headers (no tensor is read;
     the files must have passed `check_safetensors`)."""
     shapes: dict[str, list[int]] = {}
     for file in sorted(Path(folder).glob("*.safetensors")):
-        for name, entry in _header(file).items():
+        for name, entry in read_header(file)[0].items():
             if name != "__metadata__" and isinstance(entry, dict):
                 shapes[name] = list(entry.get("shape", []))
     return shapes

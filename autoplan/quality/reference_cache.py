@@ -6,14 +6,14 @@ Reasoning and sources: docs/modules.md.
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from autoplan.atomic import write_parts_atomic
 from autoplan.quality.metrics import ReferenceLogprobs
+from autoplan.safetensors_io import safetensors_parts
 
 CACHE_VERSION = 3  # 2: NLL summed per block (metrics.block_terms); 3: per chunk of positions
 
@@ -51,27 +51,4 @@ def cached_reference(cache_dir: Path, key: str, tokens: torch.Tensor,
     return ref
 
 
-_DTYPES = {torch.int64: "I64", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64"}
-
-
-def safetensors_parts(tensors: dict[str, torch.Tensor]) -> Iterator[memoryview | bytes]:
-    """A safetensors file of ``tensors`` as the header then each tensor's own memory, for
-    ``write_parts_atomic``. ``safetensors.torch.save`` returns the whole file as one bytes
-    object: for a 262k vocabulary the reference log-probs are 0.75 GiB, and that copy (plus
-    the one it is joined from) was the in-memory search's peak."""
-    header: dict[str, dict] = {}
-    offset = 0
-    flat = {name: t.contiguous() for name, t in tensors.items()}
-    for name, t in flat.items():
-        size = t.numel() * t.element_size()
-        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    yield len(text).to_bytes(8, "little") + text
-    for t in flat.values():
-        if t.numel():
-            yield memoryview(t.numpy()).cast("B")
-
-__all__ = ["cached_reference", "reference_key", "safetensors_parts"]
+__all__ = ["cached_reference", "reference_key"]

@@ -9,8 +9,6 @@ file and the process holds only what it converted.
 
 from __future__ import annotations
 
-import json
-import struct
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,23 +16,7 @@ from typing import BinaryIO
 
 import torch
 from autoplan.errors import UserInputError
-
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8,
-           "I8": torch.int8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
-           "F8_E5M2": torch.float8_e5m2, "I16": torch.int16, "U16": torch.uint16,
-           "U32": torch.uint32, "U64": torch.uint64}
-
-
-def _header(path: Path) -> tuple[dict, int]:
-    """The shard's header and the byte offset its tensor data starts at."""
-    with path.open("rb") as fh:
-        head = fh.read(8)
-        if len(head) != 8:
-            raise UserInputError(f"{path} is not a safetensors file (too short); re-save the model")
-        (n,) = struct.unpack("<Q", head)
-        return json.loads(fh.read(n)), 8 + n
-
+from autoplan.safetensors_io import DTYPES, read_header
 
 class CheckpointReader:
     """Name -> (shard, dtype, shape) for every tensor of an HF safetensors folder."""
@@ -49,7 +31,7 @@ class CheckpointReader:
             raise UserInputError(f"'{folder}' has no *.safetensors weights; pass a folder "
                                  "written by save_pretrained")
         for shard in shards:
-            header, data_start = _header(shard)
+            header, data_start = read_header(shard)
             for name, info in header.items():
                 if name == "__metadata__":
                     continue
@@ -70,13 +52,13 @@ class CheckpointReader:
         size: dict[str, int] = defaultdict(int)
         for dt, shape in self.meta.values():
             size[dt] += int(torch.Size(shape).numel())
-        return _DTYPES.get(max(size, key=size.__getitem__), torch.float32)
+        return DTYPES.get(max(size, key=size.__getitem__), torch.float32)
 
     def nbytes(self, names: Iterable[str]) -> int:
         total = 0
         for n in names:
             dt, shape = self.meta[n]
-            total += int(torch.Size(shape).numel()) * _DTYPES.get(dt, torch.float32).itemsize
+            total += int(torch.Size(shape).numel()) * DTYPES.get(dt, torch.float32).itemsize
         return total
 
     def read(self, names: Iterable[str], dtype: torch.dtype | None = None
@@ -102,11 +84,11 @@ class CheckpointReader:
     def _read_one(self, fh: BinaryIO, name: str) -> torch.Tensor:
         """One tensor, read into a buffer the returned tensor owns."""
         dt, shape = self.meta[name]
-        if dt not in _DTYPES:
+        if dt not in DTYPES:
             raise UserInputError(f"{self.files[name].name}: tensor {name} is stored as {dt}, "
                                  "which autoplan does not read; re-save it as BF16/F16/F32")
         begin, end = self.offsets[name]
-        dtype = _DTYPES[dt]
+        dtype = DTYPES[dt]
         if end == begin:
             return torch.empty(shape, dtype=dtype)
         buf = bytearray(end - begin)
