@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autoplan.backends.cpu.cost_cache import Row, cached_table, row_key
+from autoplan.backends.cpu.cost_cache import Row, cached_table, nearest_rank, row_key
 from autoplan.backends.cpu.ort_microbench import FLUSH_BYTES, ROTATE_BYTES
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice, Precision, registered_formats
@@ -124,11 +124,6 @@ def empty_table(threads: int | None = None) -> dict[str, Any]:
             "spread_bound": SPREAD_BOUND}
 
 
-def _pick(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def quiet_time(trials: list[list[float]]) -> dict[str, Any]:
     """A kernel's time from trials of timed runs (microseconds, trials in the order they ran).
 
@@ -152,7 +147,7 @@ def quiet_time(trials: list[list[float]]) -> dict[str, Any]:
     runs = [x for t in trials for x in t]
     return {"median_us": low(medians), "halves_us": halves,
             "spread": halves[1] / halves[0] - 1 if halves[0] > 0 else float("inf"),
-            "p10_us": _pick(runs, 0.1), "p90_us": _pick(runs, 0.9),
+            "p10_us": nearest_rank(runs, 0.1), "p90_us": nearest_rank(runs, 0.9),
             "samples_median_us": statistics.median(runs),
             "trial_medians_us": [round(x, 3) for x in medians], "trials": len(trials),
             "runs_per_trial": len(trials[0])}

@@ -96,4 +96,11 @@ def cached_table(path: Path, header: dict[str, Any], wanted: Iterable[Row],
     return table
 
 
-__all__ = ["Row", "cached_table", "key_of", "row_key"]
+def nearest_rank(values: Iterable[float], q: float) -> float:
+    """The q-quantile of timed runs by nearest rank (p10 / p90 of a kernel row): the same
+    rule for every runtime's table, so their spreads compare."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+__all__ = ["Row", "cached_table", "key_of", "nearest_rank", "row_key"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.backends.cpu.cost_cache import Row, cached_table, key_of, row_key
+from autoplan.backends.cpu.cost_cache import Row, cached_table, key_of, nearest_rank, row_key
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice
 
@@ -160,10 +160,9 @@ def _time_part(m: int, n: int, k: int, c: Choice, threads: int | None, repeats: 
         t0 = time.perf_counter()
         sess.run_with_iobinding(io)
         samples.append((time.perf_counter() - t0) * 1e6 / copies)
-    samples.sort()
-    pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]
     return {"kernel": kernel, "copies": copies, "repeats": repeats,
-            "median": statistics.median(samples), "p10": pick(0.1), "p90": pick(0.9)}
+            "median": statistics.median(samples), "p10": nearest_rank(samples, 0.1),
+            "p90": nearest_rank(samples, 0.9)}
 
 
 def machine_key(threads: int | None = None, spinning: bool = True) -> str:
