@@ -263,6 +263,11 @@ class GgufExporter:
     def write(self, prep: Prepared, out_dir: str | Path) -> Path:
         """Write atomically; returns the GGUF file's path."""
         source_gguf(prep.loaded)  # refuse an HF-folder model before any work
+        if prep.loaded.spec.model_type == "gpt_oss":  # else gate/up would stay MXFP4 silently
+            raise UnsupportedFormatError(
+                "GGUF export of a gpt-oss plan is not supported yet: llama.cpp stores each "
+                "expert's interleaved gate_up as two stacked tensors (ffn_gate_exps, "
+                "ffn_up_exps) that autoplan does not write; export compressed-tensors or ModelOpt")
         for name, choice in prep.choices.items():
             ggml_type_name(choice.precision)
             if choice.sparsity.kind != "dense":

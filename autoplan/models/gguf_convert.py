@@ -21,7 +21,9 @@ from autoplan.errors import AutoplanError, UserInputError
 from autoplan.atomic import atomic_new_dir
 from autoplan.models._cache import is_model_folder
 from autoplan.modelspec import ModelSpec
-from autoplan.models.gguf_moe import expert_value, moe_config, moe_state, stacked_stem
+from autoplan.models import gguf_gptoss
+from autoplan.models.gguf_moe import (check_gguf_experts, expert_value, moe_config, moe_state,
+                                      stacked_stem)
 
 # GGUF block types whose values lie on a 4-bit grid per 32-weight block.
 _FOUR_BIT = {"Q4_0", "Q4_1"}
@@ -360,14 +362,18 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
         def step(i: int) -> None:
             bar.update(task, completed=i, description=steps[i] if i < len(steps) else "done")
 
+        check_gguf_experts(src)  # stacked experts as many as the metadata says
+        gptoss = gguf_architecture(src) == gguf_gptoss.ARCH
         try:
-            config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
-        except (ValueError, OSError, KeyError) as exc:
+            config = gguf_gptoss.gptoss_config(src) if gptoss else \
+                AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
+        except (ValueError, OSError, KeyError, TypeError) as exc:
             raise UserInputError(f"cannot read GGUF '{src}': {exc}".splitlines()[0]) from None
         check_name_map(config.model_type, gguf_architecture(src))  # before any tensor
         config = moe_config(config, src)  # a llama GGUF with experts is a Mixtral
         ModelSpec.from_config(config.to_dict())  # a model autoplan cannot plan: refused now
-        apply_dropped_keys(config, src)
+        if not gptoss:  # gptoss_config reads those keys itself
+            apply_dropped_keys(config, src)
         remove_stale_temps(dest)
         lock = None
         try:
@@ -388,6 +394,13 @@ def _convert_into(tmp: Path, src: Path, config, bar: Progress,  # noqa: ANN001 -
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     step(1)
+    if config.model_type == "gpt_oss":  # its MXFP4 experts kept as the checkpoint's bytes
+        step(2)
+        counts = gguf_gptoss.convert_gptoss_into(tmp, src, config)
+        step(5)
+        _write_source(tmp, src, counts["tensors"], 0, t0, mxfp4_tensors=counts["mxfp4_tensors"])
+        step(6)
+        return
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     step(2)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -417,11 +430,17 @@ def _convert_into(tmp: Path, src: Path, config, bar: Progress,  # noqa: ANN001 -
     for name, value in model.state_dict().items():
         if name in saved and not torch.equal(saved[name], value):
             raise AutoplanError(f"{name} did not survive the safetensors round trip")
-    (tmp / "autoplan_source.json").write_text(json.dumps({
-        "gguf": src.name, "gguf_tensors": counts["tensors"], "four_bit_tensors": counts["four_bit"],
-        "convert_seconds": round(time.perf_counter() - t0, 2), "dtype": "float32",
-    }, indent=1, sort_keys=True))
+    _write_source(tmp, src, counts["tensors"], counts["four_bit"], t0)
     step(6)
+
+
+def _write_source(tmp: Path, src: Path, tensors: int, four_bit: int, t0: float,
+                  **extra: int) -> None:
+    """autoplan_source.json: what the folder was converted from, and how long it took."""
+    (tmp / "autoplan_source.json").write_text(json.dumps({
+        "gguf": src.name, "gguf_tensors": tensors, "four_bit_tensors": four_bit,
+        "convert_seconds": round(time.perf_counter() - t0, 2), "dtype": "float32", **extra,
+    }, indent=1, sort_keys=True))
 
 
 def _convert_moe(tmp: Path, src: Path, model, spec: ModelSpec, tokenizer,  # noqa: ANN001
@@ -459,10 +478,7 @@ def _convert_moe(tmp: Path, src: Path, model, spec: ModelSpec, tokenizer,  # noq
     back = load_file(str(tmp / "model.safetensors"))
     if any(not torch.equal(back[k], v) for k, v in stored.items()):
         raise AutoplanError("an MoE tensor did not survive the safetensors round trip")
-    (tmp / "autoplan_source.json").write_text(json.dumps({
-        "gguf": src.name, "gguf_tensors": counts["tensors"], "four_bit_tensors": counts["four_bit"],
-        "convert_seconds": round(time.perf_counter() - t0, 2), "dtype": "float32",
-    }, indent=1, sort_keys=True))
+    _write_source(tmp, src, counts["tensors"], counts["four_bit"], t0)
     step(6)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from autoplan.errors import AutoplanError
+from autoplan.errors import AutoplanError, UserInputError
 
 _PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.([a-z_]+)$")
 
@@ -30,6 +30,41 @@ def gguf_fields(path: Path) -> dict[str, Any]:
     return {f.name: f.contents() for f in GGUFReader(str(path)).fields.values()
             if not f.name.startswith(("tokenizer.ggml.tokens", "tokenizer.ggml.merges",
                                       "tokenizer.ggml.token_type"))}
+
+
+def check_gguf_experts(path: Path) -> None:
+    """Refuse an MoE GGUF whose stacked expert tensors (`*_exps`, experts on ggml's last
+    dim) or router (`ffn_gate_inp`) hold another number of experts than its metadata's
+    `{arch}.expert_count` says; header only, before any tensor is read.
+
+    Raises:
+        UserInputError: one line naming the tensor and both counts.
+    """
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, OSError):  # not a readable GGUF: the loader says so
+        return
+    field = reader.fields.get("general.architecture")
+    arch = field.contents() if field is not None else ""
+    field = reader.fields.get(f"{arch}.expert_count")
+    if field is None:
+        return
+    count = int(field.contents())
+    for t in reader.tensors:
+        dims = [int(d) for d in t.shape]
+        if "_exps." in t.name or t.name.endswith("ffn_gate_inp.weight"):
+            held = dims[-1]
+        elif t.name.endswith("ffn_gate_inp.bias"):
+            held = dims[0]
+        else:
+            continue
+        if held != count:
+            raise UserInputError(
+                f"GGUF '{Path(path).name}': {t.name} holds {held} experts but its metadata "
+                f"{arch}.expert_count says {count}; re-convert the model with llama.cpp's "
+                "convert_hf_to_gguf.py")
 
 
 def moe_config(config: Any, path: Path) -> Any:
@@ -97,4 +132,5 @@ def expert_value(stacked: torch.Tensor, hf_name: str) -> torch.Tensor:
     return stacked if expert is None else stacked[expert]
 
 
-__all__ = ["expert_value", "gguf_fields", "moe_config", "moe_state", "stacked_stem"]
+__all__ = ["check_gguf_experts", "expert_value", "gguf_fields", "moe_config", "moe_state",
+           "stacked_stem"]

@@ -147,7 +147,14 @@ def check_loadable(spec: str) -> ModelSource:
 def _gguf_config(path: Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
+    from autoplan.models import gguf_gptoss
+    from autoplan.models.gguf_convert import gguf_architecture
+    from autoplan.models.gguf_moe import check_gguf_experts
+
+    check_gguf_experts(path)  # stacked experts as many as the metadata says
     try:
+        if gguf_architecture(path) == gguf_gptoss.ARCH:  # transformers' reader fails on it
+            return gguf_gptoss.gptoss_config(path).to_dict()
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         return moe_config(config, path).to_dict()  # a llama GGUF with experts: Mixtral
     except (ValueError, OSError, KeyError, TypeError, ArithmeticError) as exc:

@@ -29,9 +29,17 @@ _COMMON = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
            "bos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": False}
 
 
-def tiny_moe_config(family: str):  # noqa: ANN201 - a transformers PretrainedConfig
+def tiny_moe_config(family: str, **overrides):  # noqa: ANN201, ANN003 - a PretrainedConfig
+    """The tiny config of `family`; `overrides` replace its fields (e.g. `rope_parameters`)."""
     import transformers as tf
 
+    config = _tiny_moe_config(tf, family)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def _tiny_moe_config(tf, family: str):  # noqa: ANN001, ANN202
     if family == "mixtral":
         return tf.MixtralConfig(**_COMMON, intermediate_size=32, num_local_experts=EXPERTS,
                                 num_experts_per_tok=TOP_K)
@@ -51,18 +59,38 @@ def tiny_moe_config(family: str):  # noqa: ANN201 - a transformers PretrainedCon
     raise ValueError(f"no tiny MoE model for '{family}'; have {', '.join(FAMILIES)}")
 
 
-def tiny_moe_model(family: str, seed: int = 0):  # noqa: ANN201 - a transformers CausalLM
+def tiny_moe_model(family: str, seed: int = 0, **overrides):  # noqa: ANN201, ANN003 - a CausalLM
     """The tiny MoE causal LM of `family`, fp32, eval mode, with transformers' fused experts."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_moe_config(family), dtype=torch.float32).eval()
+    config = tiny_moe_config(family, **overrides)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():  # routers and biases away from zero: routing depends on the input
         for name, param in model.named_parameters():
             if name.endswith(("gate.weight", "router.weight", "router.bias", "sinks")) \
                     or name.endswith("_bias"):
                 param.normal_(0.0, 0.5)
     return model
+
+
+_FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def mxfp4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[..., rows, cols] -> (blocks uint8 [..., rows, cols/32, 16], scales uint8 [..., rows,
+    cols/32], the dequantized values), the layout of gpt-oss's checkpoints: E2M1 codes (sign
+    bit 3) two per byte, low nibble first, E8M0 scales (OCP floor rule)."""
+    *lead, rows, cols = w.shape
+    x = w.float().reshape(*lead, rows, cols // 32, 32)
+    amax = x.abs().amax(-1, keepdim=True).clamp_min(2.0**-120)
+    exp = torch.floor(torch.log2(amax)) - 2
+    y = x / 2.0**exp
+    idx = (y.abs()[..., None] - _FP4).abs().argmin(-1)  # nearest magnitude (ties: the smaller)
+    codes = idx + 8 * (y < 0).long()
+    values = torch.where(y < 0, -_FP4[idx], _FP4[idx]) * 2.0**exp
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    return packed, (exp.squeeze(-1) + 127).to(torch.uint8), values.reshape(w.shape)
 
 
 def save_tiny_moe(folder: Path, family: str, seed: int = 0) -> Path:
@@ -73,5 +101,5 @@ def save_tiny_moe(folder: Path, family: str, seed: int = 0) -> Path:
     return folder
 
 
-__all__ = ["EXPERTS", "FAMILIES", "TOP_K", "VOCAB", "save_tiny_moe", "tiny_moe_config",
-           "tiny_moe_model"]
+__all__ = ["EXPERTS", "FAMILIES", "TOP_K", "VOCAB", "mxfp4_pack", "save_tiny_moe",
+           "tiny_moe_config", "tiny_moe_model"]

@@ -16,7 +16,7 @@ from autoplan.models.moe import UnfusedExperts, counting_routing, unfuse_experts
 from autoplan.modelspec import ModelSpec
 from autoplan.sensitivity.capture import capture
 from autoplan.sensitivity.profile import make_task, score_task
-from tests.unit._tiny_moe import EXPERTS, FAMILIES, TOP_K, save_tiny_moe, tiny_moe_model
+from tests.unit._tiny_moe import EXPERTS, FAMILIES, TOP_K, mxfp4_pack, save_tiny_moe, tiny_moe_model
 
 _IDS = torch.randint(2, 200, (2, 24), generator=torch.Generator().manual_seed(1))
 
@@ -140,25 +140,6 @@ def test_streamed_moe_profile_records_the_routing_and_scores_of_the_in_memory_on
             assert abs(st.scores[name][key] - ref) <= 1e-4 * max(abs(ref), 1e-12), (name, key)
 
 
-_FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
-def _mxfp4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[..., rows, cols] -> (blocks uint8 [..., rows, cols/32, 16], scales uint8 [..., rows,
-    cols/32], the dequantized values), the layout of gpt-oss's checkpoints: E2M1 codes (sign
-    bit 3) two per byte, low nibble first, E8M0 scales (OCP floor rule)."""
-    *lead, rows, cols = w.shape
-    x = w.float().reshape(*lead, rows, cols // 32, 32)
-    amax = x.abs().amax(-1, keepdim=True).clamp_min(2.0**-120)
-    exp = torch.floor(torch.log2(amax)) - 2
-    y = x / 2.0**exp
-    idx = (y.abs()[..., None] - _FP4).abs().argmin(-1)  # nearest magnitude (ties: the smaller)
-    codes = idx + 8 * (y < 0).long()
-    values = torch.where(y < 0, -_FP4[idx], _FP4[idx]) * 2.0**exp
-    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
-    return packed, (exp.squeeze(-1) + 127).to(torch.uint8), values.reshape(w.shape)
-
-
 def test_gpt_oss_mxfp4_experts_are_read_at_their_exact_values(tmp_path) -> None:
     """A gpt-oss checkpoint with MXFP4 experts (blocks + scales, quantization_config mxfp4)
     loads with every expert at exactly its E2M1 x E8M0 values, and re-quantizing them as
@@ -178,7 +159,7 @@ def test_gpt_oss_mxfp4_experts_are_read_at_their_exact_values(tmp_path) -> None:
         for proj in ("gate_up_proj", "down_proj"):
             key = f"model.layers.{b}.mlp.experts.{proj}"
             w = state.pop(key).transpose(1, 2)  # [E, out, in], blocks along the inputs
-            blocks, scales, values = _mxfp4_pack(w)
+            blocks, scales, values = mxfp4_pack(w)
             state[f"{key}_blocks"], state[f"{key}_scales"] = blocks, scales
             want[(b, proj)] = values
     (tmp_path / "m" / "model.safetensors").unlink()
