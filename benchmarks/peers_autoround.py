@@ -20,9 +20,11 @@ from peers_common import PeerError, PeerVenv, error_row, peers_dir, run_tool
 
 GOAL = 1.1
 OPTIONS = ("GGUF:Q4_0", "GGUF:Q4_1", "GGUF:Q5_0", "GGUF:Q5_1", "GGUF:Q8_0")
-# auto-round does not declare gguf, which its GGUF export imports
-VENV = PeerVenv("autoround", (("torch==2.13.0",), ("auto-round==0.16.1", "gguf>=0.10")),
-                "auto_round, gguf")
+# auto-round does not declare gguf or sentencepiece, which its GGUF export imports (the
+# second in its llama vocabulary step, even for a BPE tokenizer like SmolLM2's)
+VENV = PeerVenv("autoround", (("torch==2.13.0",),
+                              ("auto-round==0.16.1", "gguf>=0.10", "sentencepiece")),
+                "auto_round, gguf, sentencepiece")
 WORKER = Path(__file__).with_name("peers_autoround_worker.py")
 RESULTS = Path(__file__).resolve().parent / "results"
 

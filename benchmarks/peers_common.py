@@ -45,16 +45,24 @@ class PeerVenv:
         return self.folder / "bin" / "python"
 
     def ensure(self, log=print) -> Path:  # noqa: ANN001 - a print-like callable
-        """The venv's interpreter, built first if it is not there.
+        """The venv's interpreter, built first if it is not there, and its pip steps run
+        again when they changed since it was built (pip installs only what is missing).
 
         Raises:
             PeerError: a pip step or the import check failed (its last line).
         """
         marker = self.folder / MARKER
-        if marker.is_file():
+        steps = [list(step) for step in self.steps]
+        try:
+            built = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            built = None
+        if built is not None and built.get("steps") == steps:
             return self.python
         t0 = time.perf_counter()
-        run([sys.executable, "-m", "venv", "--clear", str(self.folder)], f"venv for {self.name}")
+        if built is None or not self.python.is_file():
+            run([sys.executable, "-m", "venv", "--clear", str(self.folder)],
+                f"venv for {self.name}")
         for step in self.steps:
             log(f"[{self.name}] pip install {' '.join(step)}")
             run([str(self.python), "-m", "pip", "install", "-q", *step],
@@ -62,7 +70,7 @@ class PeerVenv:
         run([str(self.python), "-c", f"import {self.check}"], f"import {self.check}")
         packages = [s.split("[")[0].split("=")[0].split("<")[0].split(">")[0]
                     for step in self.steps for s in step if not s.startswith("-")]
-        marker.write_text(json.dumps({"versions": versions(self.python, packages),
+        marker.write_text(json.dumps({"versions": versions(self.python, packages), "steps": steps,
                                       "install_s": round(time.perf_counter() - t0)}))
         return self.python
 
