@@ -9,6 +9,7 @@ the evaluator needs from it is captured at construction.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Sequence
@@ -156,6 +157,7 @@ class QualityEvaluator:
                  slices: SliceSet | None = None, gates: Sequence[Gate] = ()) -> None:
         model = as_module(reference_model)
         self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
         t0 = time.perf_counter()
         self.reference = reference or reference_pass(model, eval_tokens, batch_size=batch_size)
         self.suite_reference = (suite_reference(model, suite, max_new_tokens=max_new_tokens)
@@ -168,6 +170,23 @@ class QualityEvaluator:
     @property
     def ppl_ref(self) -> float:
         return self.reference.ppl
+
+    def rebased(self, model: nn.Module) -> QualityEvaluator:
+        """A copy of this evaluator that measures against ``model`` instead of the original:
+        every reference (log-probs, suite, slices, gates) computed again on it, on the same
+        tokens; anything else it holds (a MemoryEvaluator's model, whose compressed copies
+        are the candidates) is shared."""
+        new = copy.copy(self)
+        with torch.no_grad():
+            new.reference = reference_pass(model, self.reference.tokens,
+                                           batch_size=self.batch_size)
+            if self.suite_reference is not None:
+                new.suite_reference = suite_reference(model, self.suite_reference.suite,
+                                                      max_new_tokens=self.max_new_tokens)
+            if self.slice_reference is not None:
+                new.slice_reference = slice_reference(model, self.slice_reference.slices)
+            new.gate_references = {g.name: g.score(model) for g in self.gates}
+        return new
 
     @property
     def has_slices(self) -> bool:

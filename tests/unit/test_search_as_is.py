@@ -103,3 +103,29 @@ def test_no_plan_is_slower_than_the_source_and_no_better(tiny_gguf, tmp_path):
     assert loose.search.outcome == "as-is" or _speed(loose, "plan") > source.objective
     plan = _search(tiny_gguf, tmp_path / "p.json", target="xeon-8480", runtime="llama.cpp")
     assert plan.search.outcome == "as-is", plan.search.why
+
+
+def test_a_quantized_source_is_the_quality_reference_as_llama_cpp_runs_it(tiny_gguf):
+    """On a GGUF source the budget counts KL from the file as llama.cpp runs it (its types
+    with llama.cpp's activation rounding, simulated), the frame of a KL measured through
+    llama.cpp against the file: the file unchanged measures exactly 0, and its fp32
+    dequantization, which skips that rounding, does not. Streamed, the reference stays the
+    fp32 checkpoint and the plan's text says so."""
+    from autoplan.search import Reporter, preflight, prepare
+    from autoplan.streaming import ExecutionSettings
+
+    args = {"model": str(tiny_gguf), "target": "xeon-8480", "runtime": "llama.cpp",
+            "budget": "kl<=0.05", "trials": 10, "out": Path("unused.json"),
+            "workload": WORKLOAD, "storage": optuna.storages.InMemoryStorage(), **FAST}
+    req = SearchRequest(**args)
+    prep = prepare(req, preflight(req), Reporter())
+    prep.verifier.shared.store = None  # measured here, not read from another run
+    assert prep.as_is.quantized_source and prep.as_is.frame == "as-is"
+    assert "as llama.cpp runs it" in prep.as_is.reference
+    as_is = prep.verifier.measure(prep.as_is.picks, prep.as_is.label)
+    baseline = prep.verifier.measure(prep.baseline_picks, "baseline")
+    assert as_is.quality.kl == 0.0
+    assert baseline.quality.kl > 1e-6  # the activation rounding the fp32 model skips
+    streamed = SearchRequest(**(args | {"execution": ExecutionSettings(execution="stream")}))
+    prep = prepare(streamed, preflight(streamed), Reporter())
+    assert prep.as_is.frame == "" and "dequantized to fp32" in prep.as_is.reference

@@ -24,6 +24,10 @@ class AsIs:
     reference: str  # what measured quality is relative to
     quantized_source: bool = False  # a quantized file (not the baseline) is the candidate
     note: str = ""  # why the source is not itself a candidate, when it is not
+    kinds: str = ""  # the source's tensor types, for the plan's text
+    # "" : quality against the fp32 checkpoint as loaded; "as-is": against the quantized
+    # source as its engine runs it (_engine_frame.py)
+    frame: str = ""
 
 
 _CHECKPOINT = ("measured quality is relative to the checkpoint as loaded (the uncompressed "
@@ -48,8 +52,10 @@ def as_is(loaded: LoadedModel, space: SearchSpace, base: tuple[int, ...]) -> AsI
     kinds = ", ".join(sorted({t.removeprefix("dense+") for t in types.values()}))
     reference = (f"measured quality is relative to the source GGUF's weights ({kinds}) "
                  "dequantized to fp32, which holds them exactly, run without llama.cpp's own "
-                 "activation rounding: the 'as is' candidate (the file unchanged, simulated "
-                 "with that rounding) shows what the rounding alone costs against it")
+                 "activation rounding (the reference where the file as llama.cpp runs it cannot "
+                 "be: a streamed search, or a file that is not itself a candidate): the 'as "
+                 "is' candidate (the file unchanged, "
+                 "simulated with that rounding) shows what the rounding alone costs against it")
     picks, missing = [], []
     for unit in space.units:
         wanted = {types.get(la.name) for la in unit.layers}
@@ -66,8 +72,9 @@ def as_is(loaded: LoadedModel, space: SearchSpace, base: tuple[int, ...]) -> AsI
                f"{missing[0]}" if missing else
                f"protected layers differ from the baseline, e.g. {protected[0]}")
         return AsIs(base, "as is (baseline)", reference,
-                    note=f"the source file is not a candidate: {why}")
-    return AsIs(tuple(picks), "as is (the source GGUF)", reference, quantized_source=True)
+                    note=f"the source file is not a candidate: {why}", kinds=kinds)
+    return AsIs(tuple(picks), "as is (the source GGUF)", reference, quantized_source=True,
+                kinds=kinds)
 
 
 def _parse(text: str | None) -> Choice | None:

@@ -30,6 +30,7 @@ from autoplan.search.optimize import SearchSpace, Tables, build_space, build_tab
 from autoplan.search.recovery import RecoveryStage, RecoveryText, recovery_text, work_dir_for
 from autoplan.search.reporter import Reporter
 from autoplan.search.preparation._as_is import AsIs, as_is
+from autoplan.search.preparation._engine_frame import rebase_on_as_is
 from autoplan.search.request import (
     ONNX_RUNTIME,
     Platform,
@@ -68,6 +69,7 @@ class Prepared:
     tables: Tables
     verifier: Verifier
     study_name: str
+    as_is: AsIs  # the model as the user has it, always a candidate (_as_is.py)
 
     @property
     def sign(self) -> float:
@@ -83,11 +85,6 @@ class Prepared:
     def baseline_picks(self) -> tuple[int, ...]:
         """Every unit left at the baseline choice (the uncompressed model)."""
         return tuple(self.tables.picks_of({}))
-
-    @cached_property
-    def as_is(self) -> AsIs:
-        """The model as the user has it, always a candidate (_as_is.py)."""
-        return as_is(self.loaded, self.space, self.baseline_picks)
 
     @cached_property
     def uncertainty(self) -> SpeedUncertainty:
@@ -379,13 +376,20 @@ def prepare_platform(req: SearchRequest, platform: Platform, shared: SharedWork,
     if req.recovery is not None:
         text = shared.recovery or recovery_text(req.recovery, loaded.tokenizer)
         stage = RecoveryStage(req.recovery, text, loaded.content_hash, work_dir_for(req.out), rep)
-    verifier = Verifier(loaded.model, space, tables, work.evaluator, req.budget, req.settings,
+    keep = as_is(loaded, space, tuple(tables.picks_of({})))
+    evaluator = work.evaluator
+    if keep.quantized_source:  # measure against the file as its engine runs it
+        rep.stage("measuring the source as its engine runs it")
+        evaluator, keep = rebase_on_as_is(keep, evaluator, loaded.model,
+                                          space.decisions(tables.choices_of(keep.picks)),
+                                          req.settings, space.baseline)
+    verifier = Verifier(loaded.model, space, tables, evaluator, req.budget, req.settings,
                         work.calib, shared=work.shared,
                         out_of_memory=lambda what: work.runner.out_of_memory(what, calib_tokens),
-                        recovery=stage, also=also, kv=kv)
+                        recovery=stage, also=also, kv=kv, frame=keep.frame)
     name = req.study or study_name(req, platform, loaded.content_hash, work.data.content_hash)
     return Prepared(req, platform, loaded, work.runner, space, work.data, profile, kernel_times,
-                    cost, tables, verifier, name)
+                    cost, tables, verifier, name, keep)
 
 
 def kv_surrogate(profile: SensitivityProfile, platform: Platform, n_blocks: int) -> float:

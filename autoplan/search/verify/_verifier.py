@@ -65,12 +65,16 @@ class KvSimulation:
     long_evaluator: Evaluator | None = None
 
 
-def decisions_key(decisions: dict[str, Choice], baseline: Choice, kv: str = "") -> tuple:
+def decisions_key(decisions: dict[str, Choice], baseline: Choice, kv: str = "",
+                  frame: str = "") -> tuple:
     """What a measurement depends on besides the shared model, tokens and settings: the
-    layers compressed (those not at the baseline), the baseline itself and, when the KV
-    cache is compressed, its format (``KvSimulation.label``)."""
+    layers compressed (those not at the baseline), the baseline itself, when the KV cache
+    is compressed its format (``KvSimulation.label``) and, when quality is not measured
+    against the checkpoint as loaded, what it is measured against (``AsIs.frame``)."""
     key = (str(baseline), tuple(sorted((n, str(c)) for n, c in decisions.items()
                                        if c != baseline)))
+    if frame:
+        return (*key, kv, frame)
     return (*key, kv) if kv else key
 
 
@@ -133,6 +137,8 @@ class Verifier:
     also: tuple[QualityBudget, ...] = ()
     # the compressed KV cache every candidate runs with (None: the model's own)
     kv: KvSimulation | None = None
+    # what the evaluator's reference is when not the checkpoint as loaded (AsIs.frame)
+    frame: str = ""
     _stats: dict | None = None
 
     @property
@@ -311,7 +317,7 @@ class Verifier:
 
     def _shared_key(self, picks: tuple[int, ...]) -> tuple:
         return decisions_key(self.decisions(picks), self.space.baseline,
-                             self.kv.label if self.kv is not None else "")
+                             self.kv.label if self.kv is not None else "", self.frame)
 
     def record(self, picks: Sequence[int], label: str, quality: QualityResult,
                audit: dict[str, dict[str, str]]) -> Measurement:
