@@ -31,13 +31,18 @@ if TYPE_CHECKING:
 GGUF_FILE = "model.gguf"
 
 
+# Formats with a ggml type that the GGUF block simulation does not own: MXFP4 (ggml type 39,
+# gpt-oss's experts) is written from the plan's own E2M1 codes and E8M0 scales.
+_GGML_ONLY = {Precision.MXFP4: "MXFP4"}
+
+
 def ggml_type_name(precision: Precision) -> str:
     """The GGUF tensor type that stores a precision (``q4_1`` -> ``Q4_1``).
 
     Raises:
         UnsupportedFormatError: the precision has no GGUF type.
     """
-    name = gguf_type_name(precision)  # the FormatSpec's GGUF name
+    name = gguf_type_name(precision) or _GGML_ONLY.get(precision)  # the FormatSpec's name
     if name is not None:
         return name
     stored = ", ".join(s.name for s in registered_formats() if gguf_type_name(s.precision))
@@ -106,22 +111,59 @@ class _Planned:
 @dataclass(frozen=True)
 class _PlannedStack:
     """A stacked expert tensor (`ffn_*_exps` [E, out, in]) written from the plan: every
-    expert's simulated layer, in expert order; they share one type (one decision unit)."""
+    expert's simulated layer, in expert order; they share one type (one decision unit).
+    ``rows``: the rows of each expert's layer the tensor holds (gpt-oss: its interleaved
+    gate_up split into gate and up); ``source``: the source GGUF's tensor of that name."""
 
     sims: tuple[Any, ...]
+    rows: torch.Tensor | None = None
+    source: Any = None
 
     @property
     def sim(self) -> Any:
         return self.sims[0]
 
+    @property
+    def out_rows(self) -> int:
+        return self.sim.out_features if self.rows is None else len(self.rows)
+
     def data(self) -> tuple[np.ndarray, str]:
-        parts = [_linear_bytes(s, None) for s in self.sims]
+        parts = [_linear_bytes(s, self.rows) for s in self.sims]
         if len({kind for _, kind in parts}) != 1:
             raise UnsupportedFormatError(
                 f"the experts of one stacked GGUF tensor are planned in "
                 f"{sorted({kind for _, kind in parts})}: llama.cpp stores them with one type; "
                 "re-plan with --runtime llama.cpp")
-        return np.stack([data for data, _ in parts]), parts[0][1]
+        data, kind = np.stack([data for data, _ in parts]), parts[0][1]
+        if kind == "MXFP4" and self.source is not None and \
+                self.source.tensor_type.name == kind and _same_values(data, self.source):
+            # the plan keeps the source's MXFP4: its own bytes (a block whose largest code is
+            # below 4, or holding -0, has more than one encoding of the same values)
+            return np.asarray(self.source.data).reshape(data.shape), kind
+        return data, kind
+
+
+def _same_values(data: np.ndarray, source: Any) -> bool:
+    from gguf import GGMLQuantizationType, dequantize
+
+    src = np.asarray(source.data)
+    if src.nbytes != data.nbytes:
+        return False
+    with np.errstate(over="ignore"):
+        mine = dequantize(data, GGMLQuantizationType.MXFP4)
+        theirs = dequantize(src, GGMLQuantizationType.MXFP4)
+    return np.array_equal(mine.reshape(-1), theirs.reshape(-1))
+
+
+def mxfp4_blocks(codes: torch.Tensor, scales: torch.Tensor) -> np.ndarray:
+    """Plan MXFP4 (E2M1 codes [rows, cols] with the sign in bit 3, E8M0 scale codes [rows,
+    cols / 32]) as ggml's ``block_mxfp4`` bytes [rows, cols / 32 * 17]: the scale byte, then
+    16 bytes holding element j in the low nibble of byte j and element j + 16 in its high
+    nibble (the inverse of ``gguf_gptoss``'s read)."""
+    c = codes.to(torch.uint8).reshape(*codes.shape[:-1], -1, 32) & 0x0F
+    qs = c[..., :16] | (c[..., 16:] << 4)
+    raw = torch.cat([scales.to(torch.uint8).unsqueeze(-1), qs], dim=-1)
+    return np.ascontiguousarray(raw.flatten(-2).numpy())
 
 
 def _linear_bytes(sim: Any, index: torch.Tensor | None) -> tuple[np.ndarray, str]:
@@ -129,6 +171,9 @@ def _linear_bytes(sim: Any, index: torch.Tensor | None) -> tuple[np.ndarray, str
     precision = sim.choice.precision
     kind = ggml_type_name(precision)
     pick = (lambda t: t) if index is None else (lambda t: t[index])
+    if kind == "MXFP4":
+        return mxfp4_blocks(pick(sim.quantized.codes),
+                            pick(sim.quantized.scales["weight_scale"])), kind
     fmt = block_format(precision)
     if fmt is not None:
         scales = sim.quantized.scales
@@ -151,7 +196,7 @@ def _file_type(types: dict[str, tuple[str, int]]) -> int:
         weight[kind] = weight.get(kind, 0) + params
     top = max(weight, key=weight.get)
     floats = {"F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16,
-              "BF16": LlamaFileType.MOSTLY_BF16}
+              "BF16": LlamaFileType.MOSTLY_BF16, "MXFP4": LlamaFileType.MOSTLY_MXFP4_MOE}
     return int(floats[top] if top in floats else LlamaFileType[f"MOSTLY_{top}"])
 
 
@@ -165,6 +210,38 @@ def _copy_metadata(reader: Any, writer: Any) -> None:
         vtype = field.types[0]
         sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+
+
+def _gptoss_gate_up(prep: Prepared, by_name: dict[str, Any]) -> dict[str, _PlannedStack]:
+    """gpt-oss's stacked gate / up tensors from each expert's interleaved ``gate_up_proj``
+    (gate row i at 2i, up row i at 2i + 1), in the source's layout: ``ffn_gate_exps`` (even
+    rows) and ``ffn_up_exps`` (odd rows), as convert_hf_to_gguf.py's GptOssModel writes
+    them, or one ``ffn_gate_up_exps`` (all gate rows, then all up rows).
+
+    Raises:
+        AutoplanError: a block's gate/up tensors are missing from the source GGUF.
+    """
+    moe = prep.loaded.spec.moe
+    out: dict[str, _PlannedStack] = {}
+    for block in range(prep.loaded.spec.n_layers):
+        names = [f"model.layers.{block}.mlp.experts.{e}.gate_up_proj"
+                 for e in range(moe.n_experts)]
+        if not all(n in prep.sims for n in names):
+            continue
+        sims = tuple(prep.sims[n] for n in names)
+        rows = sims[0].out_features
+        even, odd = torch.arange(0, rows, 2), torch.arange(1, rows, 2)
+        fused = f"blk.{block}.ffn_gate_up_exps.weight"
+        if fused in by_name:
+            out[fused] = _PlannedStack(sims, torch.cat([even, odd]), by_name[fused])
+            continue
+        for part, index in (("gate", even), ("up", odd)):
+            name = f"blk.{block}.ffn_{part}_exps.weight"
+            if name not in by_name:
+                raise AutoplanError(f"the gpt-oss GGUF holds no {name}: re-convert the model "
+                                    "with llama.cpp's convert_hf_to_gguf.py")
+            out[name] = _PlannedStack(sims, index, by_name[name])
+    return out
 
 
 def write_gguf(prep: Prepared, path: Path) -> dict[str, dict[str, Any]]:
@@ -189,10 +266,15 @@ def write_gguf(prep: Prepared, path: Path) -> dict[str, dict[str, Any]]:
     spec = prep.loaded.spec
     heads = (spec.n_heads, spec.n_kv_heads)
     plan: list[tuple[str, Any]] = []  # (gguf name, source tensor or _Planned)
+    gate_up = _gptoss_gate_up(prep, by_name) if spec.model_type == "gpt_oss" else {}
     for tensor in reader.tensors:
+        if tensor.name in gate_up:
+            plan.append((tensor.name, gate_up[tensor.name]))
+            continue
         hfs = [h.removesuffix(".weight") for h in names.get(tensor.name, [])]
         if len(hfs) > 1 and all(h in prep.sims for h in hfs):  # routed experts, stacked
-            plan.append((tensor.name, _PlannedStack(tuple(prep.sims[h] for h in hfs))))
+            plan.append((tensor.name, _PlannedStack(tuple(prep.sims[h] for h in hfs),
+                                                    source=tensor)))
             continue
         hf = hfs[0] if hfs else ""
         if hf in prep.sims:
@@ -221,11 +303,12 @@ def write_gguf(prep: Prepared, path: Path) -> dict[str, dict[str, Any]]:
             kind = ggml_type_name(sim.choice.precision)
             qtype = GGMLQuantizationType[kind]
             block, size = GGML_QUANT_SIZES[qtype]
-            rows, cols = sim.out_features, sim.in_features
+            cols = sim.in_features
             if cols % block:
                 raise UnsupportedFormatError(f"{name} has {cols} inputs, not a multiple of the "
                                              f"{kind} block ({block}); re-plan it")
-            shape = (rows, cols) if isinstance(item, _Planned) else (len(item.sims), rows, cols)
+            shape = (sim.out_features, cols) if isinstance(item, _Planned) else \
+                (len(item.sims), item.out_rows, cols)
             count = int(np.prod(shape))
             writer.add_tensor_info(name, shape, np.dtype(np.float32), count // block * size,
                                    raw_dtype=qtype)
@@ -263,11 +346,6 @@ class GgufExporter:
     def write(self, prep: Prepared, out_dir: str | Path) -> Path:
         """Write atomically; returns the GGUF file's path."""
         source_gguf(prep.loaded)  # refuse an HF-folder model before any work
-        if prep.loaded.spec.model_type == "gpt_oss":  # else gate/up would stay MXFP4 silently
-            raise UnsupportedFormatError(
-                "GGUF export of a gpt-oss plan is not supported yet: llama.cpp stores each "
-                "expert's interleaved gate_up as two stacked tensors (ffn_gate_exps, "
-                "ffn_up_exps) that autoplan does not write; export compressed-tensors or ModelOpt")
         for name, choice in prep.choices.items():
             ggml_type_name(choice.precision)
             if choice.sparsity.kind != "dense":
@@ -325,5 +403,5 @@ def read_audit(gguf_file: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-__all__ = ["GGUF_FILE", "GgufExporter", "ggml_type_name", "llama_permutation", "read_audit",
-           "row_order", "sidecar_paths", "source_gguf", "write_gguf"]
+__all__ = ["GGUF_FILE", "GgufExporter", "ggml_type_name", "llama_permutation", "mxfp4_blocks",
+           "read_audit", "row_order", "sidecar_paths", "source_gguf", "write_gguf"]

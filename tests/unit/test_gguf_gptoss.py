@@ -11,15 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from autoplan.errors import UnsupportedFormatError, UserInputError
-from autoplan.export import export_plan
+from autoplan.errors import UserInputError
 from autoplan.formats.schemes import MxFp4Scheme
-from autoplan.models import LoadedModel, check_loadable, load_model, load_spec
+from autoplan.models import check_loadable, load_model, load_spec
 from autoplan.models.gguf_convert import convert_gguf
-from autoplan.models.registry import ModelSource
 from tests.unit._tiny_gptoss_gguf import ggml_mxfp4, write_gptoss_gguf
 from tests.unit._tiny_moe import EXPERTS, tiny_moe_model
-from tests.unit.test_export_common import make_plan
 
 gguf = pytest.importorskip("gguf")
 _ROPE = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -92,14 +89,6 @@ def test_gptoss_gguf_loads_as_the_hf_model_with_mxfp4_experts(tmp_path, fused, m
         torch.testing.assert_close(loaded.model(input_ids=ids).logits,
                                    ref(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
     assert loaded.tokenizer("hello").input_ids[:2] == [256, 257]  # the GGUF's BPE merges
-    if not fused and mxfp4:  # GGUF export would leave gate/up in MXFP4 whatever the plan: refused
-        source = LoadedModel(loaded.model, loaded.tokenizer, loaded.spec, "tiny",
-                             loaded.content_hash, folder, ModelSource("gguf", src, "tiny"))
-        plan = make_plan(source, {la.name: "dense+q8_0" for la in loaded.spec.layers},
-                         target="local", runtime="llama.cpp")
-        with pytest.raises(UnsupportedFormatError, match="GGUF export of a gpt-oss plan"):
-            export_plan(plan, source, "gguf", tmp_path / "plan.gguf")
-        assert not (tmp_path / "plan.gguf").exists()
 
 
 def test_gptoss_gguf_whose_experts_disagree_with_its_metadata_is_refused(tmp_path) -> None:
