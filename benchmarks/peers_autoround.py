@@ -4,9 +4,9 @@ average-bits target) exported to GGUF and served by the same llama.cpp as autopl
 AutoScheme gets the GGUF types autoplan's `--runtime llama.cpp` space holds (Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0: the K types fall back to these on SmolLM2's 576-wide rows, which would make its
 bits accounting wrong), autoplan's calibration blocks (as a local dataset file) and, as
-`avg_bits`, the average bits of autoplan's section-`llamacpp` plans over the decoder's linear
-layers (AutoRound keeps lm_head out of its budget); RTN mode (`iters=0`), what AutoRound
-recommends for GGUF. Each AutoScheme file is then set beside autoplan's plan searched at the KL
+`avg_bits`, the average bits over the decoder's linear layers (AutoRound keeps lm_head out
+of its budget) of autoplan's section-`llamacpp` plans and of llama.cpp's own mixes; RTN mode
+(`iters=0`), what AutoRound recommends for GGUF. Each AutoScheme file is then set beside autoplan's plan searched at the KL
 it reaches (`--budget kl<=KL_autoscheme`, plans shared with section `llamacpp`): KL through
 llama.cpp against the original file, decode/prefill tok/s interleaved at the same threads.
 """
@@ -41,21 +41,25 @@ def block_bits(path: Path) -> float:
 
 
 def _targets() -> list[float]:
-    """avg_bits: each distinct section-llamacpp autoplan plan's block bits (2 decimals)."""
+    """avg_bits (2 decimals): each distinct section-llamacpp autoplan plan's block bits, and
+    each of llama.cpp's own mixes' (the bits its users pick), so AutoScheme also allocates
+    below a plan that keeps every layer at one type."""
     try:
         doc = json.loads((RESULTS / "peers_llamacpp.json").read_text())
     except (OSError, ValueError) as exc:
         raise PeerError("run `python benchmarks/peers.py llamacpp` first: AutoScheme's "
                         "avg_bits are its plans' bits") from exc
-    plans = peers_dir() / "llamacpp" / "plans"
-    bits = sorted({round(block_bits(plans / r["file"]), 2) for r in doc["rows"]
-                   if r["side"] == "autoplan"})
-    if not bits:
+    work = peers_dir() / "llamacpp"
+    plans = {round(block_bits(work / "plans" / r["file"]), 2) for r in doc["rows"]
+             if r["side"] == "autoplan"}
+    if not plans:
         why = next((e["error"] for e in doc.get("errors", []) if "autoplan" in e["peer"]),
                    "it has no autoplan row")
         raise PeerError("AutoScheme's avg_bits are autoplan's section-llamacpp plans' bits, and "
                         f"that section has no plan: {why}")
-    return bits
+    mixes = {round(block_bits(work / r["file"]), 2) for r in doc["rows"]
+             if r["side"] == "peer" and not r.get("identical_to")}
+    return sorted(plans | mixes)
 
 
 def run(args, log=print) -> dict:  # noqa: ANN001
