@@ -10,21 +10,25 @@ A streamed evaluator keeps the fp32 reference, and the plan says which it used.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+
+from torch import nn
 
 from autoplan.compress import CompressionSettings, compressed_copy
 from autoplan.formats import Choice
+from autoplan.quality.evaluator import QualityEvaluator
 from autoplan.search.preparation._as_is import AsIs
+from autoplan.streaming.candidates import Evaluator
 
 ENGINE_FRAME = "as-is"  # part of each measurement's key: KL against the file as it runs
 
 
-def rebase_on_as_is(keep: AsIs, evaluator: Any, model: Any, decisions: dict[str, Choice],
-                    settings: CompressionSettings, baseline: Choice) -> tuple[Any, AsIs]:
+def rebase_on_as_is(keep: AsIs, evaluator: Evaluator, model: nn.Module,
+                    decisions: dict[str, Choice], settings: CompressionSettings,
+                    baseline: Choice) -> tuple[Evaluator, AsIs]:
     """(evaluator, as is) with quality measured against the quantized source as its engine
-    runs it, when the source is a candidate and the evaluator holds the model in memory;
-    both unchanged otherwise."""
-    if not keep.quantized_source or not getattr(evaluator, "in_memory", False):
+    runs it, when the source is a candidate and the evaluator holds the model in memory (a
+    MemoryEvaluator); both unchanged otherwise."""
+    if not keep.quantized_source or not isinstance(evaluator, QualityEvaluator):
         return evaluator, keep
     # the file's weights are on their own grids: round to nearest gives them back exactly
     # (a solver such as GPTQ would move them), whatever the candidates are solved with
