@@ -65,6 +65,11 @@ class Evaluator(Protocol):
         """A whole model held in memory, measured (`in_memory` evaluators only: a recovery
         pass measures the model it trained)."""
 
+    def with_reference(self, decisions: dict[str, Choice], settings: CompressionSettings,
+                       baseline: Choice) -> Evaluator:
+        """A copy that measures candidates against the original with ``decisions`` applied
+        (weights rounded to nearest with ``settings``) instead of the original itself."""
+
 
 @dataclass(frozen=True)
 class CandidateContext:
@@ -135,6 +140,11 @@ class MemoryEvaluator(QualityEvaluator):
         compressed, _ = compressed_candidate(ctx, task)
         with torch.no_grad():
             return self.slice_kl(compressed)
+
+    def with_reference(self, decisions: dict[str, Choice], settings: CompressionSettings,
+                       baseline: Choice) -> MemoryEvaluator:
+        compressed, _ = compressed_copy(self.model, decisions, None, settings, baseline=baseline)
+        return self.rebased(compressed)
 
 
 __all__ = ["CandidateContext", "CandidateTask", "Evaluator", "Measured", "MemoryEvaluator",

@@ -5,6 +5,7 @@ Reasoning and sources: docs/modules.md.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -317,6 +318,21 @@ class StreamedEvaluator:
     def measure_slices(self, task: CandidateTask, settings: CompressionSettings,
                        baseline: Choice, stats: Stats) -> dict[str, float]:
         raise AutoplanError("streamed execution measures no KL slices (has_slices is False)")
+
+    def with_reference(self, decisions: Mapping[str, Choice], settings: CompressionSettings,
+                       baseline: Choice) -> StreamedEvaluator:
+        """The `Evaluator` protocol: the new reference's log-probs from one streamed pass of
+        the original with ``decisions`` applied."""
+        new = copy.copy(self)
+        tokens = self.reference.tokens
+        new._kept = torch.empty((*tokens.shape, self.sm.config.vocab_size),
+                                dtype=torch.float16)
+        nll, _kl, _audit = new._run([StreamedCandidate(decisions)], settings, baseline,
+                                    keep=True)[0]
+        lps, new._kept = new._kept, None
+        new.reference = ReferenceLogprobs(tokens, lps,
+                                          nll / (tokens.shape[0] * (tokens.shape[1] - 1)))
+        return new
 
     def evaluate(self, model: torch.nn.Module, *, slices: bool = True) -> QualityResult:
         raise AutoplanError("a streamed evaluator measures decisions, not a model in memory: "

@@ -109,8 +109,7 @@ def test_a_quantized_source_is_the_quality_reference_as_llama_cpp_runs_it(tiny_g
     """On a GGUF source the budget counts KL from the file as llama.cpp runs it (its types
     with llama.cpp's activation rounding, simulated), the frame of a KL measured through
     llama.cpp against the file: the file unchanged measures exactly 0, and its fp32
-    dequantization, which skips that rounding, does not. Streamed, the reference stays the
-    fp32 checkpoint and the plan's text says so."""
+    dequantization, which skips that rounding, does not; streamed, the same."""
     from autoplan.search import Reporter, preflight, prepare
     from autoplan.streaming import ExecutionSettings
 
@@ -128,4 +127,9 @@ def test_a_quantized_source_is_the_quality_reference_as_llama_cpp_runs_it(tiny_g
     assert baseline.quality.kl > 1e-6  # the activation rounding the fp32 model skips
     streamed = SearchRequest(**(args | {"execution": ExecutionSettings(execution="stream")}))
     prep = prepare(streamed, preflight(streamed), Reporter())
-    assert prep.as_is.frame == "" and "dequantized to fp32" in prep.as_is.reference
+    prep.verifier.shared.store = None
+    assert prep.runner.execution == "stream" and prep.as_is.frame == "as-is"
+    streamed_as_is = prep.verifier.measure(prep.as_is.picks, prep.as_is.label)
+    streamed_baseline = prep.verifier.measure(prep.baseline_picks, "baseline")
+    assert streamed_as_is.quality.kl == 0.0
+    assert streamed_baseline.quality.kl == pytest.approx(baseline.quality.kl, rel=1e-3)

@@ -50,12 +50,11 @@ def as_is(loaded: LoadedModel, space: SearchSpace, base: tuple[int, ...]) -> AsI
     if types is None:
         return AsIs(base, "as is (baseline)", _CHECKPOINT)
     kinds = ", ".join(sorted({t.removeprefix("dense+") for t in types.values()}))
+    # a file that is a candidate becomes the reference as llama.cpp runs it (_engine_frame)
     reference = (f"measured quality is relative to the source GGUF's weights ({kinds}) "
                  "dequantized to fp32, which holds them exactly, run without llama.cpp's own "
-                 "activation rounding (the reference where the file as llama.cpp runs it cannot "
-                 "be: a streamed search, or a file that is not itself a candidate): the 'as "
-                 "is' candidate (the file unchanged, "
-                 "simulated with that rounding) shows what the rounding alone costs against it")
+                 "activation rounding: the file is not itself a candidate here, so the file "
+                 "as llama.cpp runs it cannot be the reference")
     picks, missing = [], []
     for unit in space.units:
         wanted = {types.get(la.name) for la in unit.layers}

@@ -380,7 +380,7 @@ def prepare_platform(req: SearchRequest, platform: Platform, shared: SharedWork,
     evaluator = work.evaluator
     if keep.quantized_source:  # measure against the file as its engine runs it
         rep.stage("measuring the source as its engine runs it")
-        evaluator, keep = rebase_on_as_is(keep, evaluator, loaded.model,
+        evaluator, keep = rebase_on_as_is(keep, evaluator,
                                           space.decisions(tables.choices_of(keep.picks)),
                                           req.settings, space.baseline)
     verifier = Verifier(loaded.model, space, tables, evaluator, req.budget, req.settings,
