@@ -155,17 +155,23 @@ class QualityEvaluator:
                  suite: PromptSuite | None = None, batch_size: int = 4,
                  max_new_tokens: int = 16, reference: ReferenceLogprobs | None = None,
                  slices: SliceSet | None = None, gates: Sequence[Gate] = ()) -> None:
-        model = as_module(reference_model)
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
+        self.gates = tuple(gates)
         t0 = time.perf_counter()
-        self.reference = reference or reference_pass(model, eval_tokens, batch_size=batch_size)
-        self.suite_reference = (suite_reference(model, suite, max_new_tokens=max_new_tokens)
+        self._capture(as_module(reference_model), eval_tokens, suite, slices, reference)
+        self.setup_seconds = time.perf_counter() - t0
+
+    def _capture(self, model: nn.Module, eval_tokens: torch.Tensor, suite: PromptSuite | None,
+                 slices: SliceSet | None, reference: ReferenceLogprobs | None = None) -> None:
+        """What candidates are compared with, measured on ``model``: its log-probs (unless
+        given), its suite continuations and score, its slice log-probs and its gate scores."""
+        self.reference = reference or reference_pass(model, eval_tokens,
+                                                     batch_size=self.batch_size)
+        self.suite_reference = (suite_reference(model, suite, max_new_tokens=self.max_new_tokens)
                                 if suite is not None else None)
         self.slice_reference = slice_reference(model, slices) if slices is not None else None
-        self.gates = tuple(gates)
         self.gate_references = {g.name: g.score(model) for g in self.gates}
-        self.setup_seconds = time.perf_counter() - t0
 
     @property
     def ppl_ref(self) -> float:
@@ -178,14 +184,9 @@ class QualityEvaluator:
         are the candidates) is shared."""
         new = copy.copy(self)
         with torch.no_grad():
-            new.reference = reference_pass(model, self.reference.tokens,
-                                           batch_size=self.batch_size)
-            if self.suite_reference is not None:
-                new.suite_reference = suite_reference(model, self.suite_reference.suite,
-                                                      max_new_tokens=self.max_new_tokens)
-            if self.slice_reference is not None:
-                new.slice_reference = slice_reference(model, self.slice_reference.slices)
-            new.gate_references = {g.name: g.score(model) for g in self.gates}
+            new._capture(model, self.reference.tokens,
+                         self.suite_reference.suite if self.suite_reference else None,
+                         self.slice_reference.slices if self.slice_reference else None)
         return new
 
     @property

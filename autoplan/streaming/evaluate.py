@@ -135,13 +135,8 @@ class StreamedEvaluator:
         # the reference pass's log-probs, written chunk by chunk (fp16, host)
         self._kept: Tensor | None = None
         if reference is None:
-            self._kept = torch.empty((*tokens.shape, sm.config.vocab_size),
-                                     dtype=torch.float16)
-            nll, _kl, _audit = self._run([StreamedCandidate({})], CompressionSettings(), None,
-                                         keep=True)[0]
-            lps, self._kept = self._kept, None
-            n_targets = tokens.shape[0] * (tokens.shape[1] - 1)
-            reference = ReferenceLogprobs(tokens, lps, nll / n_targets)
+            reference = self._reference_pass(tokens, StreamedCandidate({}),
+                                             CompressionSettings(), None)
         elif not torch.equal(reference.tokens, tokens):
             raise UserInputError("the reference log-probs were computed on other tokens")
         self.reference = reference
@@ -152,6 +147,20 @@ class StreamedEvaluator:
     @property
     def ppl_ref(self) -> float:
         return self.reference.ppl
+
+    def _reference_pass(self, tokens: Tensor, candidate: StreamedCandidate,
+                        settings: CompressionSettings, baseline: Choice | None
+                        ) -> ReferenceLogprobs:
+        """The log-probs of the original with ``candidate``'s decisions applied, on
+        ``tokens`` (the evaluation blocks): one streamed pass, kept as fp16 on the host."""
+        self._kept = torch.empty((*tokens.shape, self.sm.config.vocab_size),
+                                 dtype=torch.float16)
+        try:
+            nll, _kl, _audit = self._run([candidate], settings, baseline, keep=True)[0]
+            lps = self._kept
+        finally:
+            self._kept = None
+        return ReferenceLogprobs(tokens, lps, nll / (tokens.shape[0] * (tokens.shape[1] - 1)))
 
     def context(self, settings: CompressionSettings, baseline: Choice | None
                 ) -> StreamedContext:
@@ -324,14 +333,8 @@ class StreamedEvaluator:
         """The `Evaluator` protocol: the new reference's log-probs from one streamed pass of
         the original with ``decisions`` applied."""
         new = copy.copy(self)
-        tokens = self.reference.tokens
-        new._kept = torch.empty((*tokens.shape, self.sm.config.vocab_size),
-                                dtype=torch.float16)
-        nll, _kl, _audit = new._run([StreamedCandidate(decisions)], settings, baseline,
-                                    keep=True)[0]
-        lps, new._kept = new._kept, None
-        new.reference = ReferenceLogprobs(tokens, lps,
-                                          nll / (tokens.shape[0] * (tokens.shape[1] - 1)))
+        new.reference = new._reference_pass(self.reference.tokens, StreamedCandidate(decisions),
+                                            settings, baseline)
         return new
 
     def evaluate(self, model: torch.nn.Module, *, slices: bool = True) -> QualityResult:
