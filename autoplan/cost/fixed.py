@@ -80,6 +80,29 @@ def _causal_pairs(s: int, window: int) -> float:
     return window * s - window * window / 2
 
 
+@dataclass(frozen=True)
+class _AttentionShape:
+    """Per-token attention sizes of one block (elements, bytes, FLOPs)."""
+
+    query: int  # elements of one token's query that decode attention reads
+    decode_flops_per_key: float  # per cached token, per query token
+    prefill_bytes: float  # q, k, v read and the output written, per prompt token
+    prefill_flops_per_pair: float  # per causal (query, key) pair
+    rotary: int  # elements the rotary embedding rewrites per token
+
+    @classmethod
+    def of(cls, spec: ModelSpec) -> _AttentionShape:
+        heads, d = spec.n_heads, spec.head_dim
+        mla = spec.mla
+        if mla is not None:  # decode over the latent (absorbed), prefill per head: mla.py
+            return cls(heads * mla.cached_width, mla.decode_flops_per_key(heads),
+                       (mla.prefill_qkv_width(heads) + heads * mla.v_head_dim) * 2,
+                       mla.prefill_flops_per_pair(heads), mla.rotary_width(heads))
+        q_out, kv_out = heads * d, spec.n_kv_heads * d
+        return cls(q_out, 4 * heads * d, (2 * q_out + 2 * kv_out) * 2, 4 * heads * d,
+                   q_out + kv_out)
+
+
 def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload: Workload,
                base_peak: float, kv_bytes: float | KvLayout, chunk_tokens: int) -> FixedCost:
     """Attention, elementwise, embedding and overhead terms for a workload.
@@ -98,8 +121,8 @@ def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload:
     """
     bw, peak = eff.eta_bw * target.bandwidth, eff.eta_c * base_peak
     b, s, ctx = workload.batch, workload.input_len, workload.mean_decode_context
-    layers, d, heads = spec.n_layers, spec.head_dim, spec.n_heads
-    q_out, kv_out = heads * d, spec.n_kv_heads * d
+    layers = spec.n_layers
+    shape = _AttentionShape.of(spec)
     chunks = math.ceil(b * s / chunk_tokens)
     layout = kv_bytes if isinstance(kv_bytes, KvLayout) else KvLayout.uniform_bytes(spec, kv_bytes)
 
@@ -111,9 +134,10 @@ def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload:
         ctx_i = cached_tokens(window, ctx)  # a sliding-window block reads its window
         per_tok = block_token_bytes(spec, elem)
         read = b * ctx_i * per_tok
-        dec = _roof(read + b * q_out * 4, 4 * b * ctx_i * heads * d, bw, peak)
-        pre = _roof(b * s * (2 * q_out + 2 * kv_out) * 2,
-                    4 * b * _causal_pairs(s, window) * heads * d, bw, peak)
+        dec = _roof(read + b * shape.query * 4, b * ctx_i * shape.decode_flops_per_key, bw,
+                    peak)
+        pre = _roof(b * s * shape.prefill_bytes,
+                    b * _causal_pairs(s, window) * shape.prefill_flops_per_pair, bw, peak)
         blocks.append(KvBlockCost(i, fmt.value if fmt else f"{elem:g} bytes", per_tok, window,
                                   pre, dec, read))
         kv_read, attn_pre, attn_dec = kv_read + read, attn_pre + pre, attn_dec + dec
@@ -121,7 +145,7 @@ def fixed_cost(spec: ModelSpec, target: Target, eff: FamilyEfficiency, workload:
     # Elementwise passes per token per block (bytes): 2 norms and 2 residual adds over the
     # hidden state, rotary on q and k, the MLP activation, the KV-cache write.
     mlp_act = (3 if spec.gated_mlp else 2) * spec.active_intermediate * 2
-    per_tok = layers * (10 * spec.hidden * 2 + 2 * (q_out + kv_out) * 2 + mlp_act) \
+    per_tok = layers * (10 * spec.hidden * 2 + 2 * shape.rotary * 2 + mlp_act) \
         + sum(block_token_bytes(spec, e) for e in layout.element_bytes)
     elem = PhaseTime(b * s * per_tok / bw, b * per_tok / bw)
 

@@ -65,8 +65,8 @@ class KvLayout:
 
 
 def block_token_bytes(spec: ModelSpec, element_bytes: float) -> float:
-    """One block's cache bytes per token of context (K and V)."""
-    return 2 * spec.n_kv_heads * spec.head_dim * element_bytes
+    """One block's cache bytes per token of context (K and V; MLA: latent and rotary key)."""
+    return spec.cached_width * element_bytes
 
 
 def cached_tokens(window: int, length: float) -> float:

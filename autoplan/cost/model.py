@@ -236,8 +236,7 @@ class CostModel:
         weights += (2 * spec.n_layers + 1) * spec.hidden * base_bytes  # norms
         weights += spec.unlisted_params * base_bytes  # MoE routers, gpt-oss biases and sinks
         kv = cache_bytes(spec, self.kv, w.batch, w.input_len + w.output_len)
-        widest = ((spec.n_heads + 2 * spec.n_kv_heads) * spec.head_dim
-                  + 2 * spec.active_intermediate)
+        widest = spec.attention_widest + 2 * spec.active_intermediate
         workspace = self._chunk_m * (widest + 2 * spec.hidden) * 2 + w.batch * spec.vocab * 4
         return Memory(weights, kv, workspace, self.target.memory_bytes * USABLE_MEMORY)
 

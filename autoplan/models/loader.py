@@ -105,7 +105,8 @@ def _check_config(folder: Path) -> None:
     config = folder / "config.json"
     if not config.is_file():  # the loader's own message names the missing file
         return
-    check_config_matches(folder, ModelSpec.from_path(config), str(config))
+    spec = ModelSpec.from_path(config).require_weights_plannable()  # before any tensor
+    check_config_matches(folder, spec, str(config))
     check_moe_checkpoint(folder)  # routed experts: as many as the config says
     from transformers import AutoConfig
 
@@ -140,7 +141,8 @@ def check_loadable(spec: str) -> ModelSource:
     elif not (converted_dir(source) / "config.json").is_file():  # a GGUF not converted yet
         config = _gguf_config(source.path)
         check_name_map(str(config.get("model_type", "")), gguf_architecture(source.path))
-        ModelSpec.from_config(config)  # a model autoplan cannot plan (MoE, unknown type)
+        # a model autoplan cannot plan (MoE, unknown type, MLA)
+        ModelSpec.from_config(config).require_weights_plannable()
     return source
 
 
@@ -162,18 +164,21 @@ def _gguf_config(path: Path) -> dict[str, Any]:
 
 
 def load_spec(spec: str) -> ModelSpec:
-    """The ModelSpec of any model argument, without loading weights.
+    """The ModelSpec of any model argument, without loading weights, for the commands that
+    measure or plan it (cost-only architectures are refused: `require_weights_plannable`).
 
     GGUF files and aliases are read from their converted folder when it exists, else from
     the GGUF metadata (no tensors are read).
     """
     source = resolve_model_arg(spec)
     if source.kind in ("hf", "config"):
-        return dataclasses.replace(ModelSpec.from_path(source.path), name=source.model_id)
-    folder = converted_dir(source)
-    if (folder / "config.json").is_file():
-        return dataclasses.replace(ModelSpec.from_path(folder), name=source.model_id)
-    return ModelSpec.from_config(_gguf_config(source.path), name=source.model_id)
+        found = dataclasses.replace(ModelSpec.from_path(source.path), name=source.model_id)
+    elif (converted_dir(source) / "config.json").is_file():
+        found = dataclasses.replace(ModelSpec.from_path(converted_dir(source)),
+                                    name=source.model_id)
+    else:
+        found = ModelSpec.from_config(_gguf_config(source.path), name=source.model_id)
+    return found.require_weights_plannable()
 
 
 def load_config_dict(spec: str) -> dict[str, Any]:
@@ -211,8 +216,9 @@ def open_checkpoint(spec: str, *, trust_remote_code: bool = False
     one block at a time."""
     source = resolve_model_arg(spec)
     folder = ensure_hf_folder(source)
+    model_spec = dataclasses.replace(ModelSpec.from_path(folder).require_weights_plannable(),
+                                     name=source.model_id)
     tokenizer = _tokenizer(folder, trust_remote_code)
-    model_spec = dataclasses.replace(ModelSpec.from_path(folder), name=source.model_id)
     return folder, source, tokenizer, model_spec, weights_hash(folder)
 
 
@@ -233,6 +239,8 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
 
     source = resolve_model_arg(spec)
     folder = ensure_hf_folder(source)
+    if (folder / "config.json").is_file():  # refused before minutes of loading
+        ModelSpec.from_path(folder).require_weights_plannable()
     quantized = source_quantization(folder)  # gpt-oss MXFP4: read at its exact values
     try:
         with quiet_transformers():

@@ -11,14 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan.errors import ModelConfigError
+from autoplan.modelspec.mla import MLA_TYPES
 
 SUPPORTED = ("gpt_oss", "mixtral", "qwen2_moe", "qwen3_moe")
-# Routed-expert architectures autoplan does not plan, and what is missing for each.
+# Routed-expert architectures autoplan neither plans nor costs, and what is missing for each
+# (MLA_TYPES are costed, not planned: modelspec/mla.py).
 _REFUSED = {
-    "deepseek_v2": "multi-head latent attention (MLA, kv_lora_rank)",
-    "deepseek_v3": "multi-head latent attention (MLA, kv_lora_rank)",
-    "deepseek_v32": "multi-head latent attention (MLA, kv_lora_rank)",
-    "kimi_k2": "multi-head latent attention (MLA, kv_lora_rank)",
+    "deepseek_v32": "DeepSeek Sparse Attention (a lightning indexer picks each query's keys)",
     "jamba": "hybrid Mamba state-space layers",
     "qwen3_next": "hybrid linear-attention (Gated DeltaNet) layers",
     "granitemoehybrid": "hybrid Mamba state-space layers",
@@ -49,7 +48,9 @@ class MoESpec:
             `dense_intermediate`.
         dense_intermediate: the dense MLP width of the other blocks.
         router: "softmax_topk" (softmax over all experts, then the top k; renormalized over
-            them when `norm_topk_prob`) or "topk_softmax" (top k logits, softmax over them).
+            them when `norm_topk_prob`), "topk_softmax" (top k logits, softmax over them) or
+            "sigmoid_topk" (DeepSeek-V3: sigmoid scores, the top k of the bias-corrected
+            scores within the best expert groups; costed only).
         norm_topk_prob: the top-k weights are renormalized to sum to 1.
         router_bias: the router has a bias (gpt-oss).
         expert_bias: each expert projection has a bias (gpt-oss).
@@ -57,6 +58,7 @@ class MoESpec:
         fused_gate_up: one tensor per expert holds gate and up interleaved (gpt-oss).
         source_format: the format the checkpoint stores routed experts in ("" = its dtype;
             "mxfp4" for gpt-oss's quantization_config).
+        shared_module: the shared expert's module under ``mlp`` (DeepSeek: shared_experts).
     """
 
     n_experts: int
@@ -72,6 +74,7 @@ class MoESpec:
     shared_gate: bool = False
     fused_gate_up: bool = False
     source_format: str = ""
+    shared_module: str = "shared_expert"
 
     @property
     def projections(self) -> tuple[tuple[str, str, bool], ...]:
@@ -93,7 +96,7 @@ class MoESpec:
 
 def is_moe_config(cfg: dict[str, Any], model_type: str) -> bool:
     """Whether a config describes a model that routes tokens to experts."""
-    return (model_type in SUPPORTED or model_type in _REFUSED
+    return (model_type in SUPPORTED or model_type in MLA_TYPES or model_type in _REFUSED
             or any(_count(cfg.get(k)) > 1 for k in EXPERT_KEYS))
 
 
@@ -139,6 +142,8 @@ def moe_from_config(cfg: dict[str, Any], model_type: str) -> MoESpec:
         raise ModelConfigError(
             f"'{model_type}' uses {_REFUSED[model_type]}, which autoplan does not plan; "
             f"supported mixture-of-experts types: {', '.join(SUPPORTED)}")
+    if model_type in MLA_TYPES:
+        return _deepseek_moe(cfg)
     if model_type not in SUPPORTED:
         raise ModelConfigError(
             f"'{model_type or '(missing model_type)'}' is a mixture-of-experts model autoplan "
@@ -193,6 +198,38 @@ def moe_from_config(cfg: dict[str, Any], model_type: str) -> MoESpec:
         router_bias=gpt_oss, expert_bias=gpt_oss,
         shared_gate=model_type == "qwen2_moe" and shared > 0,
         fused_gate_up=gpt_oss, source_format=source)
+
+
+def _deepseek_moe(cfg: dict[str, Any]) -> MoESpec:
+    """DeepSeek's layout: the first ``first_k_dense_replace`` blocks dense, then every
+    ``moe_layer_freq``-th block routed, with ``n_shared_experts`` experts of the routed
+    width always on. The router's variant (sigmoid scores, group-limited top-k, a scaling
+    factor) changes no cost, so it is recorded, not refused: these models are costed only."""
+    n_layers = _positive(cfg, "num_hidden_layers")
+    experts = _positive(cfg, "n_routed_experts")
+    inter = _positive(cfg, "moe_intermediate_size")
+    top_k = _positive(cfg, "num_experts_per_tok")
+    first = cfg.get("first_k_dense_replace") or 0
+    step = cfg.get("moe_layer_freq") or 1
+    shared = cfg.get("n_shared_experts") or 0
+    for key, value in (("first_k_dense_replace", first), ("moe_layer_freq", step),
+                       ("n_shared_experts", shared)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ModelConfigError(f"config.json field '{key}' must be a non-negative "
+                                   f"integer, got {value!r}")
+    if top_k > experts:
+        raise ModelConfigError(f"config.json routes each token to {top_k} experts "
+                               f"(num_experts_per_tok) but has only {experts}")
+    sigmoid = cfg.get("scoring_func") == "sigmoid"
+    return MoESpec(
+        n_experts=experts, top_k=top_k, expert_intermediate=inter,
+        shared_intermediate=shared * inter,
+        moe_blocks=tuple(i for i in range(first, n_layers) if i % max(step, 1) == 0),
+        dense_intermediate=_positive(cfg, "intermediate_size"),
+        router="sigmoid_topk" if sigmoid else "softmax_topk",
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        router_bias=cfg.get("topk_method") == "noaux_tc",  # e_score_correction_bias
+        shared_module="shared_experts")
 
 
 def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> tuple[int, ...]:
@@ -267,7 +304,7 @@ def moe_block_rows(moe: MoESpec, block: int, hidden: int) -> list[ExpertRow]:
             rows.append(ExpertRow(f"{group}.{e}.{suffix}", role, n_in, n_out, group,
                                   f"{group}.{suffix}", e))
     if moe.shared_intermediate:
-        shared, inter = f"{mlp}.shared_expert", moe.shared_intermediate
+        shared, inter = f"{mlp}.{moe.shared_module}", moe.shared_intermediate
         rows += [
             ExpertRow(f"{shared}.gate_proj", "shared_gate", hidden, inter, f"{shared}.gate_up",
                       f"{shared}.gate_proj", -1),

@@ -13,6 +13,8 @@ from typing import Any
 from autoplan.config_fields import check_config
 from autoplan.config_fields import head_dim as config_head_dim
 from autoplan.errors import ModelConfigError
+from autoplan.modelspec.mla import (MLA_TYPES, MLASpec, mla_from_config, mla_norm_params,
+                                    mla_rows)
 from autoplan.modelspec.moe import (MoESpec, is_moe_config, layer_windows, moe_block_rows,
                                     moe_from_config)
 
@@ -22,18 +24,20 @@ _FAMILIES = {
     "gemma": "llama", "gemma2": "llama", "gemma3_text": "llama", "gpt_neox": "gpt_neox",
     "phi3": "phi3",
     "mixtral": "moe", "qwen2_moe": "moe", "qwen3_moe": "moe", "gpt_oss": "moe",
+    **{t: "moe" for t in MLA_TYPES},  # costed from the config only: modelspec/mla.py
 }
 # RMSNorm weights per block beyond input/post-attention: Gemma 2/3's pre/post-feedforward
 # norms (hidden each); q_norm / k_norm (head_dim each) in Qwen3 and Gemma 3.
 _EXTRA_BLOCK_NORMS = {"gemma2": (2, 0), "gemma3_text": (2, 2), "qwen3": (0, 2),
                       "qwen3_moe": (0, 2)}
 
-ROLES = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down", "lm_head",
+ROLES = ("q", "k", "v", "qkv", "o", "q_a", "q_b", "kv_a", "kv_b", "gate", "up", "gate_up", "down", "lm_head",
          "expert_gate", "expert_up", "expert_gate_up", "expert_down",
          "shared_gate", "shared_up", "shared_down")
 # role -> the part of the model it belongs to (show and the report group decisions by it)
 _PARTS = {"q": "attention", "k": "attention", "v": "attention", "qkv": "attention",
-          "o": "attention", "gate": "mlp", "up": "mlp", "gate_up": "mlp", "down": "mlp",
+          "o": "attention", "q_a": "attention", "q_b": "attention", "kv_a": "attention",
+          "kv_b": "attention", "gate": "mlp", "up": "mlp", "gate_up": "mlp", "down": "mlp",
           "lm_head": "lm_head", "expert_gate": "routed_experts", "expert_up": "routed_experts",
           "expert_gate_up": "routed_experts", "expert_down": "routed_experts",
           "shared_gate": "shared_expert", "shared_up": "shared_expert",
@@ -89,6 +93,7 @@ class ModelSpec:
     moe: MoESpec | None = None
     windows: tuple[int, ...] = ()  # per block: sliding window in tokens, 0 = full; () = all full
     sinks: bool = False  # a learned attention-sink logit per head (gpt-oss)
+    mla: MLASpec | None = None  # multi-head latent attention (DeepSeek): costed, not loaded
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -118,6 +123,9 @@ class ModelSpec:
         vocab = int(cfg["vocab_size"])
         n_kv = int(cfg.get("num_key_value_heads") or n_heads)
         head_dim = config_head_dim(cfg)
+        mla = mla_from_config(cfg) if model_type in MLA_TYPES else None
+        if mla is not None:  # every head has its own query and key of qk_head_dim
+            head_dim, n_kv = mla.qk_head_dim, n_heads
         family = _FAMILIES[model_type]
         # absent from config.json, transformers' own default for the type applies
         tie = bool(cfg.get("tie_word_embeddings", model_type in ("gemma", "gemma2", "gemma3_text")))
@@ -125,9 +133,12 @@ class ModelSpec:
         if moe is not None:
             layers = _moe_layers(moe, n_layers, hidden, n_heads * head_dim, n_kv * head_dim,
                                  vocab)
+            if mla is not None:
+                layers = _with_mla(layers, mla, hidden, n_heads)
             return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv,
                        head_dim, vocab, tie, True, dtype, tuple(layers), name, moe,
-                       layer_windows(cfg, model_type, n_layers), model_type == "gpt_oss")
+                       layer_windows(cfg, model_type, n_layers), model_type == "gpt_oss",
+                       mla)
         builder = {"llama": _llama_layers, "phi3": _phi3_layers, "gpt_neox": _neox_layers}[family]
         layers = builder(n_layers, hidden, intermediate, n_heads * head_dim, n_kv * head_dim, vocab)
         return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv, head_dim,
@@ -149,6 +160,20 @@ class ModelSpec:
             raise ModelConfigError(f"{p} is not valid JSON: {exc}") from None
         return cls.from_config(cfg, name=p.parent.name if p.name == "config.json" else p.stem,
                                source=str(p))
+
+    def require_weights_plannable(self) -> ModelSpec:
+        """This spec, when autoplan can load its weights to measure, plan and export them.
+
+        Raises:
+            ModelConfigError: an architecture autoplan costs from its config only (MLA).
+        """
+        if self.mla is not None:
+            raise ModelConfigError(
+                f"'{self.model_type}' uses multi-head latent attention (MLA): autoplan predicts "
+                "its cost from the config (estimate, fleet) but does not load MLA weights to "
+                "profile, search or export them; plannable mixture-of-experts types: "
+                "gpt_oss, mixtral, qwen2_moe, qwen3_moe")
+        return self
 
     # ---- derived facts ---------------------------------------------------------------------
     def layer(self, name: str) -> LinearLayer:
@@ -172,6 +197,8 @@ class ModelSpec:
         wide, per_head = _EXTRA_BLOCK_NORMS.get(self.model_type, (0, 0))
         norms = (((2 + wide) * self.hidden + per_head * self.head_dim) * self.n_layers
                  + self.hidden)
+        if self.mla is not None:
+            norms += mla_norm_params(self.mla) * self.n_layers
         lm_head = self.vocab * self.hidden if not self.tie_embeddings else 0
         return (self.linear_params - self.vocab * self.hidden + lm_head + self.embedding_params
                 + norms + self.unlisted_params)
@@ -212,9 +239,31 @@ class ModelSpec:
         routed += self.moe.expert_bias_params(self.hidden)
         return self.total_params - embedding - routed * (1 - self.moe.top_k / self.moe.n_experts)
 
+    @property
+    def cached_width(self) -> int:
+        """Elements one token leaves in one block's KV cache: K and V of every KV head, or
+        MLA's latent and rotary key, one copy for all heads."""
+        if self.mla is not None:
+            return self.mla.cached_width
+        return 2 * self.n_kv_heads * self.head_dim
+
+    @property
+    def cached_head_dim(self) -> int:
+        """The width a cache format quantizes along (its blocks must divide it): head_dim,
+        or MLA's whole cached vector (vLLM stores it as one 576-wide head)."""
+        return self.mla.cached_width if self.mla is not None else self.head_dim
+
+    @property
+    def attention_widest(self) -> int:
+        """Elements per token of the widest attention activation a prefill chunk holds:
+        q, k and v of every head (MLA: the latent expanded to per-head keys and values)."""
+        if self.mla is not None:
+            return self.mla.prefill_qkv_width(self.n_heads)
+        return (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+
     def kv_bytes_per_token(self, kv_bytes: float = 2.0) -> float:
-        """KV-cache bytes per token of context: 2 (K and V) x layers x kv heads x head_dim."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * kv_bytes
+        """KV-cache bytes per token of context: layers x `cached_width` x bytes."""
+        return self.n_layers * self.cached_width * kv_bytes
 
     def window(self, block: int) -> int:
         """Block ``block``'s sliding attention window in tokens, 0 for full attention."""
@@ -225,7 +274,7 @@ class ModelSpec:
         at most its window (vLLM's hybrid KV-cache manager frees what falls out of it)."""
         if not self.windows:
             return context * self.kv_bytes_per_token(kv_bytes)
-        return 2 * self.kv_tokens(context) * self.n_kv_heads * self.head_dim * kv_bytes
+        return self.kv_tokens(context) * self.cached_width * kv_bytes
 
     def kv_tokens(self, context: float) -> float:
         """Cached tokens summed over layers at `context` (a windowed layer keeps its window)."""
@@ -291,6 +340,22 @@ def _moe_layers(moe: MoESpec, n_layers: int, hidden: int, q_out: int, kv_out: in
             continue
         out.append(layer)
     out.append(dense[-1])
+    return out
+
+
+def _with_mla(layers: list[LinearLayer], mla: MLASpec, hidden: int, heads: int
+              ) -> list[LinearLayer]:
+    """Every block's q / k / v / o replaced by MLA's projections, in the same place."""
+    out: list[LinearLayer] = []
+    for layer in layers:
+        if layer.role in ("k", "v", "o"):
+            continue
+        if layer.role == "q":
+            out += [LinearLayer(name, role, layer.block, n_in, n_out, group)
+                    for name, role, n_in, n_out, group in mla_rows(mla, layer.block, hidden,
+                                                                   heads)]
+            continue
+        out.append(layer)
     return out
 
 

@@ -101,7 +101,7 @@ CASES = [
     C("estimate --model llama-3.1-8b", 2, "Missing option '--target'", ARGS),
     C("estimate --model {tmp}/nope/config.json --target h100", 2, "no model config", ARGS),
     C("estimate --model {notjson} --target h100", 2, "not valid JSON", FILES),
-    C("estimate --model {moe} --target h100", 2, "multi-head latent attention", FILES),
+    C("estimate --model {moe} --target h100", 2, "DeepSeek Sparse Attention", FILES),
     C("estimate --model {gguf_junk} --target h100", 2, "estimate takes a config", FILES),
     C("estimate --model {tmp}/adir --target h100", 2, "has no config.json", FILES),
     C(_E + " --precision fp7", 2, "unknown precision", ARGS),
@@ -408,7 +408,7 @@ def build_inputs(root: Path, tiny: Path, cache: Path) -> dict[str, str]:
         **_TINY_CFG})
     paths["cfg"] = _config_folder(root, "cfg", {"model_type": "llama", **_TINY_CFG}) \
         + "/config.json"
-    moe = {"model_type": "deepseek_v3", "n_routed_experts": 8, "kv_lora_rank": 16, **_TINY_CFG}
+    moe = {"model_type": "deepseek_v32", "n_routed_experts": 8, "kv_lora_rank": 16, **_TINY_CFG}
     for name, text in (("moe.json", json.dumps(moe)), ("notjson.json", "{not json"),
                        ("ct_obj.json", '{"foo": 1}'), ("ct_list.json", "[]"),
                        ("ct_ok.json", json.dumps({"rows": [

@@ -20,7 +20,7 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
 
 
 def _cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
-    moe = {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128,
+    moe = {"model_type": "deepseek_v32", "hidden_size": 64, "intermediate_size": 128,
            "num_hidden_layers": 2, "num_attention_heads": 4, "n_routed_experts": 8,
            "kv_lora_rank": 16, "vocab_size": 100}
     return {
@@ -31,7 +31,7 @@ def _cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "non-JSON config": (["estimate", "--model", _write(tmp_path, "bad.json", "{not json"),
                              "--target", "h100"], "not valid JSON"),
         "MoE config": (["estimate", "--model", _write(tmp_path, "moe.json", json.dumps(moe)),
-                        "--target", "h100"], "multi-head latent attention"),
+                        "--target", "h100"], "DeepSeek Sparse Attention"),
         "bad precision": ([*_BASE, "--precision", "fp7"], "unknown precision"),
         "bad sparsity": ([*_BASE, "--sparsity", "3:2"], "N:M sparsity"),
         "negative batch": ([*_BASE, "--batch", "-4"], "--batch"),

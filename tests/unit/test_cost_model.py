@@ -155,7 +155,7 @@ def test_per_layer_decisions_mapping() -> None:
 def test_unplannable_moe_refused_naming_what_is_missing() -> None:
     moe = {**_TOY_CFG, "num_local_experts": 8, "num_experts_per_tok": 2}
     cases = {
-        "deepseek_v3": "multi-head latent attention",
+        "deepseek_v32": "DeepSeek Sparse Attention",
         "jamba": "hybrid Mamba",
         "qwen3_next": "hybrid linear-attention",
         "dbrx": "mixture-of-experts model autoplan does not plan",
