@@ -75,9 +75,11 @@ def _tensor_progress(bar: Progress) -> Iterator[None]:
 
 def _gguf_tensors(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
     """GGUF name -> (type name, dequantized float32 tensor in HF [out, in] layout)."""
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
 
-    reader = GGUFReader(str(path))
+    from autoplan.models.gguf_read import gguf_reader
+
+    reader = gguf_reader(path)
     return {t.name: (t.tensor_type.name, torch.from_numpy(dequantize(t.data, t.tensor_type).copy()))
             for t in reader.tensors}
 
@@ -151,9 +153,9 @@ def apply_dropped_keys(config, path: Path) -> None:  # noqa: ANN001 - an HF conf
     Raises:
         UserInputError: the GGUF sets a RoPE scaling this cannot carry over.
     """
-    from gguf import GGUFReader
+    from autoplan.models.gguf_read import gguf_reader
 
-    fields = GGUFReader(str(path)).fields
+    fields = gguf_reader(path).fields
     arch = gguf_architecture(path) or ""
 
     def value(key: str):  # noqa: ANN202 - a GGUF scalar
@@ -189,9 +191,9 @@ def apply_dropped_keys(config, path: Path) -> None:  # noqa: ANN001 - an HF conf
 def gguf_architecture(path: Path) -> str | None:
     """``general.architecture`` of a GGUF file (header only, no tensor is read)."""
     try:
-        from gguf import GGUFReader
+        from autoplan.models.gguf_read import gguf_reader
 
-        field = GGUFReader(str(path)).fields.get("general.architecture")
+        field = gguf_reader(path).fields.get("general.architecture")
         return None if field is None else bytes(field.parts[field.data[0]]).decode()
     except Exception:  # noqa: BLE001 - only used to word the refusal better
         return None

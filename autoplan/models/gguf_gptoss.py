@@ -32,11 +32,12 @@ def gptoss_config(path: Path) -> Any:
     Raises:
         UserInputError: a RoPE scaling other than yarn.
     """
-    from gguf import GGUFReader
     from transformers import GptOssConfig
 
+    from autoplan.models.gguf_read import gguf_reader
+
     fields = gguf_fields(path)
-    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    tensors = {t.name: t for t in gguf_reader(path).tensors}
 
     def key(name: str, default: Any = None) -> Any:
         value = fields.get(f"{ARCH}.{name}", default)
@@ -137,10 +138,12 @@ def _deq(t: Any) -> torch.Tensor:
 def gptoss_checkpoint(path: Path, config: Any) -> dict[str, torch.Tensor]:
     """The HF gpt-oss checkpoint's tensors (names, layouts) holding the GGUF's values: MXFP4
     experts as their own bytes, every other tensor dequantized to float32."""
-    from gguf import MODEL_ARCH, GGUFReader, get_tensor_name_map
+    from gguf import MODEL_ARCH, get_tensor_name_map
     from transformers import AutoModelForCausalLM
 
-    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    from autoplan.models.gguf_read import gguf_reader
+
+    tensors = {t.name: t for t in gguf_reader(path).tensors}
     names = get_tensor_name_map(MODEL_ARCH.GPT_OSS, config.num_hidden_layers)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
@@ -193,9 +196,11 @@ def verify_gptoss(model: torch.nn.Module, path: Path) -> int:
     Raises:
         AutoplanError: a parameter differs.
     """
-    from gguf import MODEL_ARCH, GGUFReader, get_tensor_name_map
+    from gguf import MODEL_ARCH, get_tensor_name_map
 
-    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    from autoplan.models.gguf_read import gguf_reader
+
+    tensors = {t.name: t for t in gguf_reader(path).tensors}
     names = get_tensor_name_map(MODEL_ARCH.GPT_OSS, model.config.num_hidden_layers)
     cache: dict[str, torch.Tensor] = {}
 

@@ -25,9 +25,9 @@ def stacked_stem(stem: str) -> tuple[str, int | None]:
 
 def gguf_fields(path: Path) -> dict[str, Any]:
     """GGUF metadata key -> value (header only)."""
-    from gguf import GGUFReader
+    from autoplan.models.gguf_read import gguf_reader
 
-    return {f.name: f.contents() for f in GGUFReader(str(path)).fields.values()
+    return {f.name: f.contents() for f in gguf_reader(path).fields.values()
             if not f.name.startswith(("tokenizer.ggml.tokens", "tokenizer.ggml.merges",
                                       "tokenizer.ggml.token_type"))}
 
@@ -40,10 +40,10 @@ def check_gguf_experts(path: Path) -> None:
     Raises:
         UserInputError: one line naming the tensor and both counts.
     """
-    from gguf import GGUFReader
+    from autoplan.models.gguf_read import gguf_reader
 
     try:
-        reader = GGUFReader(str(path))
+        reader = gguf_reader(path)
     except (ValueError, OSError):  # not a readable GGUF: the loader says so
         return
     field = reader.fields.get("general.architecture")

@@ -8,8 +8,11 @@ load. Pickle weights (.bin/.pt) are refused: loading them can run arbitrary code
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +150,19 @@ def check_loadable(spec: str) -> ModelSource:
 
 
 def _gguf_config(path: Path) -> dict[str, Any]:
+    """The config transformers reads from a GGUF's metadata (experts and gpt-oss added),
+    parsed once per file per process: reading it parses the whole header (seconds), and
+    a command asks for it before it loads (check_loadable) and again when it plans."""
+    st = os.stat(path)
+    return copy.deepcopy(_parsed_gguf_config(str(Path(path).resolve()), st.st_ino,
+                                             st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_gguf_config(resolved: str, inode: int, size: int, mtime_ns: int
+                        ) -> dict[str, Any]:
+    del inode, size, mtime_ns  # the cache key only: a rewritten file is read again
+    path = Path(resolved)
     from transformers import AutoConfig
 
     from autoplan.models import gguf_gptoss
