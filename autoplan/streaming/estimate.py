@@ -110,6 +110,18 @@ def _largest_block_tensor(spec: ModelSpec) -> int:
     return max((la.params for la in spec.layers if la.role != "lm_head"), default=0)
 
 
+def _converting_bytes(spec: ModelSpec) -> int:
+    """Bytes held beside the resident fp32 block while its largest tensor is read: that
+    tensor as stored; gpt-oss's MXFP4 experts at 4.25 bits a weight, plus the decoder's
+    scratch for the one expert it decodes at a time, two fp32 copies of it
+    (streaming/weights.py)."""
+    n = _largest_block_tensor(spec)
+    moe = spec.moe
+    if moe is None or moe.source_format != "mxfp4":
+        return n * _DTYPE_BYTES.get(spec.dtype, 2)
+    return int(n * 4.25 / 8 + 2 * F32 * n / moe.n_experts)
+
+
 def checkpoint_bytes(spec: ModelSpec, params: float | None = None) -> float:
     """Bytes on disk of the whole checkpoint (or of `params` parameters of one block): the
     checkpoint dtype, with gpt-oss's routed experts as MXFP4 (4.25 bits per weight)."""
@@ -186,12 +198,11 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
         return MemoryPlan(execution, dev, {"process": PROCESS_BYTES}, parts, phases)
     # One block, or the embedding / lm_head, is resident at a time (never both: the
     # embedding is read for the first block's inputs, the lm_head after the last block), and
-    # each is read a tensor at a time, so only one tensor is also held in the checkpoint's
-    # dtype while it is converted.
+    # each is read a tensor at a time, so only one tensor is also held as stored while it is
+    # converted.
     on_demand = max(spec.embedding_params, v * h)
     per = _DTYPE_BYTES.get(spec.dtype, 2)
-    resident = max(block_params * F32 + _largest_block_tensor(spec) * per,
-                   on_demand * (F32 + per))
+    resident = max(block_params * F32 + _converting_bytes(spec), on_demand * (F32 + per))
     # verification compresses every decided layer of the resident block once per block and
     # keeps the simulations until the block is done
     block_sims = block_params * SIM_BYTES

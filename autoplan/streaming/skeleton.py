@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from autoplan.errors import UserInputError
+from autoplan.models.moe import source_quantization, tensor_sources, unfuse_experts
 from autoplan.modelspec import ModelSpec
-from autoplan.models.moe import tensor_sources, unfuse_experts
 from autoplan.streaming.weights import CheckpointReader
 
 
@@ -87,12 +87,9 @@ class StreamedModel:
 
         self.folder, self.device, self.dtype = Path(folder), device, dtype
         self.trust_remote_code = trust_remote_code
-        from autoplan.models.moe import source_quantization
-
-        if source_quantization(self.folder):
-            raise UserInputError("streamed execution does not read MXFP4 expert blocks yet "
-                                 "(gpt-oss): use --execution memory")
-        self.reader = CheckpointReader(self.folder)
+        # gpt-oss's MXFP4 experts: read at their exact values, as the in-memory loader does
+        self.reader = CheckpointReader(self.folder,
+                                       mxfp4=bool(source_quantization(self.folder)))
         with quiet_transformers():
             config = AutoConfig.from_pretrained(self.folder, trust_remote_code=trust_remote_code)
             with init_empty_weights(include_buffers=False):
