@@ -6,6 +6,7 @@ Reasoning and sources: docs/modules.md.
 from __future__ import annotations
 
 import contextlib
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -146,10 +147,28 @@ class StreamedModel:
 
     def _read(self, keys: list[str]) -> dict[str, Tensor]:
         """Module tensors by key in the compute dtype, each stored tensor read once (a
-        stacked expert tensor gives every expert of the block its row)."""
-        stored = self.reader.read(list(dict.fromkeys(self.sources[k].key for k in keys)),
-                                  dtype=self.dtype)
-        return {k: self.sources[k].take(stored[self.sources[k].key]) for k in keys}
+        stacked expert tensor gives every expert of the block its row).
+
+        A stacked float tensor (gpt-oss in bf16) is read on its own, as stored, and each
+        expert's row converted as it is taken: read whole in the compute dtype it would sit
+        beside its experts' own copies, a second block's worth of fp32. MXFP4 experts are
+        decoded into one buffer whose rows are the experts (no copy is taken)."""
+        users: dict[str, list[str]] = defaultdict(list)
+        for k in keys:
+            users[self.sources[k].key].append(k)
+        stacked = [s for s, ks in users.items()
+                   if s not in self.reader.packed
+                   and any(self.sources[k].expert is not None for k in ks)]
+        out: dict[str, Tensor] = {}
+        singles = self.reader.read([s for s in users if s not in stacked], dtype=self.dtype)
+        for s, tensor in singles.items():
+            out.update({k: self.sources[k].take(tensor) for k in users[s]})
+        del singles
+        for s in stacked:
+            tensor = self.reader.read([s])[s]
+            out.update({k: self.sources[k].take(tensor).to(self.dtype) for k in users[s]})
+            del tensor
+        return out
 
     def _tie(self) -> None:
         if self.tied:

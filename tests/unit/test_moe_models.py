@@ -115,6 +115,32 @@ def test_streamed_moe_blocks_equal_the_in_memory_forward(family: str, tmp_path) 
     assert isinstance(sm.blocks[0].mlp.experts, UnfusedExperts)
 
 
+def test_a_stacked_expert_tensor_is_never_whole_in_fp32_beside_its_experts(tmp_path) -> None:
+    """gpt-oss stores a block's experts as one [E, ...] tensor; streamed, it is read as
+    stored (bf16) on its own and each expert's row converted as it is taken, so the block's
+    fp32 experts never sit beside a whole fp32 copy of the stack."""
+    from autoplan.streaming.skeleton import StreamedModel
+
+    folder = save_tiny_moe(tmp_path / "gpt_oss", "gpt_oss")
+    sm = StreamedModel(folder, device=torch.device("cpu"))
+    calls: list[tuple[list[str], torch.dtype | None]] = []
+    read = sm.reader.read
+
+    def recording(names, dtype=None):  # noqa: ANN001, ANN202 - the reader's signature
+        names = list(names)
+        calls.append((names, dtype))
+        return read(names, dtype)
+
+    sm.reader.read = recording  # type: ignore[method-assign]
+    with torch.no_grad(), sm.resident(0):
+        experts = sm.blocks[0].mlp.experts
+        weight = next(p for n, p in experts.named_parameters() if n.endswith("weight"))
+        assert weight.dtype == torch.float32 and weight.device.type == "cpu"
+    stacked = [(names, dtype) for names, dtype in calls
+               if any(n.endswith(("experts.gate_up_proj", "experts.down_proj")) for n in names)]
+    assert stacked and all(len(names) == 1 and dtype is None for names, dtype in stacked)
+
+
 def test_streamed_moe_profile_records_the_routing_and_scores_of_the_in_memory_one(
         tmp_path) -> None:
     """The streamed profile counts the calibration routing in its forward pass (the cost
