@@ -3,11 +3,12 @@
 The tiny gpt-oss of tests/unit/test_gguf_gptoss_export.py (hidden 64, 4 experts of width 32,
 top-2, 2 blocks; its GGUF written as llama.cpp's convert_hf_to_gguf.py writes gpt-oss, MXFP4
 experts) with two plans exported to GGUF: every linear layer in a GGUF block type (experts
-Q8_0 / Q4_0 / Q5_1 / Q8_0 by block and projection), and the source's MXFP4 experts kept
-(written by `write_gguf`; `autoplan export` does not offer MXFP4 on llama.cpp). Each is run
-by llama.cpp (one thread, fp32 KV cache) on 48 tokens and compared with autoplan's side:
-the plan simulated, or for the MXFP4 experts both the experts at their MXFP4 values with
-unrounded inputs and autoplan's dense+mxfp4 simulation (MXFP4 inputs, as vLLM runs it).
+Q8_0 / Q4_0 / Q5_1 / Q8_0 by block and projection), and the experts in gguf_mxfp4 (ggml's
+MXFP4, which keeps the source's MXFP4 experts byte for byte). Each is run by llama.cpp (one
+thread, fp32 KV cache) on 48 tokens and compared with autoplan's side: the plan simulated
+(for gguf_mxfp4: MXFP4 weights, Q8_0 inputs, as ggml-cpu runs them), and for the MXFP4
+experts also the experts at their MXFP4 values with unrounded inputs and autoplan's
+dense+mxfp4 simulation (MXFP4 inputs, as vLLM runs it).
 
     python benchmarks/gptoss_gguf_logits.py -> benchmarks/results/gptoss_gguf_logits.json
 """
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         (root / "mxfp4").mkdir()
         loaded, _, _, out, _ = mxfp4_export(root / "mxfp4")
         engine = engine_logits(out)
+        rows.append(_row("MXFP4 experts kept, gguf_mxfp4 plan simulated (Q8_0 inputs)", engine,
+                         simulated_logits(loaded, plan_decisions(loaded, "dense+gguf_mxfp4")),
+                         ref))
         exact = {n: "dense+fp32" if ".experts." in n else c
                  for n, c in plan_decisions(loaded).items()}
         rows.append(_row("MXFP4 experts kept, experts' inputs unrounded", engine,

@@ -285,12 +285,11 @@ def measure_rows(wanted: Iterable[Row], threads: int | None = None, *,
 def source_decisions(loaded: LoadedModel) -> dict[str, str]:
     """layer -> the row choice of the tensor its source GGUF stores (a tied lm_head runs the
     token embedding); planned precisions by name, other GGUF types as ``gguf:TYPE``."""
-    from gguf import GGUFReader
-
     from autoplan.export.gguf import source_gguf
     from autoplan.models.gguf_convert import hf_to_gguf_names
+    from autoplan.models.gguf_read import gguf_reader
 
-    reader = GGUFReader(str(source_gguf(loaded)))
+    reader = gguf_reader(source_gguf(loaded))
     types = {t.name: int(t.tensor_type) for t in reader.tensors}
     names = {t.name: t.tensor_type.name for t in reader.tensors}
     hf_names = hf_to_gguf_names(loaded.model, loaded.spec.n_layers)
@@ -298,6 +297,17 @@ def source_decisions(loaded: LoadedModel) -> dict[str, str]:
     out: dict[str, str] = {}
     for layer in loaded.spec.layers:
         tensor = hf_names.get(f"{layer.name}.weight", "")
+        if layer.expert >= 0 and layer.name.endswith(".gate_up_proj"):
+            # gpt-oss's interleaved gate_up: one fused stack, or the gate and up stacks
+            # llama.cpp's converter splits it into. One decision holds both, so stacks of two
+            # types are no planned choice (timed as the gate's type, a ``gguf:`` row, which
+            # also keeps the file from being the "as is" candidate)
+            stacks = [f"blk.{layer.block}.ffn_{p}_exps.weight" for p in ("gate_up", "gate", "up")]
+            found = [t for t in stacks if t in types][:2]
+            if len({types[t] for t in found}) > 1:
+                out[layer.name] = f"{SOURCE_PREFIX}{names[found[0]]}"
+                continue
+            tensor = found[0] if found else tensor
         tensor = tensor if tensor in types else "token_embd.weight"  # a tied lm_head
         precision = by_id.get(types[tensor])
         out[layer.name] = str(Choice.parse(precision.value)) if precision else \

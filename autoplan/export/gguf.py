@@ -22,7 +22,7 @@ from autoplan.export._prepare import Prepared
 from autoplan.export._write import AUDIT_FILE, PLAN_FILE, is_export, write_sidecars
 from autoplan.export.kv import DEPLOY_JSON, DEPLOY_SH
 from autoplan.formats import Precision, registered_formats
-from autoplan.formats.gguf_blocks import block_format, gguf_type_name, pack_blocks
+from autoplan.formats.gguf_blocks import MXFP4, block_format, gguf_type_name, pack_blocks
 from autoplan.models.graph import get_linear
 
 if TYPE_CHECKING:
@@ -31,18 +31,17 @@ if TYPE_CHECKING:
 GGUF_FILE = "model.gguf"
 
 
-# Formats with a ggml type that the GGUF block simulation does not own: MXFP4 (ggml type 39,
-# gpt-oss's experts) is written from the plan's own E2M1 codes and E8M0 scales.
-_GGML_ONLY = {Precision.MXFP4: "MXFP4"}
-
-
 def ggml_type_name(precision: Precision) -> str:
     """The GGUF tensor type that stores a precision (``q4_1`` -> ``Q4_1``).
+
+    Only formats simulated as ggml-cpu runs them have one: vLLM's ``mxfp4`` (MXFP4 inputs)
+    is refused, since llama.cpp would run its bytes with Q8_0 inputs; ``gguf_mxfp4`` is
+    ggml's MXFP4 with those inputs.
 
     Raises:
         UnsupportedFormatError: the precision has no GGUF type.
     """
-    name = gguf_type_name(precision) or _GGML_ONLY.get(precision)  # the FormatSpec's name
+    name = gguf_type_name(precision)  # the FormatSpec's name
     if name is not None:
         return name
     stored = ", ".join(s.name for s in registered_formats() if gguf_type_name(s.precision))
@@ -135,10 +134,12 @@ class _PlannedStack:
                 f"{sorted({kind for _, kind in parts})}: llama.cpp stores them with one type; "
                 "re-plan with --runtime llama.cpp")
         data, kind = np.stack([data for data, _ in parts]), parts[0][1]
-        if kind == "MXFP4" and self.source is not None and \
+        if kind == MXFP4 and self.source is not None and \
                 self.source.tensor_type.name == kind and _same_values(data, self.source):
-            # the plan keeps the source's MXFP4: its own bytes (a block whose largest code is
-            # below 4, or holding -0, has more than one encoding of the same values)
+            # the plan keeps the source's MXFP4: its own bytes. A block has more than one
+            # encoding of the same values (largest code below 4, or a -0), and the source's
+            # quantizer (OpenAI's, for gpt-oss) need not pick ggml's; llama.cpp's dot gives
+            # the same result for either, so the file holds the model as it was
             return np.asarray(self.source.data).reshape(data.shape), kind
         return data, kind
 
@@ -171,7 +172,7 @@ def _linear_bytes(sim: Any, index: torch.Tensor | None) -> tuple[np.ndarray, str
     precision = sim.choice.precision
     kind = ggml_type_name(precision)
     pick = (lambda t: t) if index is None else (lambda t: t[index])
-    if kind == "MXFP4":
+    if kind == MXFP4:
         return mxfp4_blocks(pick(sim.quantized.codes),
                             pick(sim.quantized.scales["weight_scale"])), kind
     fmt = block_format(precision)

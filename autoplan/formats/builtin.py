@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from autoplan.formats.elements import round_to_bf16, round_to_fp16
-from autoplan.formats.gguf_blocks import GGUF, BlockFormat, GgufActScheme, GgufWeightScheme
+from autoplan.formats.gguf_blocks import (GGUF, MXFP4, BlockFormat, GgufActScheme,
+                                          GgufMxFp4Scheme, GgufWeightScheme)
 from autoplan.formats.info import BUILTIN_INFO, GROUPS
 from autoplan.formats.registry import (
     CompressedTensorsName,
@@ -242,5 +243,17 @@ for _fmt in (BlockFormat("Q8_0", 8, False, "Q8_0"), BlockFormat("Q4_0", 4, False
         summary=f"GGUF {_fmt.ggml_type}: blocks of 32, fp16 scale"
                 f"{' and min' if _fmt.has_min else ''}; {_fmt.act_type} activations",
     ))
+
+# ggml's MXFP4 (gpt-oss's experts in GGUF): the stored bytes as ggml quantizes them, inputs
+# rounded to Q8_0 as ggml-cpu's ggml_vec_dot_mxfp4_q8_0 reads them (its vec_dot_type). vLLM's
+# mxfp4 rounds inputs to MXFP4 instead and picks another exponent, so it is its own format.
+register_format(FormatSpec(
+    Precision.GGUF_MXFP4, _info(Precision.GGUF_MXFP4),
+    weight=lambda dtype, per_channel: GgufMxFp4Scheme(),
+    activation=lambda static_scale=None: GgufActScheme(),
+    compressed_tensors=Refused(_GGUF_ONLY), modelopt=Refused(_GGUF_ONLY),
+    onnx=Refused(_GGUF_ONLY), other={GGUF: MXFP4},
+    summary="GGUF MXFP4: E2M1 values, E8M0 scale per 32 (ggml's rounding); Q8_0 activations",
+))
 
 __all__ = ["GROUPS", "INT8_NBITS_BLOCK"]

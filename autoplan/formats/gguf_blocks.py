@@ -1,4 +1,4 @@
-"""llama.cpp's GGUF block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), simulated exactly.
+"""llama.cpp's GGUF block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4), simulated exactly.
 
 Reasoning and sources: docs/modules.md.
 """
@@ -11,10 +11,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from autoplan.formats.elements import decode_e2m1, decode_e8m0, encode_e2m1
 from autoplan.formats.registry import Precision, format_spec, registered_formats
-from autoplan.formats.schemes import BlockInt8ActScheme, QParams, Scheme
+from autoplan.formats.schemes import BlockInt8ActScheme, QParams, Scheme, _amax
 
 BLOCK = 32
+MXFP4 = "MXFP4"  # ggml's GGML_TYPE_MXFP4, the GGUF type name of gguf_mxfp4
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,9 @@ class BlockFormat:
         return 0 if self.has_min or self.bits == 8 else 1 << (self.bits - 1)
 
 
-GGUF = "gguf"  # the FormatSpec.other key: a BlockFormat, or a float type name ("F16")
+# The FormatSpec.other key: a BlockFormat, or the name of a GGUF type the exporter writes by
+# other means (the floats "F16" ..., and MXFP4 from its E2M1 codes and E8M0 scales).
+GGUF = "gguf"
 
 
 def block_format(precision: Precision) -> BlockFormat | None:
@@ -156,6 +160,60 @@ class GgufActScheme(BlockInt8ActScheme):
         return QParams(super().qparams(slab, ctx).scale.half())
 
 
+def ggml_mxfp4_exponent(amax: Tensor) -> Tensor:
+    """The E8M0 byte ggml's ``quantize_row_mxfp4_ref`` stores for a block of largest |x| amax.
+
+    ggml computes ``(uint8_t)(floorf(log2f(amax)) - 2 + 127)`` (0 for amax 0): the OCP
+    floor rule, but through a float32 ``log2f``, which rounds up to ``k`` for the few floats
+    just below ``2**k`` when ``k >= 3`` or ``k <= -2`` (``log2f(0.24999999)`` is -2.0),
+    where the exact floor would pick ``k - 1``. glibc's log2f is accurate to well under a float ulp near an
+    integer, so ``log2`` in float64 rounded once to float32 gives its result. Exponents below
+    the E8M0 range (amax < 2**-125, where ggml's cast of a negative float is undefined) are
+    clamped to 0, the byte an all-zero block gets.
+    """
+    a = amax.float()
+    log2f = torch.log2(a.double()).float()  # -inf at 0
+    e = torch.floor(log2f) - 2 + 127
+    return torch.where(a > 0, e, 0.0).clamp(0, 254).to(torch.uint8)
+
+
+class GgufMxFp4Scheme(Scheme):
+    """Weights in ggml's MXFP4 (``block_mxfp4``: one E8M0 byte and 32 E2M1 codes per block of
+    32 along K), bit for bit as ``quantize_row_mxfp4_ref`` makes them.
+
+    The exponent is ``ggml_mxfp4_exponent``. ggml then picks each code as the first of its
+    16-entry table ``kvalues_mxfp4`` (0, 1, 2, 3, 4, 6, 8, 12 and their negatives, the E2M1
+    values doubled, against half the scale) with the least ``|kv * d - x|``: the nearest
+    E2M1 value, saturating at 6, with ties going to the smaller magnitude (2.5 -> 2, 5 -> 4,
+    0.75 -> 0.5), not to even as in vLLM's ``mxfp4``, and every zero stored as +0 (code 0,
+    which precedes -0 in the table). Near the ties the float differences ggml compares are
+    exact (Sterbenz) or on the right side of them, so the real-number rule is its rule.
+    Codes are stored as 4-bit E2M1 (sign in bit 3), scales as E8M0 bytes
+    (``weight_scale``), the layout ``mxfp4_blocks`` packs.
+    """
+
+    group = BLOCK
+    code_dtype = torch.uint8
+
+    def qparams(self, slab: Tensor, ctx: Tensor | None) -> QParams:
+        return QParams(ggml_mxfp4_exponent(_amax(slab)))
+
+    def fake(self, x: Tensor, qp: QParams | None, ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+        s = decode_e8m0(qp.scale)  # type: ignore[union-attr]  # a power of two: x / s exact
+        mag = (x.float() / s).abs_().clamp_(max=6.0)
+        step = torch.where(mag < 2.0, 0.5, torch.where(mag < 4.0, 1.0, 2.0))
+        # round half down: mag / step and the - 0.5 are exact, so ceil lands ties low
+        q = mag.div_(step).sub_(0.5).ceil_().mul_(step)
+        q = torch.where(q == 0, 0.0, torch.copysign(q, x.float()))  # +0, never -0
+        return q * s, q
+
+    def store_codes(self, codes: Tensor) -> Tensor:
+        return encode_e2m1(codes)
+
+    def code_values(self, stored: Tensor) -> Tensor:
+        return decode_e2m1(stored)
+
+
 def _act_blocks(x: Tensor) -> tuple[Tensor, Tensor]:
     """fp16 scales [tokens, blocks] and codes [tokens, blocks, 32] of activations x [..., k]."""
     blocks = x.detach().float().reshape(-1, x.shape[-1] // BLOCK, BLOCK)
@@ -208,6 +266,7 @@ def pack_blocks(codes: Tensor, scale: Tensor, minimum: Tensor | None,
     return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(rows, -1))
 
 
-__all__ = ["BLOCK", "GGUF", "BlockFormat", "GgufActScheme", "GgufWeightScheme",
-           "block_codes", "block_format", "block_scales", "gguf_formats", "gguf_type_name",
-           "pack_blocks", "q8_1_min_correction", "roundf"]
+__all__ = ["BLOCK", "GGUF", "MXFP4", "BlockFormat", "GgufActScheme", "GgufMxFp4Scheme",
+           "GgufWeightScheme", "block_codes", "block_format", "block_scales",
+           "ggml_mxfp4_exponent", "gguf_formats", "gguf_type_name", "pack_blocks",
+           "q8_1_min_correction", "roundf"]

@@ -38,6 +38,10 @@ _GGUF = {name: PrecisionInfo(bits, scale_bits, "int8", act_bytes_per_32 / 32, 32
                                                            ("q5_0", 5, 16 / 32, 34),
                                                            ("q5_1", 5, 32 / 32, 36))}
 
+# ggml's MXFP4 (gguf_mxfp4): 17 bytes per 32 weights (an E8M0 byte + 16 bytes of E2M1 pairs)
+# = 4.25 bits; Q8_0 activations and int8 dots (the E2M1 codes are looked up as int8), as above.
+_GGUF["gguf_mxfp4"] = PrecisionInfo(4, 8 / 32, "int8", 34 / 32, 32, False, act_group=32)
+
 BUILTIN_INFO: dict[str, PrecisionInfo] = {
     "fp32": PrecisionInfo(32, 0.0, "fp32", 4, 0, False),
     "bf16": PrecisionInfo(16, 0.0, "bf16", 2, 0, False),

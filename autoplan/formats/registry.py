@@ -155,6 +155,11 @@ for _name in (
     "q4_1",
     "q5_0",
     "q5_1",
+    # ggml's MXFP4 type (GGUF MXFP4: E8M0 exponent + 32 E2M1 codes per block, gpt-oss's
+    # experts) with Q8_0 activations, as ggml-cpu runs it. Its lowercased ggml name is taken
+    # by vLLM's mxfp4 (MXFP4 inputs, another exponent rounding), so it carries the "gguf"
+    # prefix autoplan gives a GGUF type by its ggml name (``gguf:Q6_K`` rows).
+    "gguf_mxfp4",
 ):
     Precision.define(_name)
 

@@ -24,8 +24,8 @@ needs_engine = pytest.mark.skipif(not engine_status("llama.cpp").installed,
 def test_ggml_type_ids_match_gguf():
     gguf = pytest.importorskip("gguf")
     for precision, type_id in gm.GGML_TYPE_IDS.items():
-        name = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}.get(precision.value,
-                                                                   precision.value.upper())
+        name = {"fp32": "F32", "fp16": "F16", "bf16": "BF16", "gguf_mxfp4": "MXFP4"}.get(
+            precision.value, precision.value.upper())
         assert int(gguf.GGMLQuantizationType[name]) == type_id
         assert gm.ggml_type_id(str(Choice.parse(precision.value))) == type_id
     assert gm.ggml_type_id("gguf:Q4_K") == int(gguf.GGMLQuantizationType.Q4_K)

@@ -1,7 +1,7 @@
 """GGUF export of gpt-oss plans (llama.cpp's `gpt-oss` layout, the source GGUF written by
 gguf-py as convert_hf_to_gguf.py writes it, tests/unit/_tiny_gptoss_gguf.py): each expert's
 interleaved gate_up goes back to `ffn_gate_exps` / `ffn_up_exps` (or the fused
-`ffn_gate_up_exps`) in the planned type, MXFP4 experts byte for byte, and the file reads back
+`ffn_gate_up_exps`) in the planned type, kept MXFP4 experts byte for byte, and the file reads back
 through autoplan's own GGUF reader as the plan's simulated weights; where the llama.cpp engine
 is installed, llama.cpp runs it with the logits autoplan simulates."""
 
@@ -13,12 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from autoplan.backends.registry import resolve_target
 from autoplan.compress import CompressionSettings, compressed_copy
 from autoplan.engines import engine_status
 from autoplan.export import export_plan
-from autoplan.export._prepare import Prepared
-from autoplan.export.gguf import write_gguf
+from autoplan.export.gguf import read_audit
 from autoplan.formats import Choice
 from autoplan.models import LoadedModel, load_model
 from autoplan.models.gguf_convert import convert_gguf
@@ -129,25 +127,25 @@ def test_gate_up_splits_into_the_planned_stacked_tensors_and_reads_back_exactly(
 
 
 def mxfp4_export(root: Path, *, fused: bool = False, mxfp4: bool = True):  # noqa: ANN202
-    """The tiny gpt-oss with its experts planned MXFP4 (the rest as _PLANNED), written by
-    `write_gguf`: (loaded, the source's HF MXFP4 tensors, simulated layers, file, audit)."""
+    """The tiny gpt-oss with its experts planned gguf_mxfp4 (ggml's MXFP4; the rest as
+    _PLANNED), exported for llama.cpp: (loaded, the source's HF MXFP4 tensors, simulated
+    layers, file, the audit's GGUF tensors)."""
     loaded, hf = gptoss_source(root, fused=fused, mxfp4=mxfp4)
-    decisions = plan_decisions(loaded, experts="dense+mxfp4")
-    plan = make_plan(loaded, decisions, target="local", runtime="llama.cpp")
+    decisions = plan_decisions(loaded, experts="dense+gguf_mxfp4")
+    out = export_plan(make_plan(loaded, decisions, target="local", runtime="llama.cpp"),
+                      loaded, "gguf", root / "plan.gguf")
     choices = {n: Choice.parse(c) for n, c in decisions.items()}
     _, sims = compressed_copy(loaded.model, choices, None, _SETTINGS)
-    prep = Prepared(plan, loaded, resolve_target("local"), "llama.cpp", choices, sims)
-    out = root / "plan.gguf"
-    return loaded, hf, sims, out, write_gguf(prep, out)
+    return loaded, hf, sims, out, read_audit(out)["gguf_tensors"]
 
 
 @pytest.mark.parametrize(("fused", "mxfp4"), [(False, True), (True, True), (False, False)],
                          ids=["gate+up", "gate_up", "float-experts"])
 def test_mxfp4_experts_are_written_as_ggml_mxfp4(tmp_path, fused, mxfp4) -> None:
-    """The writer on a plan with MXFP4 experts (written here through `write_gguf`: `autoplan
-    export` refuses MXFP4 for llama.cpp, whose runtime entry does not list it): the source's
-    MXFP4 experts go back byte for byte, float experts planned MXFP4 as the plan's own codes
-    and scales, and both read back as the simulated weights."""
+    """The export of a plan with gguf_mxfp4 experts: the source's MXFP4 experts, which
+    gguf_mxfp4 reproduces exactly, go back byte for byte; float experts planned gguf_mxfp4
+    as the plan's own codes and scales (ggml's quantizer's bytes); both read back as the
+    simulated weights."""
     loaded, hf, sims, out, audit = mxfp4_export(tmp_path, fused=fused, mxfp4=mxfp4)
     dst, src = _tensors(out), _tensors(loaded.source.path)
     assert set(dst) == set(src)
@@ -158,6 +156,9 @@ def test_mxfp4_experts_are_written_as_ggml_mxfp4(tmp_path, fused, mxfp4) -> None
         assert audit[name]["type"] == "MXFP4"
         if mxfp4:  # the source's own bytes, not a re-encoding
             assert np.array_equal(np.asarray(dst[name].data), np.asarray(src[name].data)), name
+        else:  # ggml's own MXFP4 of the float experts, byte for byte
+            ref = gguf.quantize(_deq(src[name]).numpy(), gguf.GGMLQuantizationType.MXFP4)
+            assert np.array_equal(np.asarray(dst[name].data).reshape(ref.shape), ref), name
     if fused:  # all gate rows, then all up rows
         got = _deq(dst["blk.1.ffn_gate_up_exps.weight"])
         want = sims["model.layers.1.mlp.experts.2.gate_up_proj"].weight
@@ -224,18 +225,20 @@ def test_llama_cpp_runs_the_exported_gptoss_with_the_simulated_logits(planned) -
 
 
 @needs_engine
-def test_llama_cpp_reads_the_mxfp4_experts_as_autoplan_does(tmp_path) -> None:
-    """llama.cpp on the export with the source's MXFP4 experts, against autoplan's model with
-    the experts at those MXFP4 values (unrounded inputs) and every other layer simulated:
-    the gap is ggml's Q8_0 rounding of the experts' inputs (1 % of a logit at position 0).
-    autoplan's dense+mxfp4 simulation (vLLM's MXFP4 activations) is not what llama.cpp
-    computes: over ten times further from its logits."""
+def test_llama_cpp_runs_the_mxfp4_experts_as_gguf_mxfp4_simulates(tmp_path) -> None:
+    """llama.cpp on the export with the source's MXFP4 experts, against autoplan's
+    gguf_mxfp4 simulation of the plan (MXFP4 weights, Q8_0 inputs): position 0 agrees to
+    fp32 summation order, as for the other GGUF types. The experts at their MXFP4 values with
+    unrounded inputs miss ggml's Q8_0 rounding (1 % of a logit at position 0), and vLLM's
+    mxfp4 (MXFP4 inputs) is further still from what llama.cpp computes."""
     loaded, _, _, out, _ = mxfp4_export(tmp_path)
+    engine = engine_logits(out)
+    simulated = simulated_logits(loaded, plan_decisions(loaded, experts="dense+gguf_mxfp4"))
+    assert (engine[0] - simulated[0]).abs().max() < 1e-4 * simulated.abs().max()
+    _agree(engine, simulated, simulated_logits(loaded, None))
     exact = {n: "dense+fp32" if ".experts." in n else c
              for n, c in plan_decisions(loaded).items()}
-    simulated = simulated_logits(loaded, exact)
-    engine = engine_logits(out)
-    assert (engine[0] - simulated[0]).abs().max() < 2e-2 * simulated.abs().max()
-    _agree(engine, simulated, simulated_logits(loaded, None))
+    unrounded = simulated_logits(loaded, exact)
+    assert (engine[0] - unrounded[0]).abs().max() > 1e-3 * unrounded.abs().max()
     w4a4 = simulated_logits(loaded, plan_decisions(loaded, experts="dense+mxfp4"))
     assert kl(w4a4, engine) > 10 * kl(simulated, engine)
