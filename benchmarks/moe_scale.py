@@ -10,6 +10,11 @@ meaningless; the point is memory and time.
 
     python benchmarks/moe_scale.py [--layers 4] [--choices fp8,int4_g128] [--calib-blocks 2]
         -> benchmarks/results/moe_scale.json
+    python benchmarks/moe_scale.py --search --models DIR
+        -> benchmarks/results/moe_scale_search.json: a whole streamed search (profile,
+           surrogate, verification) through the library API, in a fresh process, with
+           the same calibration as the profile; its peak RSS against the dry run's
+           verification-phase estimate
 """
 
 from __future__ import annotations
@@ -102,8 +107,34 @@ def _child(argv: list[str]) -> None:
                                          "peak_rss_gib": hwm_kib / 2**20}))
 
 
-def measure(label: str, args: list[str], env: dict, stdout: Path) -> dict:
-    """`autoplan ARGS` in a fresh child: wall, peak RSS, load before and after."""
+def _search_child(argv: list[str]) -> None:
+    """A streamed search through the library API (the CLI has no calibration-size flags)
+    in this fresh process: its wall time and peak RSS (VmHWM)."""
+    import time
+
+    from autoplan.formats import Choice
+    from autoplan.search import SearchRequest, run_search
+    from autoplan.streaming.settings import ExecutionSettings
+
+    report, folder, choices, calib, evals, seq_len, out = argv
+    req = SearchRequest(model=folder, target="h100", out=Path(out),
+                        choices=tuple(Choice.parse(c) for c in choices.split(",")),
+                        calib_blocks=int(calib), eval_blocks=int(evals), seq_len=int(seq_len),
+                        execution=ExecutionSettings(device="cpu", execution="stream"))
+    t0 = time.perf_counter()
+    outcome = run_search(req)
+    status = Path("/proc/self/status").read_text()
+    hwm_kib = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
+    meta = outcome.plan.search
+    Path(report).write_text(json.dumps({
+        "rc": 0, "wall_s": time.perf_counter() - t0, "peak_rss_gib": hwm_kib / 2**20,
+        "outcome": str(meta.outcome), "stopped": meta.stopped}))
+
+
+def measure(label: str, args: list[str], env: dict, stdout: Path, child: str = "_child"
+            ) -> dict:
+    """`autoplan ARGS` (or the `child` entry point) in a fresh process: wall, peak RSS,
+    load before and after."""
     import os
     import subprocess
     import time
@@ -111,7 +142,8 @@ def measure(label: str, args: list[str], env: dict, stdout: Path) -> dict:
     report = stdout.with_suffix(".report.json")
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, __file__, "_child", str(report), *args], env=env,
+    extra = args[1:] if child == "_search_child" else args
+    out = subprocess.run([sys.executable, __file__, child, str(report), *extra], env=env,
                          capture_output=True, text=True)
     res = json.loads(report.read_text()) if report.is_file() else {"rc": out.returncode}
     stdout.write_text(out.stdout)
@@ -133,6 +165,24 @@ def _profile_estimate(dry: Path) -> float | None:
         return None
 
 
+def verification_estimates(folder: Path, args: argparse.Namespace) -> dict:
+    """The streamed estimate's verification-phase peak at this run's own workload: with the
+    Hessian diagonals an RTN search holds (what the search estimates for itself), and with
+    the full Hessians GPTQ / SparseGPT would hold (what `profile --dry-run` shows)."""
+    from autoplan.modelspec import ModelSpec
+    from autoplan.streaming import estimate
+    from autoplan.streaming.runner import workload_of
+
+    spec = ModelSpec.from_path(folder)
+    out = {}
+    for key, full in (("verification_estimate_rtn_gib", False),
+                      ("verification_estimate_gptq_gib", True)):
+        w = workload_of(args.seq_len, args.calib_blocks, args.eval_blocks, 2,
+                        full_hessians=full)
+        out[key] = estimate.plan(spec, "stream", "cpu", w).phase_host("verification") / 2**30
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=4)
@@ -140,8 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib-blocks", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--models", type=Path, default=None)
-    ap.add_argument("--out", default="benchmarks/results/moe_scale.json")
+    ap.add_argument("--eval-blocks", type=int, default=2)
+    ap.add_argument("--search", action="store_true",
+                    help="run a whole streamed search after the profile (same calibration)")
+    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    args.out = args.out or ("benchmarks/results/moe_scale_search.json" if args.search
+                            else "benchmarks/results/moe_scale.json")
     import os
     import time
 
@@ -177,6 +232,17 @@ def main(argv: list[str] | None = None) -> int:
            "wall_s_48_blocks_estimate": per_block * 48,
            "note": "48-block estimate = wall / layers x 48 (the embedding and head passes "
                    "included once per block here, so it leans high)"}
+    if args.search:
+        search = measure("search", ["_search", str(folder), args.choices,
+                                    str(args.calib_blocks), str(args.eval_blocks),
+                                    str(args.seq_len), str(root / "plan.json")],
+                         env, stdout=root / "search.txt", child="_search_child")
+        doc.update({
+            "search": search, "eval_blocks": args.eval_blocks,
+            "search_api": "SearchRequest(model, target='h100', choices, calib_blocks, "
+                          "eval_blocks, seq_len, execution=stream on cpu) -> run_search",
+            "search_peak_rss_gib": search.get("peak_rss_gib"),
+            **verification_estimates(folder, args)})
     del dry
     write_result(args.out, doc)
     print(json.dumps({k: doc[k] for k in ("peak_rss_gib", "peak_rss_gb", "goal_met",
@@ -188,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["_child"]:
         _child(sys.argv[2:])
+    elif sys.argv[1:2] == ["_search_child"]:
+        _search_child(sys.argv[2:])
     elif sys.argv[1:2] == ["_build"]:
         build(Path(sys.argv[2]), int(sys.argv[3]))
     else:

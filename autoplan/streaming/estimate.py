@@ -30,6 +30,9 @@ class Workload:
     eval_batch_tokens: int = 1024
     seq_len: int = 256
     head_profiled: bool = True  # the lm_head is profiled (not protected by the search space)
+    # verification holds each layer's full input Hessian (GPTQ, SparseGPT), else only its
+    # diagonal (RTN with magnitude or Wanda scores: streaming/evaluate.py)
+    full_hessians: bool = True
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,11 @@ class MemoryPlan:
                 "phases": self.phases}
 
 
-def _block_dims(spec: ModelSpec) -> tuple[int, int, int, int]:
-    """(params, distinct input features, output features, sum of in^2) of one block (the
-    first MoE block of an MoE model). A routed expert sees only its tokens: per token, the
-    experts' captures are top_k experts' inputs and outputs, not all E."""
+def _block_dims(spec: ModelSpec, full_hessians: bool = True) -> tuple[int, int, int, int]:
+    """(params, distinct input features, output features, Hessian elements: sum of in^2, or
+    of in for diagonals only) of one block (the first MoE block of an MoE model). A routed
+    expert sees only its tokens: per token, the experts' captures are top_k experts' inputs
+    and outputs, not all E."""
     index = spec.moe.moe_blocks[0] if spec.moe is not None and spec.moe.moe_blocks else 0
     block = [la for la in spec.layers if la.block == index]
     dense = [la for la in block if la.expert < 0]
@@ -95,7 +99,9 @@ def _block_dims(spec: ModelSpec) -> tuple[int, int, int, int]:
         k = spec.moe.top_k
         ins += k * (spec.hidden + spec.moe.expert_intermediate)
         outs += k * sum(la.out_features for la in one_expert)
-    return (sum(la.params for la in block), ins, outs, sum(la.in_features ** 2 for la in block))
+    power = 2 if full_hessians else 1
+    return (sum(la.params for la in block), ins, outs,
+            sum(la.in_features ** power for la in block))
 
 
 def _largest_block_tensor(spec: ModelSpec) -> int:
@@ -163,7 +169,7 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
     """The memory plan of `execution` ('memory' or 'stream') on `device` ('cpu'/'cuda')."""
     w = w or Workload()
     dev = "cpu" if device == "cpu" else "cuda"
-    block_params, block_in, block_out, block_h = _block_dims(spec)
+    block_params, block_in, block_out, block_h = _block_dims(spec, w.full_hessians)
     t, v, h = w.calib_tokens, spec.vocab, spec.hidden
     logits = logits_bytes(v)
     reference = w.eval_tokens * v * 2
@@ -186,7 +192,7 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
             # layers (fp32 simulated weight, keep-mask, codes: SIM_BYTES each), and every
             # layer's Hessian at once
             "compressed layers + all Hessians": compressed * SIM_BYTES
-            + spec.n_layers * block_h * F32 + h * h * F32,
+            + spec.n_layers * block_h * F32 + (h * h if w.full_hessians else h) * F32,
             "reference log-probs": reference,
         }
         phases = dict.fromkeys(("captures (all blocks' layers)",
@@ -204,7 +210,9 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
     per = _DTYPE_BYTES.get(spec.dtype, 2)
     resident = max(block_params * F32 + _converting_bytes(spec), on_demand * (F32 + per))
     # verification compresses every decided layer of the resident block once per block and
-    # keeps the simulations until the block is done
+    # keeps the simulations until the block is done, with the block's Hessians
+    hessians = ("verification: one block's Hessians (GPTQ / SparseGPT)" if w.full_hessians
+                else "verification: one block's Hessian diagonals")
     block_sims = block_params * SIM_BYTES
     device_parts = {
         RESIDENT: resident,
@@ -212,7 +220,7 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
         "activations (one block, 1 batch)": _activations(
             spec, w.calib_batch_tokens, w.seq_len),
         "scoring (largest layer)": _scoring(spec, t, w.head_profiled),
-        "verification: one block's Hessians": block_h * F32,
+        hessians: block_h * F32,
         "verification: one block's simulations": block_sims,
         chunked: logits,
     }
@@ -223,7 +231,7 @@ def plan(spec: ModelSpec, execution: str, device: str, w: Workload | None = None
     }
     phases = {"one block's captures": "profile", "activations (one block, 1 batch)": "profile",
               "scoring (largest layer)": "profile",
-              "verification: one block's Hessians": "verification",
+              hessians: "verification",
               "verification: one block's simulations": "verification",
               "reference log-probs": "verification"}
     return MemoryPlan(execution, dev, host_parts, device_parts, phases)

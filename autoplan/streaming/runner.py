@@ -216,12 +216,14 @@ def open_model(model: str, settings: ExecutionSettings | None = None, *,
 
 
 def workload_of(seq_len: int, calib_blocks: int, eval_blocks: int, calib_batch: int = 2,
-                eval_batch: int = 4) -> estimate.Workload:
+                eval_batch: int = 4, full_hessians: bool = True) -> estimate.Workload:
+    """The estimate's workload of a run (`full_hessians`: its compression needs each layer's
+    full input Hessian, GPTQ or SparseGPT; a profile's dry run assumes it may)."""
     return estimate.Workload(calib_tokens=seq_len * calib_blocks,
                              calib_batch_tokens=seq_len * min(calib_batch, max(calib_blocks, 1)),
                              eval_tokens=seq_len * eval_blocks,
                              eval_batch_tokens=seq_len * min(eval_batch, max(eval_blocks, 1)),
-                             seq_len=seq_len)
+                             seq_len=seq_len, full_hessians=full_hessians)
 
 
 __all__ = ["Execution", "ExecutionSettings", "ModelRunner", "open_model", "pick_execution",

@@ -382,3 +382,41 @@ def test_gguf_names_of_a_streamed_model_are_the_in_memory_ones(tmp_path: Path) -
     names = hf_to_gguf_names(streamed, n)
     assert names == hf_to_gguf_names(memory, n)
     assert names["model.layers.0.self_attn.q_proj.weight"] == "blk.0.attn_q.weight"
+
+
+def test_verification_counts_full_hessians_only_for_the_methods_that_use_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """RTN holds each layer's Hessian diagonal, GPTQ / SparseGPT the full in x in matrix: the
+    streamed verification phase of a Qwen3-30B-A3B block differs by their 4.4 GiB, and a
+    search estimates with what its own settings need."""
+    from autoplan.cost import resolve_config
+    from autoplan.search import SearchRequest
+    from autoplan.search.preparation import _prepare
+    from autoplan.streaming.runner import workload_of
+
+    spec = resolve_config("qwen3-30b-a3b")
+    block = [la for la in spec.layers if la.block == 0]
+    full, diag = (estimate.plan(spec, "stream", "cpu", workload_of(128, 2, 2, full_hessians=f))
+                  for f in (True, False))
+    gib = 2**30
+    saved = sum(la.in_features ** 2 - la.in_features for la in block) * 4
+    assert saved / gib == pytest.approx(4.39, abs=0.01)
+    assert sum(full.device_parts.values()) - sum(diag.device_parts.values()) == saved
+    seen: list[bool] = []
+
+    def capture(*_a, workload, **_k):  # noqa: ANN002, ANN003, ANN202 - open_model's signature
+        seen.append(workload.full_hessians)
+        raise RuntimeError("stop after the estimate's workload")
+
+    monkeypatch.setattr(_prepare, "open_model", capture)
+    for settings, want in ((CompressionSettings(), False),
+                           (CompressionSettings(quant_method="gptq"), True)):
+        with pytest.raises(RuntimeError, match="stop after"):
+            _prepare.open_model_work(SearchRequest(settings=settings), _Quiet())
+        assert seen[-1] is want
+
+
+class _Quiet:
+    def stage(self, *_a: object) -> None: ...
+
+    def note(self, *_a: object) -> None: ...

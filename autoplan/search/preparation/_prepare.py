@@ -174,7 +174,9 @@ def open_model_work(req: SearchRequest, rep: Reporter, measure_kernels: bool = F
         what = f"--kv-cache (its long-context check, {req.kv_gate})"
     runner = open_model(req.model, req.execution, trust_remote_code=req.trust_remote_code,
                         workload=workload_of(req.seq_len, req.calib_blocks, req.eval_blocks,
-                                             CALIB_BATCH), needs_memory=what)
+                                             CALIB_BATCH,
+                                             full_hessians=req.settings.needs_hessian),
+                        needs_memory=what)
     rep.note(f"{runner.execution} execution on {runner.device} ({runner.why})")
     if runner.execution == "stream" and what:  # refused before profiling (a worker's own
         # --execution stream is not preflighted)
