@@ -75,11 +75,9 @@ def _tensor_progress(bar: Progress) -> Iterator[None]:
 
 def _gguf_tensors(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
     """GGUF name -> (type name, dequantized float32 tensor in HF [out, in] layout)."""
-    from gguf import dequantize
+    from gguf import GGUFReader, dequantize
 
-    from autoplan.models.gguf_read import gguf_reader
-
-    reader = gguf_reader(path)
+    reader = GGUFReader(str(path))  # its own: a cached reader would keep every page mapped
     return {t.name: (t.tensor_type.name, torch.from_numpy(dequantize(t.data, t.tensor_type).copy()))
             for t in reader.tensors}
 

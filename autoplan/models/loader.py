@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import functools
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from autoplan.modelspec import ModelSpec
 from autoplan.models._cache import models_dir
 from autoplan.models.gguf_convert import convert_gguf, quiet_transformers
 from autoplan.models.gguf_moe import moe_config
+from autoplan.models.gguf_read import file_identity
 from autoplan.models.graph import verify_layer_graph
 from autoplan.models.hashing import file_hash, weights_hash
 from autoplan.models.moe import check_moe_checkpoint, source_quantization, unfuse_experts
@@ -153,15 +153,14 @@ def _gguf_config(path: Path) -> dict[str, Any]:
     """The config transformers reads from a GGUF's metadata (experts and gpt-oss added),
     parsed once per file per process: reading it parses the whole header (seconds), and
     a command asks for it before it loads (check_loadable) and again when it plans."""
-    st = os.stat(path)
-    return copy.deepcopy(_parsed_gguf_config(str(Path(path).resolve()), st.st_ino,
-                                             st.st_size, st.st_mtime_ns))
+    resolved = Path(path).resolve()
+    return copy.deepcopy(_parsed_gguf_config(str(resolved), *file_identity(resolved)))
 
 
 @functools.lru_cache(maxsize=4)
-def _parsed_gguf_config(resolved: str, inode: int, size: int, mtime_ns: int
+def _parsed_gguf_config(resolved: str, inode: int, size: int, mtime_ns: int, ctime_ns: int
                         ) -> dict[str, Any]:
-    del inode, size, mtime_ns  # the cache key only: a rewritten file is read again
+    del inode, size, mtime_ns, ctime_ns  # the cache key only: a rewritten file is read again
     path = Path(resolved)
     from transformers import AutoConfig
 

@@ -71,14 +71,17 @@ class MLASpec:
         return (heads + 1) * self.qk_rope_head_dim
 
 
+_WIDEST = 2**16  # as config_fields bounds head_dim
+
+
 def _positive(cfg: dict[str, Any], key: str, *, optional: bool = False) -> int:
     value = cfg.get(key)
     if value is None and optional:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelConfigError(f"config.json field '{key}' must be a positive integer"
-                               f"{' or null' if optional else ''}, got {value!r} (multi-head "
-                               "latent attention needs it)")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _WIDEST:
+        raise ModelConfigError(f"config.json field '{key}' must be a positive integer up to "
+                               f"{_WIDEST}{' or null' if optional else ''}, got {value!r} "
+                               "(multi-head latent attention needs it)")
     return value
 
 

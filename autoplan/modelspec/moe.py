@@ -200,6 +200,17 @@ def moe_from_config(cfg: dict[str, Any], model_type: str) -> MoESpec:
         fused_gate_up=gpt_oss, source_format=source)
 
 
+def _count_field(cfg: dict[str, Any], key: str, default: int, *, lowest: int) -> int:
+    """An integer field that may be absent (or null: its default), at least `lowest`."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= 2**16:
+        raise ModelConfigError(f"config.json field '{key}' must be an integer from {lowest} "
+                               f"to {2**16}, got {value!r}")
+    return value
+
+
 def _deepseek_moe(cfg: dict[str, Any]) -> MoESpec:
     """DeepSeek's layout: the first ``first_k_dense_replace`` blocks dense, then every
     ``moe_layer_freq``-th block routed, with ``n_shared_experts`` experts of the routed
@@ -209,22 +220,22 @@ def _deepseek_moe(cfg: dict[str, Any]) -> MoESpec:
     experts = _positive(cfg, "n_routed_experts")
     inter = _positive(cfg, "moe_intermediate_size")
     top_k = _positive(cfg, "num_experts_per_tok")
-    first = cfg.get("first_k_dense_replace") or 0
-    step = cfg.get("moe_layer_freq") or 1
-    shared = cfg.get("n_shared_experts") or 0
-    for key, value in (("first_k_dense_replace", first), ("moe_layer_freq", step),
-                       ("n_shared_experts", shared)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ModelConfigError(f"config.json field '{key}' must be a non-negative "
-                                   f"integer, got {value!r}")
+    first = _count_field(cfg, "first_k_dense_replace", 0, lowest=0)
+    step = _count_field(cfg, "moe_layer_freq", 1, lowest=1)  # DeepSeek takes i % it
+    shared = _count_field(cfg, "n_shared_experts", 0, lowest=0)
     if top_k > experts:
         raise ModelConfigError(f"config.json routes each token to {top_k} experts "
                                f"(num_experts_per_tok) but has only {experts}")
+    blocks = tuple(i for i in range(first, n_layers) if i % step == 0)
+    if not blocks:
+        raise ModelConfigError(
+            f"config.json routes no block to experts (first_k_dense_replace {first}, "
+            f"moe_layer_freq {step}, num_hidden_layers {n_layers}): fix one of the three")
     sigmoid = cfg.get("scoring_func") == "sigmoid"
     return MoESpec(
         n_experts=experts, top_k=top_k, expert_intermediate=inter,
         shared_intermediate=shared * inter,
-        moe_blocks=tuple(i for i in range(first, n_layers) if i % max(step, 1) == 0),
+        moe_blocks=blocks,
         dense_intermediate=_positive(cfg, "intermediate_size"),
         router="sigmoid_topk" if sigmoid else "softmax_topk",
         norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),

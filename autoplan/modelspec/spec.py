@@ -248,12 +248,6 @@ class ModelSpec:
         return 2 * self.n_kv_heads * self.head_dim
 
     @property
-    def cached_head_dim(self) -> int:
-        """The width a cache format quantizes along (its blocks must divide it): head_dim,
-        or MLA's whole cached vector (vLLM stores it as one 576-wide head)."""
-        return self.mla.cached_width if self.mla is not None else self.head_dim
-
-    @property
     def attention_widest(self) -> int:
         """Elements per token of the widest attention activation a prefill chunk holds:
         q, k and v of every head (MLA: the latent expanded to per-head keys and values)."""

@@ -52,6 +52,15 @@ def test_deepseek_v2_lite_projects_queries_directly() -> None:
     assert LITE.moe.shared_intermediate == 2 * 1408
 
 
+def test_every_moe_layer_freq_th_block_after_the_dense_ones_is_routed() -> None:
+    cfg = json.loads((Path(__file__).parents[2]
+                      / "autoplan/data/configs/deepseek-v2-lite.json").read_text())
+    spec = ModelSpec.from_config({**cfg, "first_k_dense_replace": 3, "moe_layer_freq": 4})
+    assert spec.moe is not None and spec.moe.moe_blocks == (4, 8, 12, 16, 20, 24)
+    dense = {la.block for la in spec.layers if la.part == "mlp"}
+    assert dense == set(range(27)) - set(spec.moe.moe_blocks)
+
+
 def _with_mla(spec: ModelSpec, **change: int) -> ModelSpec:
     assert spec.mla is not None
     return dataclasses.replace(spec, mla=dataclasses.replace(spec.mla, **change))
@@ -111,12 +120,36 @@ def test_loading_mla_weights_is_refused_in_one_line(tmp_path: Path) -> None:
     assert "multi-head latent attention" in out.output and "Traceback" not in out.output
 
 
+def test_an_mla_checkpoint_folder_is_refused_before_any_tensor_is_read(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from autoplan.models.loader import check_loadable, load_model, open_checkpoint
+
+    (tmp_path / "config.json").write_text(
+        (Path(__file__).parents[2] / "autoplan/data/configs/deepseek-v2-lite.json").read_text())
+    save_file({"model.embed_tokens.weight": torch.zeros(2, 2)},
+              str(tmp_path / "model.safetensors"))
+    for load in (check_loadable, load_model, open_checkpoint):
+        with pytest.raises(ModelConfigError, match="'deepseek_v2' uses multi-head latent"):
+            load(str(tmp_path))
+    out = CliRunner().invoke(cli, ["search", "--model", str(tmp_path), "--target", "h100"])
+    assert out.exit_code == 2 and "multi-head latent attention" in out.output
+    assert "Traceback" not in out.output and len(out.output.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize(("change", "needle"), [
     ({"qk_rope_head_dim": None}, "'qk_rope_head_dim' must be a positive integer"),
     ({"qk_rope_head_dim": 63}, "must be even"),
     ({"kv_lora_rank": 0}, "'kv_lora_rank' must be a positive integer"),
     ({"n_routed_experts": None}, "lacks 'n_routed_experts'"),
     ({"num_experts_per_tok": 300}, "but has only 256"),
+    ({"kv_lora_rank": 10**12}, "up to 65536"),
+    ({"first_k_dense_replace": 61}, "routes no block to experts"),
+    ({"moe_layer_freq": 100, "first_k_dense_replace": 3}, "routes no block to experts"),
+    ({"moe_layer_freq": 0}, "'moe_layer_freq' must be an integer from 1"),
+    ({"first_k_dense_replace": False}, "'first_k_dense_replace' must be an integer from 0"),
+    ({"n_shared_experts": -1}, "'n_shared_experts' must be an integer from 0"),
 ])
 def test_bad_mla_configs_name_the_field(change: dict, needle: str) -> None:
     cfg = json.loads((Path(__file__).parents[2]
