@@ -1,16 +1,7 @@
-"""One parsed GGUF header per file per process.
+"""One parsed GGUF header per file per process, for header reads only.
 
-`gguf.GGUFReader` parses every metadata field and tensor record when it opens a file: 2.7 s
-for the embedded SmolLM2's GGUF (its 49,152-token vocabulary is most of it), and resolving a
-GGUF model argument asks several questions of the same file (its architecture, its expert
-counts, its fields, its tensor names and types). The reader is read-only (a read-only memory
-map), so one per file is shared; a file rewritten in place or replaced gets a new one (the
-key holds its inode, size, modification and change times: a copy that restores the
-modification time still changes the change time).
-
-For the header only: a cached reader keeps its memory map, so the pages of every tensor read
-through it would stay in this process's resident set. Code that reads tensor data opens a
-reader of its own (`gguf.GGUFReader`), dropped when it is done.
+Reasoning (parse cost, the cache key, why tensor data is read through readers of its own):
+docs/modules.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Read a safetensors checkpoint one tensor at a time, in the checkpoint's dtype.
+"""Read a safetensors checkpoint one tensor at a time, in the checkpoint's dtype (plain file
+reads, not a memory map), gpt-oss's MXFP4 experts decoded as the in-memory loader does.
 
-Each tensor is read with plain file reads into a buffer of its own, not through a memory
-map: the pages of a mapped shard count in the process's resident set until it is closed, so
-reading a 1.2 GB block through safetensors' mmap and converting it to fp32 held the block
-twice (the mapped bf16 pages and the fp32 copy). Read this way, the page cache keeps the
-file and the process holds only what it converted.
-
-gpt-oss's MXFP4 experts (`<name>_blocks` + `<name>_scales`) are read under `<name>`, decoded
-by the decoder the in-memory loader runs (transformers'), so both hold the same fp32 values.
+Reasoning and sources: docs/modules.md.
 """
 
 from __future__ import annotations
