@@ -67,10 +67,19 @@ def check_gguf_experts(path: Path) -> None:
                 "convert_hf_to_gguf.py")
 
 
+# GGUF keys of the Qwen MoE expert widths that transformers' GGUF config mapping (5.x) does
+# not carry over: without them the config keeps its class defaults (768, 5632).
+_QWEN_MOE_WIDTHS = {"expert_feed_forward_length": "moe_intermediate_size",
+                    "expert_shared_feed_forward_length": "shared_expert_intermediate_size"}
+
+
 def moe_config(config: Any, path: Path) -> Any:
     """The config of an MoE GGUF: a llama GGUF with experts becomes a MixtralConfig (the
-    router renormalizes its top-k weights, as llama.cpp's llama MoE does); other configs
-    are returned as they are."""
+    router renormalizes its top-k weights, as llama.cpp's llama MoE does); a qwen2moe /
+    qwen3moe GGUF gets its expert widths from the metadata; other configs are returned as
+    they are."""
+    if getattr(config, "model_type", "") in ("qwen2_moe", "qwen3_moe"):
+        return _qwen_moe_widths(config, path)
     if getattr(config, "model_type", "") != "llama":
         return config
     try:
@@ -90,6 +99,19 @@ def moe_config(config: Any, path: Path) -> Any:
                         num_experts_per_tok=int(fields.get(f"{arch}.expert_used_count") or 2))
     moe.architectures = ["MixtralForCausalLM"]
     return moe
+
+
+def _qwen_moe_widths(config: Any, path: Path) -> Any:
+    try:
+        fields = gguf_fields(path)
+    except (ValueError, OSError):  # not a readable GGUF: the loader says so
+        return config
+    arch = fields.get("general.architecture", "")
+    for key, attr in _QWEN_MOE_WIDTHS.items():
+        value = fields.get(f"{arch}.{key}")
+        if value is not None and hasattr(config, attr):
+            setattr(config, attr, int(value))
+    return config
 
 
 def _unpermute(rows: torch.Tensor, n_head: int) -> torch.Tensor:

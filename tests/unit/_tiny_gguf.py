@@ -37,9 +37,14 @@ def write_tiny_gguf(model: torch.nn.Module, path: Path, vocab: list[str]) -> Pat
     w.add_block_count(cfg.num_hidden_layers)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
-    if getattr(cfg, "num_local_experts", 0):
-        w.add_expert_count(cfg.num_local_experts)
+    experts = getattr(cfg, "num_local_experts", 0) or getattr(cfg, "num_experts", 0)
+    if experts:
+        w.add_expert_count(experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
+    if getattr(cfg, "moe_intermediate_size", 0):  # qwen2moe / qwen3moe, as llama.cpp writes
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if getattr(cfg, "shared_expert_intermediate_size", 0):
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_key_length(head_dim)
@@ -85,14 +90,15 @@ def write_tiny_gguf(model: torch.nn.Module, path: Path, vocab: list[str]) -> Pat
         if expert is not None:
             stacks.setdefault(name, {})[expert] = value
             continue
-        kind = q.F32 if value.ndim == 1 or "ffn_gate_inp" in name else (
-            q.Q8_0 if name == "token_embd.weight" else q.Q4_1)
+        kind = q.F32 if value.ndim == 1 or "ffn_gate_inp" in name or value.shape[-1] % 32 \
+            else (q.Q8_0 if name == "token_embd.weight" else q.Q4_1)
         w.add_tensor(name, gguf.quantize(np.ascontiguousarray(value.numpy()), kind),
                      raw_dtype=kind)
     for name, experts in stacks.items():  # [E, out, in], expert order
         value = torch.stack([experts[e] for e in sorted(experts)])
-        w.add_tensor(name, gguf.quantize(np.ascontiguousarray(value.numpy()), q.Q4_1),
-                     raw_dtype=q.Q4_1)
+        kind = q.F32 if value.shape[-1] % 32 else q.Q4_1  # GGUF blocks run along rows
+        w.add_tensor(name, gguf.quantize(np.ascontiguousarray(value.numpy()), kind),
+                     raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -74,13 +74,19 @@ def test_every_expert_converts_from_its_row_of_the_stacked_tensor(moe) -> None: 
                 assert (got - model.get_submodule(name).weight).abs().max() < 0.1, name
     # the config read from the GGUF (experts, top-k, rope, norms) computes what the source
     # architecture computes with the file's weights
+    _assert_source_architecture_computes_it(model, loaded.model)
+
+
+def _assert_source_architecture_computes_it(source: torch.nn.Module,
+                                            converted: torch.nn.Module) -> None:
+    """The converted model's logits are the source architecture's with the file's weights."""
     import copy
 
-    same = copy.deepcopy(model)
-    same.load_state_dict(loaded.model.state_dict(), strict=True)
+    same = copy.deepcopy(source)
+    same.load_state_dict(converted.state_dict(), strict=True)
     ids = torch.randint(2, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        torch.testing.assert_close(loaded.model(input_ids=ids).logits,
+        torch.testing.assert_close(converted(input_ids=ids).logits,
                                    same(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
 
 
@@ -116,3 +122,26 @@ def test_a_plan_exports_each_blocks_experts_as_one_stacked_tensor_of_its_type(
         export_plan(make_plan(loaded, decisions, target="local", runtime="llama.cpp"),
                     loaded, "gguf", tmp_path / "bad.gguf")
     assert not (tmp_path / "bad.gguf").exists()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_a_qwen_moe_gguf_converts_with_its_own_expert_widths(family: str, tmp_path) -> None:
+    """qwen2moe / qwen3moe GGUFs as llama.cpp's converter writes them (experts stacked per
+    projection, `expert_feed_forward_length`, qwen2moe's shared expert): transformers' GGUF
+    config mapping drops the expert widths, so the config would keep its class defaults
+    (moe_intermediate_size 768) and no expert would load; autoplan reads them from the
+    metadata, and every expert converts from its row of the stack."""
+    model = tiny_moe_model(family, mlp_only_layers=[]) if family == "qwen2_moe" else \
+        tiny_moe_model(family)
+    unfuse_experts(model, ModelSpec.from_config(model.config.to_dict()))
+    src = write_tiny_gguf(model, tmp_path / f"{family}.gguf", _vocab(VOCAB))
+    loaded = load_model(str(convert_gguf(src, tmp_path / "hf")))
+    moe = loaded.spec.moe
+    assert loaded.spec.model_type == family and moe is not None
+    assert moe.expert_intermediate == model.config.moe_intermediate_size
+    assert moe.shared_intermediate == getattr(model.config, "shared_expert_intermediate_size", 0)
+    rows = _deq(_tensors(src)["blk.0.ffn_gate_exps.weight"])
+    for e in range(moe.n_experts):
+        got = loaded.model.get_submodule(f"model.layers.0.mlp.experts.{e}.gate_proj").weight
+        assert torch.equal(got, rows[e])
+    _assert_source_architecture_computes_it(model, loaded.model)
