@@ -1,6 +1,6 @@
 """MoE GGUFs in llama.cpp's Mixtral layout (a "llama" GGUF with `llama.expert_count`, each
-projection's experts stacked in one `ffn_*_exps` tensor; written by gguf-py in
-tests/unit/_tiny_gguf.py): every expert converts from its row of the stack, and a plan exports
+projection's experts stacked in one `ffn_*_exps` tensor) and its qwen2moe / qwen3moe layouts
+(written by gguf-py in tests/unit/_tiny_gguf.py): every expert converts from its row of the stack, and a plan exports
 a block's experts back as one stacked tensor of the planned type, each row the simulated
 expert."""
 
@@ -43,13 +43,15 @@ def _deq(t) -> torch.Tensor:  # noqa: ANN001 - a gguf ReaderTensor
     return torch.from_numpy(gguf.dequantize(t.data, t.tensor_type).copy()).float()
 
 
-@pytest.fixture(scope="module")
-def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, LoadedModel]:
-    """The tiny Mixtral (experts unfused) and its GGUF converted and loaded as autoplan does."""
+@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe"])
+def moe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+        ) -> tuple[torch.nn.Module, LoadedModel]:
+    """A tiny Mixtral or Qwen3-MoE (experts unfused) and its GGUF converted and loaded as
+    autoplan does."""
     root = tmp_path_factory.mktemp("gguf_moe")
-    model = tiny_moe_model("mixtral")
+    model = tiny_moe_model(request.param)
     unfuse_experts(model, ModelSpec.from_config(model.config.to_dict()))
-    src = write_tiny_gguf(model, root / "mixtral.gguf", _vocab(VOCAB))
+    src = write_tiny_gguf(model, root / f"{request.param}.gguf", _vocab(VOCAB))
     folder = convert_gguf(src, root / "hf")
     got = load_model(str(folder))
     return model, LoadedModel(got.model, got.tokenizer, got.spec, "tiny", got.content_hash,
@@ -58,7 +60,7 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Load
 
 def test_every_expert_converts_from_its_row_of_the_stacked_tensor(moe) -> None:  # noqa: ANN001
     model, loaded = moe
-    assert loaded.spec.model_type == "mixtral"
+    assert loaded.spec.model_type == model.config.model_type
     assert (loaded.spec.moe.n_experts, loaded.spec.moe.top_k) == (EXPERTS, TOP_K)
     src = _tensors(loaded.source.path)
     for block in range(2):
