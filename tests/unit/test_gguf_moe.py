@@ -1,8 +1,8 @@
 """MoE GGUFs in llama.cpp's Mixtral layout (a "llama" GGUF with `llama.expert_count`, each
 projection's experts stacked in one `ffn_*_exps` tensor) and its qwen2moe / qwen3moe layouts
-(written by gguf-py in tests/unit/_tiny_gguf.py): every expert converts from its row of the stack, and a plan exports
-a block's experts back as one stacked tensor of the planned type, each row the simulated
-expert."""
+(written by gguf-py in tests/unit/_tiny_gguf.py): every expert converts from its row of the
+stack, and a plan exports a block's experts back as one stacked tensor of the planned type,
+each row the simulated expert."""
 
 from __future__ import annotations
 
