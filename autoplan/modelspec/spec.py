@@ -31,8 +31,8 @@ _FAMILIES = {
 _EXTRA_BLOCK_NORMS = {"gemma2": (2, 0), "gemma3_text": (2, 2), "qwen3": (0, 2),
                       "qwen3_moe": (0, 2)}
 
-ROLES = ("q", "k", "v", "qkv", "o", "q_a", "q_b", "kv_a", "kv_b", "gate", "up", "gate_up", "down", "lm_head",
-         "expert_gate", "expert_up", "expert_gate_up", "expert_down",
+ROLES = ("q", "k", "v", "qkv", "o", "q_a", "q_b", "kv_a", "kv_b", "gate", "up", "gate_up",
+         "down", "lm_head", "expert_gate", "expert_up", "expert_gate_up", "expert_down",
          "shared_gate", "shared_up", "shared_down")
 # role -> the part of the model it belongs to (show and the report group decisions by it)
 _PARTS = {"q": "attention", "k": "attention", "v": "attention", "qkv": "attention",
