@@ -43,13 +43,18 @@ def _deq(t) -> torch.Tensor:  # noqa: ANN001 - a gguf ReaderTensor
     return torch.from_numpy(gguf.dequantize(t.data, t.tensor_type).copy()).float()
 
 
-@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe"])
+# qwen2_moe as llama.cpp's qwen2moe holds it: every block routed, a shared expert of a
+# block-quantizable width
+_OVERRIDES = {"qwen2_moe": {"mlp_only_layers": [], "shared_expert_intermediate_size": 64}}
+
+
+@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe", "qwen2_moe"])
 def moe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         ) -> tuple[torch.nn.Module, LoadedModel]:
     """A tiny Mixtral or Qwen3-MoE (experts unfused) and its GGUF converted and loaded as
     autoplan does."""
     root = tmp_path_factory.mktemp("gguf_moe")
-    model = tiny_moe_model(request.param)
+    model = tiny_moe_model(request.param, **_OVERRIDES.get(request.param, {}))
     unfuse_experts(model, ModelSpec.from_config(model.config.to_dict()))
     src = write_tiny_gguf(model, root / f"{request.param}.gguf", _vocab(VOCAB))
     folder = convert_gguf(src, root / "hf")
@@ -118,6 +123,14 @@ def test_a_plan_exports_each_blocks_experts_as_one_stacked_tensor_of_its_type(
         assert dst[kept].tensor_type == src[kept].tensor_type
         assert np.array_equal(np.asarray(dst[kept].data), np.asarray(src[kept].data))
     assert dst["blk.0.ffn_gate_inp.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    # everything the plan keeps at the source's type (attention, router, norms, qwen2moe's
+    # shared expert and its gate) is the source's bytes
+    planned_stacks = {f"blk.0.{stacked}.weight" for stacked in _PROJ.values()}
+    for name in set(src) - planned_stacks:
+        assert dst[name].tensor_type == src[name].tensor_type, name
+        assert np.array_equal(np.asarray(dst[name].data), np.asarray(src[name].data)), name
+    if loaded.spec.moe.shared_intermediate:
+        assert {"blk.0.ffn_gate_shexp.weight", "blk.0.ffn_down_shexp.weight"} <= set(dst)
 
     decisions["model.layers.0.mlp.experts.1.gate_proj"] = "dense+q4_0"  # one type per stack
     with pytest.raises(UnsupportedFormatError, match="stores them with one type"):
