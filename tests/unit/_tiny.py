@@ -99,6 +99,44 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - 
 
 
 # ---- synthetic tables ----------------------------------------------------------------------
+def streamed_logits(sm, ids: torch.Tensor, *, block0_args: bool = False  # noqa: ANN001
+                    ) -> torch.Tensor:
+    """A StreamedModel's logits for `ids`, each block resident in turn (`block0_args`: every
+    block gets block 0's arguments, a deliberately wrong run)."""
+    from autoplan.streaming.skeleton import BlockArgs
+
+    with torch.no_grad():
+        hidden, kwargs = sm.block_inputs(ids)
+        assert isinstance(kwargs, BlockArgs) and len(kwargs.per_block) == sm.n_blocks
+        for i in range(sm.n_blocks):
+            with sm.resident(i):
+                hidden = sm.run_block(i, hidden, dict(kwargs) if block0_args else kwargs)
+        return sm.logits(hidden)
+
+
+def search_plan(folder: Path, root: Path, execution: str, monkeypatch: pytest.MonkeyPatch,
+                device: str = "cpu", **kw):  # noqa: ANN003, ANN201 - a Plan
+    """A fast search of `folder` for h100-sxm / vLLM, `execution` memory or stream, with its
+    own cache under `root` (so each run profiles); `kw` overrides the request's fields."""
+    from autoplan.search import SearchRequest, run_search
+    from autoplan.streaming import ExecutionSettings
+
+    monkeypatch.setenv("AUTOPLAN_CACHE", str(root / f"cache-{execution}"))
+    args = {"model": str(folder), "target": "h100-sxm", "runtime": "vllm",
+            "budget": "kl<=0.05", "trials": 100, "out": root / f"plan-{execution}.json",
+            "workload": WORKLOAD,
+            "execution": ExecutionSettings(device=device, execution=execution)}
+    return run_search(SearchRequest(**(args | FAST | kw))).plan
+
+
+def assert_same_plan(streamed, in_memory) -> None:  # noqa: ANN001 - two Plans
+    """A streamed search returned the in-memory one's plan, measured quality and audit."""
+    assert streamed.decisions == in_memory.decisions
+    assert streamed.quality.kl == pytest.approx(in_memory.quality.kl, rel=1e-4, abs=1e-9)
+    assert streamed.quality.ppl == pytest.approx(in_memory.quality.ppl, rel=1e-6)
+    assert streamed.audit.tensors == in_memory.audit.tensors
+
+
 def synthetic_profile(space: SearchSpace, seed: int = 0) -> SensitivityProfile:
     """Scores grow as a choice keeps fewer bits, times a per-layer log-normal sensitivity."""
     rng = np.random.default_rng(seed)

@@ -16,6 +16,7 @@ from autoplan.models.moe import UnfusedExperts, counting_routing, unfuse_experts
 from autoplan.modelspec import ModelSpec
 from autoplan.sensitivity.capture import capture
 from autoplan.sensitivity.profile import make_task, score_task
+from tests.unit._tiny import streamed_logits
 from tests.unit._tiny_moe import EXPERTS, FAMILIES, TOP_K, mxfp4_pack, save_tiny_moe, tiny_moe_model
 
 _IDS = torch.randint(2, 200, (2, 24), generator=torch.Generator().manual_seed(1))
@@ -105,13 +106,7 @@ def test_streamed_moe_blocks_equal_the_in_memory_forward(family: str, tmp_path) 
     with torch.no_grad():
         ref = want.model(input_ids=_IDS).logits
     sm = StreamedModel(folder, device=torch.device("cpu"))
-    with torch.no_grad():
-        hidden, kwargs = sm.block_inputs(_IDS)
-        for i in range(sm.n_blocks):
-            with sm.resident(i):
-                hidden = sm.run_block(i, hidden, kwargs)
-        got = sm.logits(hidden)
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(streamed_logits(sm, _IDS), ref, atol=1e-5, rtol=1e-5)
     assert isinstance(sm.blocks[0].mlp.experts, UnfusedExperts)
 
 

@@ -16,12 +16,11 @@ from autoplan.compress import CompressionSettings
 from autoplan.formats import Choice
 from autoplan.models import load_model
 from autoplan.modelspec import ModelSpec
-from autoplan.plan import Plan
-from autoplan.search import SearchRequest, run_search
-from autoplan.streaming import ExecutionSettings, estimate
+from autoplan.streaming import estimate
 from autoplan.streaming.skeleton import StreamedModel
 from autoplan.streaming.weights import CheckpointReader
-from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread  # noqa: F401
+from tests.unit._tiny import (assert_same_plan, one_torch_thread,  # noqa: F401
+                              search_plan, streamed_logits)
 from tests.unit._tiny_moe import EXPERTS, TOP_K, mxfp4_pack, tiny_moe_model
 from tests.unit.tiny_llama import tiny_tokenizer
 
@@ -73,12 +72,7 @@ def test_streamed_experts_are_the_in_memory_weights_bit_for_bit(folder: Path) ->
     assert experts == sm.n_blocks * EXPERTS * len(_PROJS)
     with torch.no_grad():
         ref = loaded.model(input_ids=_IDS).logits
-        hidden, kwargs = sm.block_inputs(_IDS)
-        for i in range(sm.n_blocks):
-            with sm.resident(i):
-                hidden = sm.run_block(i, hidden, kwargs)
-        got = sm.logits(hidden)
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(streamed_logits(sm, _IDS), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_one_block_is_decoded_at_a_time_one_expert_per_call(folder: Path,
@@ -145,24 +139,11 @@ def test_streamed_profile_scores_and_routing_are_the_in_memory_ones(folder: Path
     assert scored > 0
 
 
-def _search(folder: Path, root: Path, execution: str,
-            monkeypatch: pytest.MonkeyPatch) -> Plan:
-    monkeypatch.setenv("AUTOPLAN_CACHE", str(root / f"cache-{execution}"))
-    req = SearchRequest(model=str(folder), target="h100-sxm", runtime="vllm",
-                        budget="kl<=0.05", trials=100, out=root / f"plan-{execution}.json",
-                        workload=WORKLOAD,
-                        execution=ExecutionSettings(device="cpu", execution=execution), **FAST)
-    return run_search(req).plan
-
-
 def test_streamed_search_gives_the_in_memory_plan(folder: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    mem = _search(folder, tmp_path, "memory", monkeypatch)
-    st = _search(folder, tmp_path, "stream", monkeypatch)
-    assert st.decisions == mem.decisions
-    assert st.quality.kl == pytest.approx(mem.quality.kl, rel=1e-4, abs=1e-9)
-    assert st.quality.ppl == pytest.approx(mem.quality.ppl, rel=1e-6)
-    assert st.audit.tensors == mem.audit.tensors
+    mem = search_plan(folder, tmp_path, "memory", monkeypatch)
+    st = search_plan(folder, tmp_path, "stream", monkeypatch)
+    assert_same_plan(st, mem)
 
 
 def test_streamed_estimate_counts_the_experts_as_the_reader_reads_them(folder: Path) -> None:

@@ -10,22 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoplan.streaming.skeleton import BlockArgs, StreamedModel
-from tests.unit._tiny import one_torch_thread  # noqa: F401
+from autoplan.streaming.skeleton import StreamedModel
+from tests.unit._tiny import one_torch_thread, streamed_logits  # noqa: F401
 from tests.unit._tiny_archs import ARCHS, VOCAB, save_tiny_arch, tiny_arch_model
 
 CPU = torch.device("cpu")
-
-
-def _streamed_logits(sm: StreamedModel, ids: torch.Tensor, *, block0_args: bool = False
-                     ) -> torch.Tensor:
-    with torch.no_grad():
-        hidden, kwargs = sm.block_inputs(ids)
-        assert isinstance(kwargs, BlockArgs) and len(kwargs.per_block) == sm.n_blocks
-        for i in range(sm.n_blocks):
-            with sm.resident(i):
-                hidden = sm.run_block(i, hidden, dict(kwargs) if block0_args else kwargs)
-        return sm.logits(hidden)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -35,7 +24,7 @@ def test_streamed_logits_equal_the_in_memory_forward(arch, tmp_path: Path) -> No
     with torch.no_grad():
         want = tiny_arch_model(arch)(ids).logits
     sm = StreamedModel(folder, device=CPU)
-    torch.testing.assert_close(_streamed_logits(sm, ids), want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(streamed_logits(sm, ids), want, atol=1e-6, rtol=0)
     if arch in ("gemma2", "gemma3_text"):  # block 0's arguments for every block: wrong
-        wrong = _streamed_logits(sm, ids, block0_args=True)
+        wrong = streamed_logits(sm, ids, block0_args=True)
         assert (wrong - want).abs().max() > 1e-2

@@ -8,31 +8,16 @@ from pathlib import Path
 import pytest
 
 from autoplan.errors import UserInputError
-from autoplan.search import SearchRequest, run_search
-from autoplan.streaming import ExecutionSettings
-from tests.unit._tiny import FAST, WORKLOAD, one_torch_thread, save_tiny_folder  # noqa: F401
-
-
-def _run(folder: Path, root: Path, execution: str, monkeypatch: pytest.MonkeyPatch,
-         device: str = "cpu", **kw):  # noqa: ANN003, ANN202
-    monkeypatch.setenv("AUTOPLAN_CACHE", str(root / f"cache-{execution}"))
-    args = {"model": str(folder), "target": "h100-sxm", "runtime": "vllm",
-            "budget": "kl<=0.05", "trials": 100, "out": root / f"plan-{execution}.json",
-            "workload": WORKLOAD,
-            "execution": ExecutionSettings(device=device, execution=execution)}
-    req = SearchRequest(**(args | FAST | kw))
-    return run_search(req).plan
+from tests.unit._tiny import (assert_same_plan, one_torch_thread,  # noqa: F401
+                              save_tiny_folder, search_plan)
 
 
 def test_streamed_search_gives_the_in_memory_plan(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     folder = save_tiny_folder(tmp_path / "model")
-    mem = _run(folder, tmp_path, "memory", monkeypatch)
-    st = _run(folder, tmp_path, "stream", monkeypatch)
-    assert st.decisions == mem.decisions
-    assert st.quality.kl == pytest.approx(mem.quality.kl, rel=1e-4, abs=1e-9)
-    assert st.quality.ppl == pytest.approx(mem.quality.ppl, rel=1e-6)
-    assert st.audit.tensors == mem.audit.tensors
+    mem = search_plan(folder, tmp_path, "memory", monkeypatch)
+    st = search_plan(folder, tmp_path, "stream", monkeypatch)
+    assert_same_plan(st, mem)
     # in memory a round's candidates are measured one at a time until one settles the
     # rounds; streamed, together in one pass over the blocks: the same verdicts, in order
     verdicts = [[(v.label, v.passed) for r in p.search.rounds for v in r.verified]
@@ -49,7 +34,7 @@ def test_streamed_search_refuses_a_suite_budget_early(tmp_path: Path,
     monkeypatch.setattr("autoplan.streaming.runner.ModelRunner.build_profile",
                         lambda *a, **k: pytest.fail("profiled before refusing"))
     with pytest.raises(UserInputError, match="--execution memory"):
-        _run(folder, tmp_path, "stream", monkeypatch, budget=f"suite:{suite}>=-1")
+        search_plan(folder, tmp_path, "stream", monkeypatch, budget=f"suite:{suite}>=-1")
 
 
 @pytest.mark.parametrize("execution", ["memory", "stream"])
@@ -66,7 +51,7 @@ def test_out_of_memory_while_verifying_is_one_line(tmp_path: Path, execution: st
     monkeypatch.setattr(target, oom)
     folder = save_tiny_folder(tmp_path / "model")
     with pytest.raises(AutoplanError) as err:
-        _run(folder, tmp_path, execution, monkeypatch)
+        search_plan(folder, tmp_path, execution, monkeypatch)
     msg = str(err.value)
     assert "out of memory while verifying candidates" in msg and "--dry-run" in msg
     assert "calibration tokens" in msg and "\n" not in msg
@@ -83,7 +68,7 @@ def test_out_of_memory_while_loading_is_one_line(tmp_path: Path,
     monkeypatch.setattr("autoplan.streaming.runner.load_model", oom)
     folder = save_tiny_folder(tmp_path / "model")
     with pytest.raises(AutoplanError, match="out of memory while loading the model .*--dry-run"):
-        _run(folder, tmp_path, "memory", monkeypatch)
+        search_plan(folder, tmp_path, "memory", monkeypatch)
 
 
 def test_device_without_a_gpu_is_refused_before_loading(tmp_path: Path,
@@ -96,4 +81,4 @@ def test_device_without_a_gpu_is_refused_before_loading(tmp_path: Path,
                         lambda *a, **k: pytest.fail("loaded before refusing"))
     folder = save_tiny_folder(tmp_path / "model")
     with pytest.raises(UserInputError, match="no CUDA/ROCm GPU"):
-        _run(folder, tmp_path, "stream", monkeypatch, device="cuda")
+        search_plan(folder, tmp_path, "stream", monkeypatch, device="cuda")
