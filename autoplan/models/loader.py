@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from autoplan.modelspec import ModelSpec
 from autoplan.models._cache import models_dir
 from autoplan.models.gguf_convert import convert_gguf, quiet_transformers
 from autoplan.models.gguf_moe import moe_config
-from autoplan.models.gguf_read import file_identity
+from autoplan.models.gguf_read import per_file
 from autoplan.models.graph import verify_layer_graph
 from autoplan.models.hashing import file_hash, weights_hash
 from autoplan.models.moe import check_moe_checkpoint, source_quantization, unfuse_experts
@@ -153,15 +152,11 @@ def _gguf_config(path: Path) -> dict[str, Any]:
     """The config transformers reads from a GGUF's metadata (experts and gpt-oss added),
     parsed once per file per process: reading it parses the whole header (seconds), and
     a command asks for it before it loads (check_loadable) and again when it plans."""
-    resolved = Path(path).resolve()
-    return copy.deepcopy(_parsed_gguf_config(str(resolved), *file_identity(resolved)))
+    return copy.deepcopy(_parsed_gguf_config(path))
 
 
-@functools.lru_cache(maxsize=4)
-def _parsed_gguf_config(resolved: str, inode: int, size: int, mtime_ns: int, ctime_ns: int
-                        ) -> dict[str, Any]:
-    del inode, size, mtime_ns, ctime_ns  # the cache key only: a rewritten file is read again
-    path = Path(resolved)
+@per_file(maxsize=4)
+def _parsed_gguf_config(path: Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from autoplan.models import gguf_gptoss
@@ -188,9 +183,8 @@ def load_spec(spec: str) -> ModelSpec:
     source = resolve_model_arg(spec)
     if source.kind in ("hf", "config"):
         found = dataclasses.replace(ModelSpec.from_path(source.path), name=source.model_id)
-    elif (converted_dir(source) / "config.json").is_file():
-        found = dataclasses.replace(ModelSpec.from_path(converted_dir(source)),
-                                    name=source.model_id)
+    elif ((folder := converted_dir(source)) / "config.json").is_file():
+        found = dataclasses.replace(ModelSpec.from_path(folder), name=source.model_id)
     else:
         found = ModelSpec.from_config(_gguf_config(source.path), name=source.model_id)
     return found.require_weights_plannable()

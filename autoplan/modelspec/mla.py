@@ -9,10 +9,11 @@ config; it does not load their weights, so it neither measures nor plans them
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoplan.errors import ModelConfigError
+from autoplan.config_fields import CrossRule, Field, FieldSet, register_field_set
 
 # model types whose attention is MLA, with DeepSeek's MoE layout (first_k_dense_replace,
 # n_shared_experts, moe_layer_freq); Kimi K2 is DeepSeek-V3's architecture
@@ -71,35 +72,34 @@ class MLASpec:
         return (heads + 1) * self.qk_rope_head_dim
 
 
-_WIDEST = 2**16  # as config_fields bounds head_dim
+def _even_rotary(cfg: Mapping[str, Any]) -> str | None:
+    rope = int(cfg["qk_rope_head_dim"])
+    return (None if rope % 2 == 0 else f"qk_rope_head_dim {rope} must be even: rotary "
+            "embeddings rotate pairs of dimensions")
 
 
-def _positive(cfg: dict[str, Any], key: str, *, optional: bool = False) -> int:
-    value = cfg.get(key)
-    if value is None and optional:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _WIDEST:
-        raise ModelConfigError(f"config.json field '{key}' must be a positive integer up to "
-                               f"{_WIDEST}{' or null' if optional else ''}, got {value!r} "
-                               "(multi-head latent attention needs it)")
-    return value
+def _width(key: str, why: str, required: bool = True) -> Field:
+    return Field(key, why, maximum=2**16, required=required)  # as head_dim is bounded
 
 
-def mla_from_config(cfg: dict[str, Any]) -> MLASpec:
-    """The MLASpec of a config with ``kv_lora_rank``.
+# checked with every other config field (config_fields.check_config), before any is read
+MLA_FIELDS = register_field_set(FieldSet("multi-head latent attention", (
+    _width("q_lora_rank", "the compressed query width (null: no compression)", False),
+    _width("kv_lora_rank", "the cached key/value latent's width"),
+    _width("qk_nope_head_dim", "each head's query/key width without rotary embedding"),
+    _width("qk_rope_head_dim", "the rotary key width every head shares"),
+    _width("v_head_dim", "each head's value width"),
+), (CrossRule("rotary pairs", _even_rotary),),
+    applies=lambda cfg: str(cfg.get("model_type", "")).lower() in MLA_TYPES))
 
-    Raises:
-        ModelConfigError: a missing or non-positive MLA width, or an odd rotary width.
-    """
-    spec = MLASpec(q_lora_rank=_positive(cfg, "q_lora_rank", optional=True),
-                   kv_lora_rank=_positive(cfg, "kv_lora_rank"),
-                   qk_nope_head_dim=_positive(cfg, "qk_nope_head_dim"),
-                   qk_rope_head_dim=_positive(cfg, "qk_rope_head_dim"),
-                   v_head_dim=_positive(cfg, "v_head_dim"))
-    if spec.qk_rope_head_dim % 2:
-        raise ModelConfigError(f"config.json field 'qk_rope_head_dim' must be even, got "
-                               f"{spec.qk_rope_head_dim}: rotary embeddings rotate pairs")
-    return spec
+
+def mla_from_config(cfg: Mapping[str, Any]) -> MLASpec:
+    """The MLASpec of an MLA config whose fields `MLA_FIELDS` has checked."""
+    return MLASpec(q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+                   kv_lora_rank=int(cfg["kv_lora_rank"]),
+                   qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
+                   qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+                   v_head_dim=int(cfg["v_head_dim"]))
 
 
 def mla_rows(mla: MLASpec, block: int, hidden: int, heads: int
@@ -129,4 +129,5 @@ def mla_norm_params(mla: MLASpec) -> int:
     return mla.kv_lora_rank + mla.q_lora_rank
 
 
-__all__ = ["MLASpec", "MLA_TYPES", "mla_from_config", "mla_norm_params", "mla_rows"]
+__all__ = ["MLASpec", "MLA_FIELDS", "MLA_TYPES", "mla_from_config", "mla_norm_params",
+           "mla_rows"]

@@ -62,6 +62,6 @@ def test_tensor_data_is_read_through_a_reader_of_its_own(tmp_path: Path) -> None
 
     path = tmp_path / "m.gguf"
     _write(path, "first")
-    gguf_read._reader.cache_clear()
+    gguf_read.gguf_reader.cache_clear()
     assert set(_gguf_tensors(path)) == {"t"}
-    assert gguf_read._reader.cache_info().currsize == 0
+    assert gguf_read.gguf_reader.cache_info().currsize == 0

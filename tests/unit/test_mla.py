@@ -139,12 +139,12 @@ def test_an_mla_checkpoint_folder_is_refused_before_any_tensor_is_read(tmp_path:
 
 
 @pytest.mark.parametrize(("change", "needle"), [
-    ({"qk_rope_head_dim": None}, "'qk_rope_head_dim' must be a positive integer"),
-    ({"qk_rope_head_dim": 63}, "must be even"),
-    ({"kv_lora_rank": 0}, "'kv_lora_rank' must be a positive integer"),
+    ({"qk_rope_head_dim": None}, "lacks required key 'qk_rope_head_dim'"),
+    ({"qk_rope_head_dim": 63}, "qk_rope_head_dim 63 must be even"),
+    ({"kv_lora_rank": 0}, "kv_lora_rank must be an integer from 1 to 65,536, got 0"),
     ({"n_routed_experts": None}, "lacks 'n_routed_experts'"),
     ({"num_experts_per_tok": 300}, "but has only 256"),
-    ({"kv_lora_rank": 10**12}, "up to 65536"),
+    ({"kv_lora_rank": 10**12}, "kv_lora_rank must be an integer from 1 to 65,536"),
     ({"first_k_dense_replace": 61}, "routes no block to experts"),
     ({"moe_layer_freq": 100, "first_k_dense_replace": 3}, "routes no block to experts"),
     ({"moe_layer_freq": 0}, "'moe_layer_freq' must be an integer from 1"),
