@@ -287,11 +287,13 @@ def source_decisions(loaded: LoadedModel) -> dict[str, str]:
     token embedding); planned precisions by name, other GGUF types as ``gguf:TYPE``."""
     from autoplan.export.gguf import source_gguf
     from autoplan.models.gguf_convert import hf_to_gguf_names
+    from autoplan.models.gguf_gptoss import gate_up_tensors
     from autoplan.models.gguf_read import gguf_reader
 
     reader = gguf_reader(source_gguf(loaded))
-    types = {t.name: int(t.tensor_type) for t in reader.tensors}
-    names = {t.name: t.tensor_type.name for t in reader.tensors}
+    by_name = {t.name: t for t in reader.tensors}
+    types = {n: int(t.tensor_type) for n, t in by_name.items()}
+    names = {n: t.tensor_type.name for n, t in by_name.items()}
     hf_names = hf_to_gguf_names(loaded.model, loaded.spec.n_layers)
     by_id = {v: k for k, v in GGML_TYPE_IDS.items()}
     out: dict[str, str] = {}
@@ -302,12 +304,12 @@ def source_decisions(loaded: LoadedModel) -> dict[str, str]:
             # llama.cpp's converter splits it into. One decision holds both, so stacks of two
             # types are no planned choice (timed as the gate's type, a ``gguf:`` row, which
             # also keeps the file from being the "as is" candidate)
-            stacks = [f"blk.{layer.block}.ffn_{p}_exps.weight" for p in ("gate_up", "gate", "up")]
-            found = [t for t in stacks if t in types][:2]
+            found = [t.name for t in gate_up_tensors(by_name, layer.block, "weight")
+                     if t is not None]
             if len({types[t] for t in found}) > 1:
                 out[layer.name] = f"{SOURCE_PREFIX}{names[found[0]]}"
                 continue
-            tensor = found[0] if found else tensor
+            tensor = found[0]
         tensor = tensor if tensor in types else "token_embd.weight"  # a tied lm_head
         precision = by_id.get(types[tensor])
         out[layer.name] = str(Choice.parse(precision.value)) if precision else \

@@ -113,8 +113,14 @@ def _hf_mxfp4(t: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous(), raw[..., 0].contiguous()
 
 
-def _gate_up(tensors: dict[str, Any], block: str, kind: str) -> tuple[Any, Any]:
-    """(gate, up) GGUF tensors of a block, or (fused gate-then-up tensor, None)."""
+def gate_up_tensors(tensors: dict[str, Any], block: int | str, kind: str
+                    ) -> tuple[Any, Any]:
+    """(gate, up) GGUF tensors of a block's experts, as llama.cpp's converter splits
+    gpt-oss's gate_up, or (fused gate-then-up tensor, None).
+
+    Raises:
+        KeyError: the block has neither.
+    """
     fused = tensors.get(f"blk.{block}.ffn_gate_up_exps.{kind}")
     if fused is not None:
         return fused, None
@@ -162,7 +168,7 @@ def gptoss_checkpoint(path: Path, config: Any) -> dict[str, torch.Tensor]:
             continue
         block, proj, bias = m.groups()
         kind = "bias" if bias else "weight"
-        pair = _gate_up(tensors, block, kind) if proj == "gate_up_proj" else (
+        pair = gate_up_tensors(tensors, block, kind) if proj == "gate_up_proj" else (
             tensors[f"blk.{block}.ffn_down_exps.{kind}"], None)
         used.update(t.name for t in pair if t is not None)
         if bias:  # [E, out]
@@ -217,7 +223,7 @@ def verify_gptoss(model: torch.nn.Module, path: Path) -> int:
             want = ref(tensors[_gguf_name(key, names)]).reshape(value.shape)
         else:
             block, proj, kind = m.groups()
-            pair = _gate_up(tensors, block, kind) if proj == "gate_up_proj" else (
+            pair = gate_up_tensors(tensors, block, kind) if proj == "gate_up_proj" else (
                 tensors[f"blk.{block}.ffn_down_exps.{kind}"], None)
             rows = [expert_value(ref(t), key) for t in pair if t is not None]
             want = _interleave(rows[0], rows[1] if len(rows) > 1 else None, 0) \
