@@ -87,10 +87,15 @@ def build(folder: Path, layers: int, seed: int = 0) -> Path:
     return folder
 
 
+def _peak_rss_gib() -> float:
+    """This process's VmHWM: its own high-water mark since exec, not ru_maxrss, which Linux
+    carries over from the parent that forked it."""
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 2**20
+
+
 def _child(argv: list[str]) -> None:
-    """The real CLI in this process; its wall time and peak RSS (VmHWM: this process's own
-    high-water mark since exec, not ru_maxrss, which Linux carries over from the parent that
-    forked it)."""
+    """The real CLI in this process; its wall time and peak RSS (`_peak_rss_gib`)."""
     import time
 
     from autoplan.cli import cli
@@ -101,10 +106,8 @@ def _child(argv: list[str]) -> None:
         cli.main(argv[1:], prog_name="autoplan", standalone_mode=False)
     except SystemExit as exc:
         rc = int(exc.code or 0)
-    status = Path("/proc/self/status").read_text()
-    hwm_kib = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
     Path(argv[0]).write_text(json.dumps({"rc": rc, "wall_s": time.perf_counter() - t0,
-                                         "peak_rss_gib": hwm_kib / 2**20}))
+                                         "peak_rss_gib": _peak_rss_gib()}))
 
 
 def _search_child(argv: list[str]) -> None:
@@ -122,19 +125,16 @@ def _search_child(argv: list[str]) -> None:
                         calib_blocks=int(calib), eval_blocks=int(evals), seq_len=int(seq_len),
                         execution=ExecutionSettings(device="cpu", execution="stream"))
     t0 = time.perf_counter()
-    outcome = run_search(req)
-    status = Path("/proc/self/status").read_text()
-    hwm_kib = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
-    meta = outcome.plan.search
+    meta = run_search(req).plan.search
     Path(report).write_text(json.dumps({
-        "rc": 0, "wall_s": time.perf_counter() - t0, "peak_rss_gib": hwm_kib / 2**20,
+        "rc": 0, "wall_s": time.perf_counter() - t0, "peak_rss_gib": _peak_rss_gib(),
         "outcome": str(meta.outcome), "stopped": meta.stopped}))
 
 
 def measure(label: str, args: list[str], env: dict, stdout: Path, child: str = "_child"
             ) -> dict:
-    """`autoplan ARGS` (or the `child` entry point) in a fresh process: wall, peak RSS,
-    load before and after."""
+    """`autoplan ARGS` (or the `child` entry point's ARGS) in a fresh process: wall, peak
+    RSS, load before and after."""
     import os
     import subprocess
     import time
@@ -142,8 +142,7 @@ def measure(label: str, args: list[str], env: dict, stdout: Path, child: str = "
     report = stdout.with_suffix(".report.json")
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    extra = args[1:] if child == "_search_child" else args
-    out = subprocess.run([sys.executable, __file__, child, str(report), *extra], env=env,
+    out = subprocess.run([sys.executable, __file__, child, str(report), *args], env=env,
                          capture_output=True, text=True)
     res = json.loads(report.read_text()) if report.is_file() else {"rc": out.returncode}
     stdout.write_text(out.stdout)
@@ -233,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
            "note": "48-block estimate = wall / layers x 48 (the embedding and head passes "
                    "included once per block here, so it leans high)"}
     if args.search:
-        search = measure("search", ["_search", str(folder), args.choices,
+        search = measure("search", [str(folder), args.choices,
                                     str(args.calib_blocks), str(args.eval_blocks),
                                     str(args.seq_len), str(root / "plan.json")],
                          env, stdout=root / "search.txt", child="_search_child")
