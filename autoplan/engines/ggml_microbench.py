@@ -18,7 +18,7 @@ import numpy as np
 
 from autoplan.backends.cpu.cost_cache import Row, cached_table, nearest_rank, row_key
 from autoplan.backends.cpu.ort_microbench import FLUSH_BYTES, ROTATE_BYTES
-from autoplan.errors import UserInputError
+from autoplan.errors import AutoplanError, UserInputError
 from autoplan.formats import Choice, Precision, registered_formats
 from autoplan.formats.gguf_blocks import gguf_type_name
 
@@ -310,11 +310,27 @@ def source_decisions(loaded: LoadedModel) -> dict[str, str]:
                 out[layer.name] = f"{SOURCE_PREFIX}{names[found[0]]}"
                 continue
             tensor = found[0]
-        tensor = tensor if tensor in types else "token_embd.weight"  # a tied lm_head
+        if tensor not in types:
+            tensor = _missing_tensor(layer, tensor, types)
         precision = by_id.get(types[tensor])
         out[layer.name] = str(Choice.parse(precision.value)) if precision else \
             f"{SOURCE_PREFIX}{names[tensor]}"
     return out
+
+
+def _missing_tensor(layer: Any, tensor: str, types: Mapping[str, int]) -> str:
+    """The tensor llama.cpp runs for `layer` when the GGUF has none of its own name: the
+    token embedding for an lm_head without ``output.weight`` (llama.cpp ties them then).
+
+    Raises:
+        AutoplanError: any other layer; timing it as some other tensor's type would price
+            the plan's source wrongly.
+    """
+    if layer.role == "lm_head" and "token_embd.weight" in types:
+        return "token_embd.weight"
+    raise AutoplanError(f"the source GGUF holds no tensor for {layer.name} "
+                        f"({tensor or 'no llama.cpp name'}): re-convert the model with "
+                        "llama.cpp's convert_hf_to_gguf.py")
 
 
 def decode_rows(spec: Any, batch: int, decisions: Mapping[str, str]) -> list[Row]:

@@ -210,3 +210,22 @@ def test_one_real_row_is_timed_by_ggml(tmp_path):
     assert 0 < row["median_us"] <= row["halves_us"][0] <= row["halves_us"][1]
     assert row["trials"] >= gm.TRIALS and gm.repeatable(row)
     assert table["runtime"] == "llama.cpp" and table["includes_dispatch"] is True
+
+
+def test_a_layer_the_source_gguf_lacks_is_refused_not_priced_as_another(tmp_path, monkeypatch):
+    """Only an lm_head may run another tensor (the token embedding, as llama.cpp ties them
+    when the file has no ``output.weight``); any other layer missing from the file is an
+    error naming the fix."""
+    from autoplan.errors import AutoplanError
+    from autoplan.models import gguf_convert
+    from tests.unit.test_gguf_gptoss_export import gptoss_source
+
+    loaded, _ = gptoss_source(tmp_path)
+    names = gguf_convert.hf_to_gguf_names(loaded.model, loaded.spec.n_layers)
+    assert gm.source_decisions(loaded)  # the file as written: every layer found
+    lost = "model.layers.0.self_attn.q_proj.weight"
+    monkeypatch.setattr(gguf_convert, "hf_to_gguf_names",
+                        lambda *a: {k: v for k, v in names.items() if k != lost})
+    with pytest.raises(AutoplanError, match=r"no tensor for model\.layers\.0\.self_attn\.q_proj"
+                                            r" .*convert_hf_to_gguf"):
+        gm.source_decisions(loaded)
