@@ -222,6 +222,8 @@ def _gptoss_gate_up(prep: Prepared, by_name: dict[str, Any]) -> dict[str, _Plann
     Raises:
         AutoplanError: a block's gate/up tensors are missing from the source GGUF.
     """
+    from autoplan.models.gguf_gptoss import gate_up_tensors
+
     moe = prep.loaded.spec.moe
     out: dict[str, _PlannedStack] = {}
     for block in range(prep.loaded.spec.n_layers):
@@ -232,16 +234,16 @@ def _gptoss_gate_up(prep: Prepared, by_name: dict[str, Any]) -> dict[str, _Plann
         sims = tuple(prep.sims[n] for n in names)
         rows = sims[0].out_features
         even, odd = torch.arange(0, rows, 2), torch.arange(1, rows, 2)
-        fused = f"blk.{block}.ffn_gate_up_exps.weight"
-        if fused in by_name:
-            out[fused] = _PlannedStack(sims, torch.cat([even, odd]), by_name[fused])
+        try:
+            gate, up = gate_up_tensors(by_name, block, "weight")
+        except KeyError as missing:
+            raise AutoplanError(f"the gpt-oss GGUF holds no {missing.args[0]}: re-convert the "
+                                "model with llama.cpp's convert_hf_to_gguf.py") from None
+        if up is None:  # one fused stack: all gate rows, then all up rows
+            out[gate.name] = _PlannedStack(sims, torch.cat([even, odd]), gate)
             continue
-        for part, index in (("gate", even), ("up", odd)):
-            name = f"blk.{block}.ffn_{part}_exps.weight"
-            if name not in by_name:
-                raise AutoplanError(f"the gpt-oss GGUF holds no {name}: re-convert the model "
-                                    "with llama.cpp's convert_hf_to_gguf.py")
-            out[name] = _PlannedStack(sims, index, by_name[name])
+        out[gate.name] = _PlannedStack(sims, even, gate)
+        out[up.name] = _PlannedStack(sims, odd, up)
     return out
 
 

@@ -242,3 +242,22 @@ def test_llama_cpp_runs_the_mxfp4_experts_as_gguf_mxfp4_simulates(tmp_path) -> N
     assert (engine[0] - unrounded[0]).abs().max() > 1e-3 * unrounded.abs().max()
     w4a4 = simulated_logits(loaded, plan_decisions(loaded, experts="dense+mxfp4"))
     assert kl(w4a4, engine) > 10 * kl(simulated, engine)
+
+
+def test_a_source_without_the_gate_or_up_stack_is_refused_naming_it(tmp_path) -> None:
+    """The exporter writes each planned stack into the source's own tensor; a source that
+    lacks one is an error naming the tensor and the fix, before anything is written."""
+    from autoplan.errors import AutoplanError
+    from autoplan.export._prepare import prepare
+    from autoplan.export.gguf import _gptoss_gate_up
+
+    loaded, _ = gptoss_source(tmp_path)
+    plan = make_plan(loaded, plan_decisions(loaded), target="local", runtime="llama.cpp")
+    prep = prepare(plan, loaded, "gguf", ("llama.cpp",))
+    by_name = _tensors(loaded.source.path)
+    assert set(_gptoss_gate_up(prep, by_name)) == {
+        f"blk.{b}.ffn_{p}_exps.weight" for b in range(loaded.spec.n_layers) for p in ("gate", "up")}
+    del by_name["blk.1.ffn_up_exps.weight"]
+    with pytest.raises(AutoplanError, match=r"holds no blk\.1\.ffn_up_exps\.weight: "
+                                            r"re-convert .*convert_hf_to_gguf"):
+        _gptoss_gate_up(prep, by_name)
