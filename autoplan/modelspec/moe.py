@@ -166,12 +166,16 @@ def moe_from_config(cfg: dict[str, Any], model_type: str) -> MoESpec:
         inter = _positive(cfg, "moe_intermediate_size")
         top_k = _positive(cfg, "num_experts_per_tok")
         dense = _positive(cfg, "intermediate_size")
-        step = _positive(cfg, "decoder_sparse_step") if "decoder_sparse_step" in cfg else 1
+        step = _count_field(cfg, "decoder_sparse_step", 1, lowest=1)  # null: transformers' 1
         only = cfg.get("mlp_only_layers") or []
         if not isinstance(only, list) or not all(_count(i) or i == 0 for i in only):
             raise ModelConfigError("config.json field 'mlp_only_layers' must be a list of "
                                    f"block indices, got {only!r}")
         blocks = tuple(i for i in range(n_layers) if i not in only and (i + 1) % step == 0)
+        if not blocks:
+            raise ModelConfigError(
+                f"config.json routes no block to experts (decoder_sparse_step {step}, "
+                f"mlp_only_layers {only}, num_hidden_layers {n_layers}): fix one of the three")
         shared = 0
         if model_type == "qwen2_moe":
             shared = cfg.get("shared_expert_intermediate_size") or 0

@@ -61,6 +61,9 @@ def test_qwen2_moe_shared_expert_dense_blocks_and_sparse_step() -> None:
     assert shared[0].fuse_group == shared[1].fuse_group != shared[2].fuse_group
     sparse = ModelSpec.from_config({**_QWEN2_MOE, "decoder_sparse_step": 2, "mlp_only_layers": []})
     assert sparse.moe.moe_blocks == (1, 3)
+    # a null step is transformers' default, 1 (every block not in mlp_only_layers)
+    assert ModelSpec.from_config({**_QWEN2_MOE, "decoder_sparse_step": None}).moe.moe_blocks \
+        == spec.moe.moe_blocks
     # active: top_k of E routed experts, the shared expert whole
     routed = sum(la.params for la in spec.layers if la.expert >= 0)
     assert spec.active_params() == pytest.approx(
@@ -98,6 +101,9 @@ def test_attended_keys_window_and_full() -> None:
     ({"topk_method": "noaux_tc"}, "router topk_method 'noaux_tc'"),
     ({"routed_scaling_factor": 2.5}, "routed_scaling_factor"),
     ({"quantization_config": {"quant_method": "fp8"}}, "pre-quantized"),
+    ({"decoder_sparse_step": 0}, "'decoder_sparse_step' must be an integer from 1"),
+    ({"decoder_sparse_step": 100}, r"routes no block to experts \(decoder_sparse_step 100"),
+    ({"mlp_only_layers": [0, 1, 2, 3]}, "routes no block to experts"),
 ])
 def test_bad_moe_fields_are_named(change, needle) -> None:
     with pytest.raises(ModelConfigError, match=needle):
