@@ -22,6 +22,25 @@ from typing import Any
 from autoplan.errors import AutoplanError, UserInputError
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (setting it to
+    read it back would briefly affect files other threads create)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _as_created(path: str | os.PathLike[str], *, folder: bool) -> None:
+    """Give a temp file / folder the mode a plain ``open`` / ``mkdir`` would have: tempfile
+    makes them 0600 / 0700, which would keep a server running as another user from reading
+    an export or a plan once it is renamed into place."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~_umask())
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str, *, fsync: bool = True) -> Path:
     """Write ``text`` to ``path`` through a temp sibling and ``os.replace``.
 
@@ -49,6 +68,7 @@ def write_parts_atomic(path: str | os.PathLike[str], parts: Iterable[Any], *,
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        _as_created(tmp, folder=False)
         with os.fdopen(fd, "wb") as fh:
             for part in parts:
                 fh.write(part)
@@ -127,6 +147,7 @@ def atomic_dir(target: str | os.PathLike[str], *, is_ours: Callable[[Path], bool
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
+        _as_created(tmp, folder=True)
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -158,6 +179,7 @@ def atomic_new_dir(dest: Path, *, complete: Callable[[Path], bool]) -> Iterator[
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
+        _as_created(tmp, folder=True)
         yield tmp
         try:
             tmp.rename(dest)
