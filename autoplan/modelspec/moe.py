@@ -178,7 +178,11 @@ def moe_from_config(cfg: dict[str, Any], model_type: str) -> MoESpec:
                 f"mlp_only_layers {only}, num_hidden_layers {n_layers}): fix one of the three")
         shared = 0
         if model_type == "qwen2_moe":
-            shared = cfg.get("shared_expert_intermediate_size") or 0
+            if "shared_expert_intermediate_size" not in cfg:  # transformers would build 5,632
+                raise ModelConfigError("config.json lacks 'shared_expert_intermediate_size', "
+                                       "which a qwen2_moe mixture-of-experts config needs "
+                                       "(0: no shared expert)")
+            shared = cfg["shared_expert_intermediate_size"] or 0
             if not isinstance(shared, int) or shared < 0:
                 raise ModelConfigError("config.json field 'shared_expert_intermediate_size' must "
                                        f"be a non-negative integer, got {shared!r}")
@@ -247,6 +251,9 @@ def _deepseek_moe(cfg: dict[str, Any]) -> MoESpec:
         shared_module="shared_experts")
 
 
+_ATTENTION_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+
 def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> tuple[int, ...]:
     """Per block, the sliding attention window in tokens (0: full attention), as
     transformers assigns layer types; empty when every layer attends fully.
@@ -257,6 +264,12 @@ def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> tuple[
     from ``max_window_layers`` on only with ``use_sliding_window``, Gemma 1 never does, and
     any other config with a ``sliding_window`` (Mistral v0.1, Mixtral, Phi-3) slides in
     every block."""
+    listed = cfg.get("layer_types")
+    unknown = sorted({str(t) for t in listed} - _ATTENTION_TYPES) if isinstance(listed, list) \
+        else []
+    if unknown:  # a hybrid (linear attention, state-space layers) would cost as attention
+        raise ModelConfigError(f"config.json layer_types {', '.join(unknown)} are not supported; "
+                               f"autoplan plans layers of type {' and '.join(sorted(_ATTENTION_TYPES))}")
     window = cfg.get("sliding_window")
     if not window:
         return ()

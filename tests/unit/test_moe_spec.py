@@ -108,3 +108,21 @@ def test_attended_keys_window_and_full() -> None:
 def test_bad_moe_fields_are_named(change, needle) -> None:
     with pytest.raises(ModelConfigError, match=needle):
         ModelSpec.from_config({**_QWEN2_MOE, **change})
+
+
+def test_a_missing_shared_width_and_unknown_layer_types_are_named() -> None:
+    """transformers would build a 5,632-wide shared expert where the width is missing, and
+    a hybrid's linear-attention or state-space layers are no attention autoplan can cost."""
+    no_shared = {k: v for k, v in _QWEN2_MOE.items() if k != "shared_expert_intermediate_size"}
+    with pytest.raises(ModelConfigError, match="lacks 'shared_expert_intermediate_size'"):
+        ModelSpec.from_config(no_shared)
+    assert ModelSpec.from_config({**_QWEN2_MOE, "shared_expert_intermediate_size": 0}
+                                 ).moe.shared_intermediate == 0
+    with pytest.raises(ModelConfigError, match="layer_types linear_attention are not supported"):
+        ModelSpec.from_config({**_QWEN2_MOE, "sliding_window": 64,
+                               "layer_types": ["linear_attention", "full_attention"] * 2})
+    dense = {k: v for k, v in _QWEN2_MOE.items() if "expert" not in k and "sparse" not in k
+             and k != "mlp_only_layers"} | {"model_type": "qwen2"}
+    assert ModelSpec.from_config(dense).moe is None
+    with pytest.raises(ModelConfigError, match="layer_types mamba"):
+        ModelSpec.from_config({**dense, "layer_types": ["mamba"] * 4})
