@@ -14,6 +14,7 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, Estimate, LayerBreakdown, resolve_config
 from autoplan.cost.measured import load_cost_table
+from autoplan.cost.moe import experts_kept_dense
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
@@ -221,11 +222,17 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     if not kv_ok.ok:
         raise UnsupportedFormatError(f"--kv-cache {kv_cand.value}: {kv_ok.reason}")
     label = str(choice) if kv_asked is None else f"{choice}, KV {kv_cand.value}"
+    uniform = experts_kept_dense(spec, choice)
+    experts = {} if uniform is choice else {"routed_experts": f"dense+{prec.value}"}
+    if experts:
+        label = f"{label} (experts dense)"
+        err_console.print(f"note: routed experts stay dense {prec.value}: no engine runs "
+                          f"grouped expert GEMMs on {choice.sparsity} weights")
     cand_model = lambda w: model_for(w, kv_cand)  # noqa: E731
     base_model = lambda w: model_for(w, kv_base)  # noqa: E731
     points: dict[str, OperatingPoint] = {
-        "candidate": resolve_operating_point(spec, tgt, choice, operating, model_for=cand_model)}
-    cand = cand_model(points["candidate"].workload).evaluate(choice)
+        "candidate": resolve_operating_point(spec, tgt, uniform, operating, model_for=cand_model)}
+    cand = cand_model(points["candidate"].workload).evaluate(uniform)
     # The baseline never blocks the candidate: one that does not fit (or meets no SLO) at
     # any batch is a column saying so, with its bytes at batch 1.
     base_status, base_reason = None, ""
@@ -258,7 +265,7 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     if as_json:
         base_doc = base.to_json() | ({"status": base_status, "reason": base_reason}
                                      if base_status else {"status": "ok"})
-        doc = {"predicted": True, "runtime": runtime, "choice": str(choice),
+        doc = {"predicted": True, "runtime": runtime, "choice": str(choice), **experts,
                "kv_cache": kv_cand.value, "baseline_kv_cache": kv_base.value,
                "candidate": cand.to_json(), "baseline": base_doc,
                "speedup": {} if base_status else _speedups(cand, base),

@@ -15,7 +15,7 @@ from autoplan.cost.efficiency import FamilyEfficiency
 from autoplan.cost.fixed import PhaseTime
 from autoplan.cost.linear import call_overhead, gemm_time
 from autoplan.errors import UserInputError
-from autoplan.formats import Choice, Precision
+from autoplan.formats import Choice, Precision, Sparsity
 from autoplan.modelspec import LinearLayer, ModelSpec
 from autoplan.targets import Target
 
@@ -99,6 +99,21 @@ def touched(share: float, tokens: float) -> float:
     return 1.0 - math.exp(tokens * math.log1p(-share)) if share > 0 else 0.0
 
 
+def expert_takes(choice: Choice) -> bool:
+    """Whether a routed expert may be stored in `choice`: dense formats only, since no
+    engine runs its grouped expert GEMMs on 2:4 or block-sparse weights."""
+    return choice.sparsity.kind == "dense"
+
+
+def experts_kept_dense(spec: ModelSpec, choice: Choice) -> Choice | dict[str, Choice]:
+    """`choice` on every linear layer, except that routed experts keep its precision dense
+    where they cannot take its sparsity (``expert_takes``)."""
+    if spec.moe is None or expert_takes(choice):
+        return choice
+    dense = Choice(Sparsity(), choice.precision)
+    return {la.name: dense if la.expert >= 0 else choice for la in spec.layers}
+
+
 def expert_members(spec: ModelSpec) -> int:
     """Routed-expert linear layers per MoE block (E x projections)."""
     moe = spec.moe
@@ -140,4 +155,5 @@ def routing_time(spec: ModelSpec, eff: FamilyEfficiency, batch: int, prefill_tok
 
 
 __all__ = ["EXPERT_GEMMS", "GROUPED_GEMM_EFF", "ROUTING_KERNELS", "Routing", "expert_members",
-           "expert_overhead", "expert_step", "routing_time", "touched"]
+           "expert_overhead", "expert_step", "expert_takes", "experts_kept_dense",
+           "routing_time", "touched"]

@@ -103,3 +103,28 @@ def test_windowed_kv_cache_lets_gpt_oss_hold_more_sequences() -> None:
     per_layer_token = 2 * 8 * 64 * 2
     assert mem.kv_cache_bytes == 64 * per_layer_token * (18 * 640 + 18 * 128)
     assert mem.kv_cache_bytes == pytest.approx(0.6 * 64 * 640 * cm.spec.kv_bytes_per_token())
+
+
+def test_estimate_keeps_routed_experts_dense_under_a_sparse_choice() -> None:
+    """No engine runs grouped expert GEMMs on 2:4 weights: the search never offers it to
+    experts, and `estimate` keeps them dense at the asked precision, saying so."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    args = ["estimate", "--model", "qwen3-30b-a3b", "--target", "h100", "--precision", "fp8",
+            "--sparsity", "2:4", "--runtime", "tensorrt-llm", "--breakdown", "--json"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["choice"] == "2:4+fp8_e4m3" and doc["routed_experts"] == "dense+fp8_e4m3"
+    layers = doc["candidate"]["layers"]
+    assert {la["choice"] for la in layers if ".experts." in la["name"]} == {"dense+fp8_e4m3"}
+    assert {la["choice"] for la in layers if ".self_attn." in la["name"]} == {"2:4+fp8_e4m3"}
+    assert "routed experts stay dense" in out.stderr
+    dense = json.loads(CliRunner().invoke(cli, ["estimate", "--model", "mixtral-8x7b",
+                                                "--target", "h100", "--precision", "fp8",
+                                                "--json"]).stdout)
+    assert "routed_experts" not in dense

@@ -11,6 +11,7 @@ from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from autoplan.cost.moe import expert_takes
 from autoplan.errors import AutoplanError, UnsupportedFormatError
 from autoplan.formats import Choice
 from autoplan.modelspec import LinearLayer, ModelSpec
@@ -156,7 +157,7 @@ def build_space(
         part = layers[0].part
         ok = [c for c in allowed if all(_fits(c, la) for la in layers)
               and (role_pool is None or str(c) in role_pool or c == baseline)
-              and not (c.sparsity.kind != "dense" and layers[0].expert >= 0)
+              and (layers[0].expert < 0 or expert_takes(c))
               and (c == baseline or part not in _SCOPED or supports(target, runtime, c, part).ok)]
         ok.sort(key=lambda c: c != baseline)  # baseline first: index 0 is "no change"
         units.append(DecisionUnit(name, tuple(layers), tuple(ok)))
