@@ -64,6 +64,10 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     from autoplan.models.registry import resolve_model_arg
     from autoplan.quality.text import check_text_source
 
+    if dry_run:  # a bundled config name: the dry run needs its config only
+        from autoplan.cost.configs import bundled_config_path
+
+        model = str(bundled_config_path(model) or model)
     # what the arguments and a file's existence show, before the stack is imported
     resolve_model_arg(model)  # no such file, folder or alias
     parsed = None if choices is None else parse_choices(

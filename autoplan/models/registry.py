@@ -104,6 +104,12 @@ def resolve_model_arg(text: str) -> ModelSource:
     repo = parse_repo_id(key)
     if repo is not None:
         return ModelSource("hf", hub_snapshot(key), repo[0])
+    from autoplan.cost.configs import bundled_config_path
+
+    if bundled_config_path(key) is not None:
+        raise UserInputError(f"'{key}' is a bundled config, without weights: `autoplan estimate` "
+                             "and `autoplan profile --dry-run` take it; this command needs the "
+                             "model's weights (an HF model folder or a .gguf file)")
     raise UnknownNameError("model (no such file, folder or alias)", key, _ALIASES.names())
 
 

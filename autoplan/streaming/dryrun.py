@@ -36,7 +36,9 @@ def dry_run(spec: ModelSpec, device: str, w: estimate.Workload, *,
             for ex, p in plans.items()}
     return {"model": spec.name, "device": dev, "params": spec.total_params,
             "weights_on_disk_bytes": estimate.checkpoint_bytes(spec),
-            "checkpoint_dtype": spec.dtype, "calibration_tokens": w.calib_tokens,
+            "checkpoint_dtype": spec.dtype + (" with MXFP4 experts" if spec.moe is not None
+                                              and spec.moe.source_format == "mxfp4" else ""),
+            "calibration_tokens": w.calib_tokens,
             "evaluation_tokens": w.eval_tokens, "host_budget_bytes": host,
             "gpu_memory_bytes": gpu if dev == "cuda" else None,
             "plans": {ex: p.to_json() for ex, p in plans.items()}, "fits": fits,

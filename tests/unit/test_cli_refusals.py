@@ -376,3 +376,25 @@ def test_choice_options_are_their_text_enums():
         ExecutionSettings(execution="disk")
     with pytest.raises(UserInputError, match="unknown objective 'speed': use one of throughput"):
         Objective.parse("speed")
+
+
+@pytest.mark.parametrize("command", [["search", "--target", "h100"], ["profile"],
+                                     ["compare", "--targets", "h100"]])
+def test_a_bundled_config_name_where_weights_are_needed_says_so(command, tmp_path, monkeypatch):
+    """A bundled config has no weights: the one line says which commands take it."""
+    monkeypatch.chdir(tmp_path)
+    _refused([command[0], "--model", "mixtral-8x7b", *command[1:]],
+             "'mixtral-8x7b' is a bundled config, without weights", tmp_path)
+
+
+def test_profile_dry_run_takes_a_bundled_config_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["profile", "--model", "Qwen3-30B-A3B", "--dry-run",
+                                      "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["model"] == "qwen3-30b-a3b"
+    oss = CliRunner().invoke(cli, ["profile", "--model", "gpt-oss-20b", "--dry-run", "--device",
+                                   "cpu", "--json"])
+    doc = json.loads(oss.stdout)  # its bytes count the experts at MXFP4's 4.25 bits: say so
+    assert doc["checkpoint_dtype"] == "bfloat16 with MXFP4 experts"
+    assert doc["weights_on_disk_bytes"] < 0.7 * doc["params"] * 2
