@@ -65,7 +65,7 @@ def command(model, target, runtime, choices, prune_score, quant_method, text, ca
     from autoplan.quality.text import check_text_source
 
     if dry_run:  # a bundled config name: the dry run needs its config only
-        from autoplan.cost.configs import bundled_config_path
+        from autoplan.models.registry import bundled_config_path
 
         model = str(bundled_config_path(model) or model)
     # what the arguments and a file's existence show, before the stack is imported

@@ -25,14 +25,6 @@ def bundled_configs() -> dict[str, str]:
             if f.name.endswith(".json")}
 
 
-def bundled_config_path(model: str) -> Path | None:
-    """The bundled config file a model argument names (``mixtral-8x7b``, ``.json`` optional),
-    when it is no existing path; else None."""
-    key = model.strip().lower().removesuffix(".json")
-    path = Path(str(resources.files("autoplan") / "data" / "configs" / f"{key}.json"))
-    return path if path.is_file() and not Path(model).expanduser().exists() else None
-
-
 def resolve_config(model: str, *, command: str = "the cost model") -> ModelSpec:
     """A ModelSpec from a model argument, reading config.json only (no weights).
 
@@ -75,4 +67,4 @@ def resolve_config(model: str, *, command: str = "the cost model") -> ModelSpec:
     return dataclasses.replace(spec, name=source.model_id) if source.kind == "hf" else spec
 
 
-__all__ = ["bundled_config_path", "bundled_configs", "resolve_config"]
+__all__ = ["bundled_configs", "resolve_config"]

@@ -7,6 +7,7 @@ Reasoning and sources: docs/modules.md.
 from __future__ import annotations
 
 import importlib.metadata
+from importlib import resources
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,8 +105,6 @@ def resolve_model_arg(text: str) -> ModelSource:
     repo = parse_repo_id(key)
     if repo is not None:
         return ModelSource("hf", hub_snapshot(key), repo[0])
-    from autoplan.cost.configs import bundled_config_path
-
     if bundled_config_path(key) is not None:
         raise UserInputError(f"'{key}' is a bundled config, without weights: `autoplan estimate` "
                              "and `autoplan profile --dry-run` take it; this command needs the "
@@ -113,4 +112,12 @@ def resolve_model_arg(text: str) -> ModelSource:
     raise UnknownNameError("model (no such file, folder or alias)", key, _ALIASES.names())
 
 
-__all__ = ["ModelSource", "aliases", "register_alias", "resolve_model_arg"]
+def bundled_config_path(model: str) -> Path | None:
+    """The bundled config file (autoplan/data/configs, package data) a model argument names
+    (``mixtral-8x7b``, ``.json`` optional), when it is no existing path; else None."""
+    key = model.strip().lower().removesuffix(".json")
+    path = Path(str(resources.files("autoplan") / "data" / "configs" / f"{key}.json"))
+    return path if path.is_file() and not Path(model).expanduser().exists() else None
+
+
+__all__ = ["ModelSource", "aliases", "bundled_config_path", "register_alias", "resolve_model_arg"]
