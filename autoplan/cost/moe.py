@@ -46,6 +46,11 @@ class Routing:
                     tokens: int) -> Routing:
         """Shares from the calibration routing: counts[block][e] = tokens that picked e.
 
+        Each expert gets one pseudo-pick (Laplace's rule of succession, the posterior mean
+        under a uniform prior): a calibration set that never routed to an expert does not
+        show it is never picked, and a share of 0 would cost it as never read at any batch.
+        With top_k = E every share stays exactly 1.
+
         Raises:
             UserInputError: counts for another model (blocks or experts that do not match).
         """
@@ -58,7 +63,8 @@ class Routing:
             if row is None or len(row) != moe.n_experts:
                 raise UserInputError(f"routing counts of block {block} do not match the model's "
                                      f"{moe.n_experts} experts; re-run the profile")
-            shares[block] = tuple(c / tokens for c in row)
+            picks = sum(row) + moe.n_experts
+            shares[block] = tuple(moe.top_k * (c + 1) / picks for c in row)
         return cls(shares, f"calibration routing ({tokens} tokens)")
 
     @classmethod
