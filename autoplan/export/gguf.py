@@ -254,13 +254,13 @@ def write_gguf(prep: Prepared, path: Path) -> dict[str, dict[str, Any]]:
         UserInputError: the model did not come from a GGUF.
         AutoplanError: the model and its source GGUF disagree.
     """
-    from gguf import (GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType,
-                      GGUFWriter, dequantize)
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, dequantize
 
     from autoplan.models.gguf_convert import hf_to_gguf_names
+    from autoplan.models.gguf_read import open_gguf
 
     src = source_gguf(prep.loaded)
-    reader = GGUFReader(str(src))
+    reader = open_gguf(src)  # its own: the cached header reader would keep the data mapped
     model = prep.loaded.model
     names: dict[str, list[str]] = {}  # GGUF tensor -> HF parameters (a stack: every expert's)
     for h, g in hf_to_gguf_names(model, prep.loaded.spec.n_layers).items():

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -75,9 +76,11 @@ def _tensor_progress(bar: Progress) -> Iterator[None]:
 
 def _gguf_tensors(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
     """GGUF name -> (type name, dequantized float32 tensor in HF [out, in] layout)."""
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
 
-    reader = GGUFReader(str(path))  # its own: a cached reader would keep every page mapped
+    from autoplan.models.gguf_read import open_gguf
+
+    reader = open_gguf(path)  # its own: a cached reader would keep every page mapped
     return {t.name: (t.tensor_type.name, torch.from_numpy(dequantize(t.data, t.tensor_type).copy()))
             for t in reader.tensors}
 
@@ -367,7 +370,8 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
         try:
             config = gguf_gptoss.gptoss_config(src) if gptoss else \
                 AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
-        except (ValueError, OSError, KeyError, TypeError) as exc:
+        # transformers parses the header itself: a file gguf-py read can still fail there
+        except (ValueError, OSError, LookupError, TypeError, struct.error) as exc:
             raise UserInputError(f"cannot read GGUF '{src}': {exc}".splitlines()[0]) from None
         check_name_map(config.model_type, gguf_architecture(src))  # before any tensor
         config = moe_config(config, src)  # a llama GGUF with experts is a Mixtral

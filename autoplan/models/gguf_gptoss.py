@@ -144,11 +144,13 @@ def _deq(t: Any) -> torch.Tensor:
 def gptoss_checkpoint(path: Path, config: Any) -> dict[str, torch.Tensor]:
     """The HF gpt-oss checkpoint's tensors (names, layouts) holding the GGUF's values: MXFP4
     experts as their own bytes, every other tensor dequantized to float32."""
-    from gguf import MODEL_ARCH, GGUFReader, get_tensor_name_map
+    from gguf import MODEL_ARCH, get_tensor_name_map
     from transformers import AutoModelForCausalLM
 
+    from autoplan.models.gguf_read import open_gguf
+
     # a reader of its own: a cached one would keep every tensor's pages mapped (gguf_read.py)
-    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    tensors = {t.name: t for t in open_gguf(path).tensors}
     names = get_tensor_name_map(MODEL_ARCH.GPT_OSS, config.num_hidden_layers)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
@@ -201,10 +203,12 @@ def verify_gptoss(model: torch.nn.Module, path: Path) -> int:
     Raises:
         AutoplanError: a parameter differs.
     """
-    from gguf import MODEL_ARCH, GGUFReader, get_tensor_name_map
+    from gguf import MODEL_ARCH, get_tensor_name_map
+
+    from autoplan.models.gguf_read import open_gguf
 
     # a reader of its own: a cached one would keep every tensor's pages mapped (gguf_read.py)
-    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    tensors = {t.name: t for t in open_gguf(path).tensors}
     names = get_tensor_name_map(MODEL_ARCH.GPT_OSS, model.config.num_hidden_layers)
     cache: dict[str, torch.Tensor] = {}
 

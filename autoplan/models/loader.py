@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import json
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,7 +170,8 @@ def _parsed_gguf_config(path: Path) -> dict[str, Any]:
             return gguf_gptoss.gptoss_config(path).to_dict()
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         return moe_config(config, path).to_dict()  # a llama GGUF with experts: Mixtral
-    except (ValueError, OSError, KeyError, TypeError, ArithmeticError) as exc:
+    # transformers parses the header itself: a file gguf-py read can still fail there
+    except (ValueError, OSError, LookupError, TypeError, ArithmeticError, struct.error) as exc:
         raise UserInputError(f"cannot read GGUF '{path}': {exc}".splitlines()[0]) from None
 
 
