@@ -107,7 +107,8 @@ def check_writable_dir(target: str | os.PathLike[str], flag: str = "--out") -> P
     """Refuse early (before any work) a destination autoplan could not create or replace.
 
     The destination itself may not exist yet; its nearest existing ancestor must be a
-    writable folder, and the destination, when it exists, a folder or a plain file.
+    folder that takes a new entry (tried: `creation_refused`), and the destination, when it
+    exists, a folder or a plain file.
 
     Raises:
         UserInputError: one line naming the flag and the fix.
@@ -123,7 +124,27 @@ def check_writable_dir(target: str | os.PathLike[str], flag: str = "--out") -> P
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserInputError(f"{flag} '{target}': folder '{parent}' is not writable: pick a "
                              "writable path")
+    refused = creation_refused(parent, need_folder=parent != target.parent)
+    if refused:
+        raise UserInputError(f"{flag} '{target}': {refused}: pick a writable path")
     return target
+
+
+def creation_refused(folder: Path, need_folder: bool) -> str | None:
+    """Why `folder` does not take a new entry (a folder when `need_folder`), tried with a
+    probe that is removed at once: os.access answers yes to root on read-only and virtual
+    file systems (/proc), where a writer would fail only after the work was done."""
+    try:
+        if need_folder:
+            os.rmdir(tempfile.mkdtemp(prefix=".autoplan-probe-", dir=folder))
+        else:
+            handle, probe = tempfile.mkstemp(prefix=".autoplan-probe-", dir=folder)
+            os.close(handle)
+            os.unlink(probe)
+    except OSError as exc:
+        what = "folder" if need_folder else "file"
+        return f"'{folder}' does not take a new {what}: {exc.strerror or exc}"
+    return None
 
 
 @contextlib.contextmanager
@@ -191,6 +212,6 @@ def atomic_new_dir(dest: Path, *, complete: Callable[[Path], bool]) -> Iterator[
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-__all__ = ["atomic_dir", "atomic_new_dir", "check_writable_dir", "json_text", "replace_files",
-           "write_bytes_atomic", "write_json_atomic", "write_parts_atomic",
+__all__ = ["atomic_dir", "atomic_new_dir", "check_writable_dir", "creation_refused", "json_text",
+           "replace_files", "write_bytes_atomic", "write_json_atomic", "write_parts_atomic",
            "write_text_atomic"]

@@ -15,7 +15,9 @@ from autoplan.cli._output import err_console
 @click.option("--out", type=click.Path(path_type=Path), default=Path("report.html"),
               show_default=True, help="HTML file to write (opens offline: plots embedded).")
 @click.option("--model", default=None,
-              help="Model config for the per-layer cost breakdown (default: the plan's model).")
+              help="The plan's model (folder, .gguf or config.json) for the per-layer cost "
+                   "breakdown; refused when it is another model (default: the plan's model "
+                   "id).")
 def command(source: Path, out: Path, model: str | None) -> None:
     """Plot a plan (PLAN.json) or a compare folder into one self-contained HTML file."""
     from autoplan.report import write_report

@@ -46,6 +46,67 @@ def _img(fig: Figure) -> str:
             f"{html.escape(fig.caption)}</figcaption></figure>")
 
 
+def _weights_hash(model: str) -> str | None:
+    """The content hash export checks (``LoadedModel.content_hash``: the weights hash of the
+    HF folder the model loads from), from the files alone (cached per file); None where that
+    folder is not at hand: a bare config.json, or a GGUF not converted yet (converting it is
+    minutes of work a report does not do)."""
+    from autoplan.models.hashing import weights_hash
+    from autoplan.models.loader import converted_dir
+    from autoplan.models.registry import resolve_model_arg
+
+    source = resolve_model_arg(model)
+    if source.kind == "config":
+        return None
+    folder = source.path if source.kind == "hf" else converted_dir(source)
+    return weights_hash(folder) if any(folder.glob("*.safetensors")) else None
+
+
+def _per_token(plan: Plan) -> int | None:
+    """Experts each token is routed to in the plan's model, from its routing (each token
+    picks top_k experts, so a block's shares sum to top_k); None for a dense plan."""
+    shares = (plan.routing or {}).get("shares") or {}
+    return round(sum(next(iter(shares.values())))) if shares else None
+
+
+def _shape(model_type: str, blocks: int, params: int, per_token: int | None) -> str:
+    routed = f", {per_token} experts per token" if per_token else ""
+    return f"{model_type}, {blocks} blocks, {params:,} parameters{routed}"
+
+
+def check_model(plans: list[Plan], model: str) -> None:
+    """Refuse a --model that is not the plans' model, before anything is drawn: its config
+    would draw another model's per-block breakdown (a top-8 model's for a top-4 plan). The
+    identity export checks, the weights' content hash; with no weights at hand (a config),
+    what the plan records of the model's shape and routing (a config that agrees in them is
+    taken: nothing else in the plan tells it apart).
+
+    Raises:
+        UserInputError: one line naming the fix.
+    """
+    from autoplan.models.loader import load_spec
+
+    digest = _weights_hash(model)
+    spec = load_spec(model) if digest is None else None
+    for plan in plans:
+        ref = plan.model
+        if digest is not None:
+            if digest == ref.content_hash:
+                continue
+            found = f"has content hash {digest[:12]}"
+            wanted = f"{ref.id} ({ref.content_hash[:12]})"
+        else:
+            k = _per_token(plan)
+            mine = (spec.model_type, spec.n_layers, spec.total_params,
+                    spec.moe.top_k if spec.moe and k else None)
+            theirs = (ref.model_type, ref.n_layers, ref.params, k)
+            if mine == theirs:
+                continue
+            found, wanted = f"is a {_shape(*mine)}", f"{ref.id} ({_shape(*theirs)})"
+        raise UserInputError(f"--model '{model}' {found} but the plan was made for {wanted}: "
+                             "pass the plan's model as --model, or leave --model out")
+
+
 def _estimates(plan: Plan, model: str | None):  # noqa: ANN202 - (plan, baseline) Estimates
     """The cost model's per-layer breakdown of the plan and its baseline, from the model's
     config (`model` overrides the plan's model id); None when either cannot be resolved."""
@@ -195,6 +256,10 @@ def render_report(source: Path, model: str | None = None) -> str:
         except json.JSONDecodeError as exc:
             raise UserInputError(f"{index} is not JSON ({exc}): rerun autoplan compare") from None
         title = f"autoplan compare: {doc['model']}, budget {doc['budget']}"
+        plans = [(r, load_plan(source / r["plan_file"])) for r in doc["rows"]
+                 if r["status"] == "ok"]
+        if model is not None:
+            check_model([p for _, p in plans], model)
         parts.append(f"<p class='note'>ranked by {html.escape(doc['objective'])}; speed, $ and "
                      "energy are cost-model predictions, KL is measured on the compressed "
                      f"model; one sensitivity profile ({doc['profile_entries']:,} scores), "
@@ -205,15 +270,15 @@ def render_report(source: Path, model: str | None = None) -> str:
             parts.append(_img(Figure("compare", "$ per 1M tokens and tokens/s per target, plan "
                                      "vs baseline", figures.compare_bars(doc["rows"]))))
             plots += 1
-        for r in doc["rows"]:
-            if r["status"] == "ok":
-                html_part, n = plan_section(load_plan(source / r["plan_file"]),
-                                            f"{r['target']} / {r['runtime']}",
-                                            model or doc["model"])
-                parts.append(html_part)
-                plots += n
+        for r, plan in plans:
+            html_part, n = plan_section(plan, f"{r['target']} / {r['runtime']}",
+                                        model or doc["model"])
+            parts.append(html_part)
+            plots += n
     elif source.is_file():
         plan = load_plan(source)
+        if model is not None:
+            check_model([plan], model)
         title = f"autoplan plan: {plan.model.id} on {plan.target.name}"
         html_part, plots = plan_section(plan, f"{plan.target.name} / {plan.runtime.name}", model)
         parts.append(html_part)
@@ -234,4 +299,4 @@ def write_report(source: str | Path, out: str | Path, model: str | None = None) 
     return write_text_atomic(out, render_report(Path(source), model))
 
 
-__all__ = ["COMPARE_FILE", "plan_section", "render_report", "write_report"]
+__all__ = ["COMPARE_FILE", "check_model", "plan_section", "render_report", "write_report"]

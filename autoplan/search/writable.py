@@ -3,27 +3,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
+from autoplan.atomic import creation_refused
 from autoplan.errors import UserInputError
-
-
-def _refuses(folder: Path, need_folder: bool) -> str | None:
-    """Why `folder` does not take a new entry (a folder when `need_folder`), tried with a
-    probe that is removed at once: os.access answers yes to root on read-only and virtual
-    file systems (/proc), where the search would fail only after loading the model."""
-    try:
-        if need_folder:
-            os.rmdir(tempfile.mkdtemp(prefix=".autoplan-probe-", dir=folder))
-        else:
-            handle, probe = tempfile.mkstemp(prefix=".autoplan-probe-", dir=folder)
-            os.close(handle)
-            os.unlink(probe)
-    except OSError as exc:
-        what = "folder" if need_folder else "file"
-        return f"'{folder}' does not take a new {what}: {exc.strerror or exc}"
-    return None
 
 
 def check_writable_file(path: str | Path, what: str, fix: str) -> Path:
@@ -46,7 +29,7 @@ def check_writable_file(path: str | Path, what: str, fix: str) -> Path:
     elif not os.access(folder, os.W_OK | os.X_OK):
         reason = f"'{folder}' is not writable"
     else:
-        reason = _refuses(folder, need_folder=folder != p.parent)
+        reason = creation_refused(folder, need_folder=folder != p.parent)
         if reason is None:
             return p
     raise UserInputError(f"cannot write the {what} {p} ({reason}): {fix}")
