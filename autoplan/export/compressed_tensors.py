@@ -17,6 +17,7 @@ from autoplan.export._prepare import Prepared
 from autoplan.export._write import engine_names, is_export, write_sidecars
 from autoplan.export.kv import kv_scheme
 from autoplan.formats import CompressedTensorsName, Precision, format_spec
+from autoplan.formats.elements import decode_e8m0
 from autoplan.models.graph import get_linear, is_tied
 from autoplan.quant import SimulatedLinear
 
@@ -63,11 +64,16 @@ def _load_params(module: nn.Module, sim: SimulatedLinear, act_global: torch.Tens
     scales = sim.quantized.scales
     with torch.no_grad():
         module.weight.data = sim.weight.clone()
-        # NVFP4 block scales are E4M3: the compressor takes them as floats (exact) and
-        # casts back to E4M3 itself; every other scale keeps autoplan's storage dtype.
-        fp8 = scales["weight_scale"].dtype == torch.float8_e4m3fn
-        module.weight_scale.data = scales["weight_scale"].float() if fp8 else \
-            scales["weight_scale"].clone()
+        # NVFP4 block scales are E4M3 and MXFP4's E8M0 exponent codes (uint8): the compressor
+        # takes both as the floats they encode (exact: E8M0 ones are powers of two) and
+        # encodes them back itself; every other scale keeps autoplan's storage dtype.
+        stored = scales["weight_scale"]
+        if stored.dtype == torch.float8_e4m3fn:
+            module.weight_scale.data = stored.float()
+        elif stored.dtype == torch.uint8:
+            module.weight_scale.data = decode_e8m0(stored).to(module.weight_scale.dtype)
+        else:
+            module.weight_scale.data = stored.clone()
         if "global_scale" in scales:
             module.weight_global_scale.data = scales["global_scale"].float().clone()
             module.input_global_scale.data = act_global.float().reshape(1).clone()
@@ -95,7 +101,7 @@ def _stored_codes(module: nn.Module, sim: SimulatedLinear) -> torch.Tensor:
     from compressed_tensors.config import CompressionFormat
 
     layout = CompressionFormat(module.quantization_scheme.format)
-    if layout is CompressionFormat.nvfp4_pack_quantized:
+    if layout in (CompressionFormat.nvfp4_pack_quantized, CompressionFormat.mxfp4_pack_quantized):
         packed = module.weight_packed
         return unpack_fp4_from_uint8(packed, packed.shape[0], packed.shape[1] * 2,
                                      dtype=torch.float32)

@@ -223,10 +223,18 @@ register_format(FormatSpec(
     Precision.MXFP4, _info(Precision.MXFP4),
     weight=lambda dtype, per_channel: MxFp4Scheme(),
     activation=lambda static_scale=None: MxFp4Scheme(),
-    compressed_tensors=Refused("autoplan's compressed-tensors exporter does not write MXFP4 "
-                               "layers yet; plan nvfp4 or int4_gN"),
+    compressed_tensors=CompressedTensorsName(preset="MXFP4"),
     modelopt=Refused(_MO_ONLY), onnx=Refused(_ORT_ONLY),
     summary="E2M1 values, E8M0 scale per 32 (OCP MX); inputs likewise",
+))
+# The same stored weights with 16-bit inputs: what vLLM runs an MXFP4 checkpoint as below
+# Blackwell (Marlin FP4 dequantizes to bf16; gpt-oss's experts on Hopper), so its own format.
+register_format(FormatSpec(
+    Precision.parse("mxfp4_wo"), _info(Precision.parse("mxfp4_wo")),
+    weight=lambda dtype, per_channel: MxFp4Scheme(), activation=_passthrough,
+    compressed_tensors=CompressedTensorsName(preset="MXFP4A16"),
+    modelopt=Refused(_MO_ONLY), onnx=Refused(_ORT_ONLY),
+    summary="E2M1 values, E8M0 scale per 32 (OCP MX), 16-bit inputs (W4A16)",
 ))
 
 # ---- llama.cpp GGUF block types -------------------------------------------------------------

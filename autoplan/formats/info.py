@@ -58,6 +58,7 @@ BUILTIN_INFO: dict[str, PrecisionInfo] = {
     **_int4_family(),
     "nvfp4": PrecisionInfo(4, 8 / 16, "fp4", 0.5625, 16, False),
     "mxfp4": PrecisionInfo(4, 8 / 32, "fp4", 0.53125, 32, False),
+    "mxfp4_wo": PrecisionInfo(4, 8 / 32, "bf16", 2, 32, True),
     **_GGUF,
 }
 

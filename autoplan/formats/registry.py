@@ -135,6 +135,7 @@ for _name in (
     "uint4_g128",
     "nvfp4",  # E2M1 values, E4M3 scale per 16, FP32 tensor scale (W4A4)
     "mxfp4",  # E2M1 values, E8M0 scale per 32 (W4A4)
+    "mxfp4_wo",  # the same weights with 16-bit inputs (W4A16, Marlin FP4 on sm80-sm90)
     # DeepSeek-V3 block FP8: E4M3 weights with an FP32 scale per 128 x 128 block, E4M3 inputs
     # with a dynamic scale per token per 128 inputs (vLLM's per_token_group_quant_fp8).
     "fp8_b128",

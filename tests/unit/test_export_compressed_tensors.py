@@ -175,3 +175,40 @@ def test_mixed_plan_has_one_group_per_scheme(loaded, tmp_path):
     # config group's scheme, so mixed checkpoints are read with the library alone (vLLM
     # matches each layer to its own group, as the library does).
     _check_weights(_library_read_back(out), _sims(loaded, plan))
+
+
+@pytest.mark.parametrize("choice,target,preset_acts", [
+    ("dense+mxfp4_wo", "h100", None),  # W4A16: Marlin FP4 below Blackwell
+    ("dense+mxfp4", "b200", "float"),  # W4A4: MXFP4 inputs on Blackwell
+])
+def test_mxfp4_exports_hold_the_codes_and_e8m0_scales_bit_exact(loaded, tmp_path, choice,
+                                                                   target, preset_acts):
+    """compressed-tensors' own MXFP4 presets (mxfp4-pack-quantized): E2M1 codes packed two
+    per byte and the E8M0 exponent bytes autoplan computed, which the library decompresses
+    to autoplan's weights exactly (a power-of-two scale times an E2M1 value is exact in
+    bf16)."""
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+
+    from autoplan.formats.elements import decode_e8m0
+
+    plan = make_plan(loaded, uniform(loaded, choice), target=target)
+    out = export_plan(plan, loaded, "compressed-tensors", tmp_path / "ct")
+    qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qcfg["format"] == "mxfp4-pack-quantized"
+    (group,) = qcfg["config_groups"].values()
+    assert (group["weights"]["type"], group["weights"]["group_size"]) == ("float", 32)
+    acts = group["input_activations"]
+    assert (acts and acts["type"]) == preset_acts
+    sims = _sims(loaded, plan)
+    tensors = load_file(str(out / "model.safetensors"))
+    for name, sim in sims.items():
+        if name == "lm_head":
+            continue
+        packed, scale = tensors[f"{name}.weight_packed"], tensors[f"{name}.weight_scale"]
+        assert scale.dtype == torch.uint8
+        assert torch.equal(scale, sim.quantized.scales["weight_scale"]), name
+        codes = unpack_fp4_from_uint8(packed, packed.shape[0], packed.shape[1] * 2,
+                                      dtype=torch.float32)
+        deq = codes * decode_e8m0(scale).repeat_interleave(32, dim=1)
+        assert torch.equal(deq, sim.weight), name
+    _check_weights(_library_read_back(out), sims)

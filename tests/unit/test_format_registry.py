@@ -115,7 +115,7 @@ def _dequant_by_definition(q, spec: FormatSpec) -> torch.Tensor:  # noqa: ANN001
     scale = q.scales["weight_scale"]
     if spec.precision is Precision.NVFP4:
         return decode_e2m1(q.codes) * per_group(scale) / q.scales["global_scale"]
-    if spec.precision in (Precision.MXFP4, Precision.GGUF_MXFP4):  # E2M1 codes, E8M0 scales
+    if spec.precision.value in ("mxfp4", "mxfp4_wo", "gguf_mxfp4"):  # E2M1, E8M0 scales
         return decode_e2m1(q.codes) * per_group(decode_e8m0(scale))
     if "weight_min" in q.scales:  # GGUF *_1: fp16 d * code + fp16 m
         return per_group(scale) * q.codes.float() + per_group(q.scales["weight_min"])

@@ -164,3 +164,19 @@ def test_bad_inputs_raise_user_errors():
         quantize_weight(w[0], P.INT8)
     with pytest.raises(UserInputError, match="mask"):
         quantize_weight(w, P.INT8, mask=torch.ones(4, 16, dtype=torch.bool))
+
+
+def test_mxfp4_weight_only_holds_any_mxfp4_checkpoint_exactly() -> None:
+    """gpt-oss's experts are MXFP4: re-quantizing their values as mxfp4_wo (what vLLM runs
+    them as below Blackwell) gives them back bit for bit, whatever a block's largest code
+    (a block whose codes are all small gets a smaller exponent and doubled codes: the same
+    values), so the format adds no error to them."""
+    gen = torch.Generator().manual_seed(0)
+    values = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6.0])
+    codes = values[torch.randint(0, 8, (64, 256), generator=gen)]
+    codes = codes * torch.where(torch.rand(64, 256, generator=gen) < 0.5, -1.0, 1.0)
+    codes[:16] = codes[:16].clamp(-1, 1)  # blocks whose largest magnitude is 1
+    scales = torch.randint(100, 140, (64, 256 // 32), generator=gen).to(torch.uint8)
+    w = codes * decode_e8m0(scales).repeat_interleave(32, dim=1)
+    q = quantize_weight(w, Precision.parse("mxfp4_wo"))
+    assert torch.equal(q.dequant, w)
