@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 # v2: interleaved trials, a row's time is its quiet trials' median run (v1: the median of
 # back-to-back runs, which a loaded machine inflated up to 135x; such tables are re-measured)
-METHOD = "ggml-backend-cpu+no-extra-bufts+rotate-copies-m1+flush-96MB+quiet-trial-median+cpu-clock-1t/v2"
+# v3: a shape's rows are timed in one session (cost_cache.cached_table); v2 tables grew
+# across sessions
+METHOD = "ggml-backend-cpu+no-extra-bufts+rotate-copies-m1+flush-96MB+quiet-trial-median+cpu-clock-1t/v3"
 MAX_COPIES = 8
 BUILD_BYTES = 256 * 2**20  # fp32 source of one weight copy, quantized by ggml one at a time
 QUIET_RANK = 2  # the time is the QUIET_RANK-th lowest trial median

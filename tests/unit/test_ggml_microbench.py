@@ -48,7 +48,8 @@ def test_copies_exceed_the_rotation_bytes_within_limits():
     assert gm.copies_for(49152, 576, 0) == 1  # 113 MB of fp32: one copy streams already
 
 
-def test_cached_table_times_only_missing_rows_and_refreshes_on_another_method(tmp_path):
+def test_cached_table_times_missing_rows_with_their_shape_and_refreshes_on_another_method(
+        tmp_path):
     path = tmp_path / "t.json"
     timed = []
 
@@ -60,11 +61,15 @@ def test_cached_table_times_only_missing_rows_and_refreshes_on_another_method(tm
 
     header = {"schema_version": 1, "device": "x", "method": "a"}
     a, b = row_key(1, 8, 8, "q8_0"), (1, 8, 8, "gguf:Q4_K")  # a source-type row is kept too
-    cached_table(path, header, [a], time_row, match=("method",))
-    table = cached_table(path, header, [a, b, b], time_row, match=("method",))
-    assert timed == [a, b] and len(table["rows"]) == 2
+    c = row_key(1, 16, 8, "q8_0")
+    cached_table(path, header, [a, c], time_row, match=("method",))
+    table = cached_table(path, header, [a, b, b, c], time_row, match=("method",))
+    # b joins a's shape: a is timed again with it (one session per shape), c is not
+    assert timed == [a, c, a, b] and len(table["rows"]) == 3
+    cached_table(path, header, [a, b, c], time_row, match=("method",))
+    assert timed == [a, c, a, b]  # nothing missing: nothing timed
     cached_table(path, {**header, "method": "b"}, [a], time_row, match=("method",))
-    assert timed == [a, b, a]
+    assert timed == [a, c, a, b, a]
     assert json.loads(path.read_text())["method"] == "b"
 
 
@@ -170,8 +175,8 @@ def test_an_unrepeatable_row_is_refused_in_one_line_naming_the_fix(monkeypatch, 
     assert [(r["n"], r["trials"]) for r in kept] == [(64, gm.TRIALS)]
 
 
-def test_a_v1_table_is_measured_again(tmp_path, monkeypatch):
-    assert gm.METHOD.endswith("/v2") and "quiet-trial-median" in gm.METHOD
+def test_an_older_table_is_measured_again(tmp_path, monkeypatch):
+    assert gm.METHOD.endswith("/v3") and "quiet-trial-median" in gm.METHOD
     header = {"schema_version": 1, "runtime": "llama.cpp", "threads": 2,
               "llama_cpp_python": "x", "method": gm.METHOD}
     path = tmp_path / "t.json"
