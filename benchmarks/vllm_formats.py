@@ -70,6 +70,16 @@ def exported_formats() -> list[str]:
             if s.quantized and not isinstance(s.naming("compressed-tensors"), Refused)]
 
 
+def _target_for(fmt: str) -> str:
+    """EXPORT_TARGET, or h100 for a format the matrix stops below Blackwell (mxfp4_wo)."""
+    from autoplan.formats import Choice
+    from autoplan.runtimes import supports
+    from autoplan.targets import get_target
+
+    return next((name for name in (EXPORT_TARGET, "h100")
+                 if supports(get_target(name), "vllm", Choice.parse(fmt)).ok), EXPORT_TARGET)
+
+
 def _plan(template, decisions: dict[str, str], target: str):  # noqa: ANN001, ANN202
     from autoplan.plan.schema import RuntimeRef
 
@@ -285,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"unquantized floor: mean |d lp| {ctx['floor']:.4f} (autoplan bf16 "
           f"{baseline['autoplan_bf16_vs_fp32']:.4f}), greedy {baseline['greedy_same']}/"
           f"{baseline['greedy_total']}")
-    plans = {f"uniform {f}": _plan(template, _uniform(loaded, f), EXPORT_TARGET)
+    plans = {f"uniform {f}": _plan(template, _uniform(loaded, f), _target_for(f))
              for f in formats}
     for fname, plan in searched.items():
         plans[f"searched ({fname})"] = _plan(plan, plan.decisions, EXPORT_TARGET)
