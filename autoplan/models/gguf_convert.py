@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import shutil
-import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from autoplan.modelspec import ModelSpec
 from autoplan.models import gguf_gptoss
 from autoplan.models.gguf_moe import (check_gguf_experts, expert_value, moe_config, moe_state,
                                       stacked_stem)
+from autoplan.models.gguf_read import TRANSFORMERS_GGUF_ERRORS, open_gguf
 
 # GGUF block types whose values lie on a 4-bit grid per 32-weight block.
 _FOUR_BIT = {"Q4_0", "Q4_1"}
@@ -77,8 +77,6 @@ def _tensor_progress(bar: Progress) -> Iterator[None]:
 def _gguf_tensors(path: Path) -> dict[str, tuple[str, torch.Tensor]]:
     """GGUF name -> (type name, dequantized float32 tensor in HF [out, in] layout)."""
     from gguf import dequantize
-
-    from autoplan.models.gguf_read import open_gguf
 
     reader = open_gguf(path)  # its own: a cached reader would keep every page mapped
     return {t.name: (t.tensor_type.name, torch.from_numpy(dequantize(t.data, t.tensor_type).copy()))
@@ -370,8 +368,7 @@ def convert_gguf(gguf_path: str | Path, dest: str | Path, *, console: Console | 
         try:
             config = gguf_gptoss.gptoss_config(src) if gptoss else \
                 AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
-        # transformers parses the header itself: a file gguf-py read can still fail there
-        except (ValueError, OSError, LookupError, TypeError, struct.error) as exc:
+        except TRANSFORMERS_GGUF_ERRORS as exc:
             raise UserInputError(f"cannot read GGUF '{src}': {exc}".splitlines()[0]) from None
         check_name_map(config.model_type, gguf_architecture(src))  # before any tensor
         config = moe_config(config, src)  # a llama GGUF with experts is a Mixtral

@@ -73,6 +73,10 @@ class CorruptGGUFError(UserInputError, ValueError):
 # and struct.error for short reads that `_checked_reader` did not catch first.
 _MALFORMED = (ValueError, IndexError, KeyError, TypeError, struct.error, OverflowError)
 _HEADER_BYTES = 24  # magic, version, tensor count, metadata count
+# What transformers' own GGUF header parse (AutoConfig.from_pretrained(gguf_file=...)) raises
+# on a file gguf-py read: it parses the header itself, so a file can still fail there.
+TRANSFORMERS_GGUF_ERRORS = (ValueError, OSError, LookupError, TypeError, ArithmeticError,
+                            struct.error)
 
 
 def open_gguf(path: str | Path, mode: str = "r") -> GGUFReader:
@@ -141,4 +145,5 @@ def _checked_reader() -> type[GGUFReader]:
     return CheckedReader
 
 
-__all__ = ["CorruptGGUFError", "file_identity", "gguf_reader", "open_gguf", "per_file"]
+__all__ = ["TRANSFORMERS_GGUF_ERRORS", "CorruptGGUFError", "file_identity", "gguf_reader",
+           "open_gguf", "per_file"]

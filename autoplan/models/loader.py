@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import json
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from autoplan.modelspec import ModelSpec
 from autoplan.models._cache import models_dir
 from autoplan.models.gguf_convert import convert_gguf, quiet_transformers
 from autoplan.models.gguf_moe import moe_config
-from autoplan.models.gguf_read import per_file
+from autoplan.models.gguf_read import TRANSFORMERS_GGUF_ERRORS, per_file
 from autoplan.models.graph import verify_layer_graph
 from autoplan.models.hashing import file_hash, weights_hash
 from autoplan.models.moe import check_moe_checkpoint, source_quantization, unfuse_experts
@@ -170,8 +169,7 @@ def _parsed_gguf_config(path: Path) -> dict[str, Any]:
             return gguf_gptoss.gptoss_config(path).to_dict()
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         return moe_config(config, path).to_dict()  # a llama GGUF with experts: Mixtral
-    # transformers parses the header itself: a file gguf-py read can still fail there
-    except (ValueError, OSError, LookupError, TypeError, ArithmeticError, struct.error) as exc:
+    except TRANSFORMERS_GGUF_ERRORS as exc:
         raise UserInputError(f"cannot read GGUF '{path}': {exc}".splitlines()[0]) from None
 
 
