@@ -25,7 +25,8 @@ measured non-GEMM step, `predicted`) and autoplan's simulated KL to the fp32 mod
 rounding, which its own KL reference already contains).
 
 Reported, never asserted (a measurement, not a test): whether the plan beats uniform Q8_0
-on decode tok/s at equal or better KL, and every uniform type whose KL meets the budget.
+on decode tok/s (its slowest request faster than Q8_0's fastest) at equal or better KL, and
+every uniform type whose KL meets the budget.
 
 Usage:
   python benchmarks/llamacpp_plans.py [--budget 'kl<=0.01'] [--objective tpot] [--plan PLAN.json]
@@ -316,10 +317,17 @@ def exactness(loaded, layer: str | None = None, rows: int = 4) -> dict:  # noqa:
     return {"layer": layer, "rows": rows, "relative_max_error": out}
 
 
+def _faster(side: dict, other: dict) -> bool:
+    """`side` decodes faster than `other` beyond the run's spread: its slowest request beats
+    the other's fastest. A higher median alone is not a win: byte-identical files differ by
+    the load each request met."""
+    return min(side["decode_tok_s_runs"]) > max(other["decode_tok_s_runs"])
+
+
 def _table(doc: dict) -> str:
     sides = doc["sides"]
     q8, orig = sides["q8_0"]["decode_tok_s"], sides["original"]["decode_tok_s"]
-    lines = ["| side | linear tensor types | file MB | decode tok/s (median) | vs q8_0 | "
+    lines = ["| side | linear tensor types | file MB | decode tok/s (median; range) | vs q8_0 | "
              "vs original | predicted decode tok/s | TTFT ms | request tok/s | "
              "KL via llama.cpp | ppl | simulated KL | meets budget |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -327,7 +335,8 @@ def _table(doc: dict) -> str:
         types = ", ".join(f"{k} {v}" for k, v in sorted(s["types"].items(), key=lambda x: -x[1]))
         pred = f"{s['predicted_tok_s']:.1f}" if s["predicted_tok_s"] else "-"
         sim = f"{s['simulated_kl']:.4f}" if s["simulated_kl"] is not None else "-"
-        lines.append(f"| {name} | {types} | {s['file_mb']:.0f} | {s['decode_tok_s']:.1f} | "
+        lines.append(f"| {name} | {types} | {s['file_mb']:.0f} | {s['decode_tok_s']:.1f} "
+                     f"({min(s['decode_tok_s_runs']):.1f}-{max(s['decode_tok_s_runs']):.1f}) | "
                      f"{s['decode_tok_s'] / q8:.2f}x | {s['decode_tok_s'] / orig:.2f}x | {pred} | "
                      f"{s['ttft_ms_p50']:.0f} | {s['request_tok_s']:.1f} | "
                      f"{s['kl']:.4f} | {s['ppl']:.3f} | {sim} | "
@@ -407,10 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     meeting = [n for n in UNIFORM + tuple(KQUANTS) if n in sides and sides[n]["meets_budget"]]
     goals = {
         "plan_beats_q8_0_tok_s_at_equal_or_better_kl":
-            plan_side["decode_tok_s"] > q8["decode_tok_s"] and plan_side["kl"] <= q8["kl"],
+            _faster(plan_side, q8) and plan_side["kl"] <= q8["kl"],
         "uniform_types_meeting_budget": meeting,
         "plan_beats_every_uniform_meeting_budget": all(
-            plan_side["decode_tok_s"] > sides[n]["decode_tok_s"] for n in meeting),
+            _faster(plan_side, sides[n]) for n in meeting),
     }
     doc = {"machine": info, "command": command, "threads": args.threads, "budget": args.budget,
            "workload": {"batch": 1, "input_len": args.input_len, "output_len": args.output_len,
