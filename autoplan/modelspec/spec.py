@@ -109,13 +109,17 @@ class ModelSpec:
         model_type = str(cfg.get("model_type", "")).lower()
         if "text_config" in cfg and model_type not in _FAMILIES:
             return cls.from_config(cfg["text_config"], name, source)
-        moe = moe_from_config(cfg, model_type) if is_moe_config(cfg, model_type) else None
+        routed = is_moe_config(cfg, model_type)
+        if routed and model_type not in _FAMILIES:
+            moe_from_config(cfg, model_type)  # refuses it, naming what autoplan lacks for it
         if model_type not in _FAMILIES:
             raise ModelConfigError(
                 f"unsupported model_type '{model_type or '(missing)'}' in config; supported: "
                 f"{', '.join(sorted(_FAMILIES))}"
             )
         check_config(cfg, source)  # every size divided by or allocated from, one line each
+        # after the bounds: it allocates per block (num_hidden_layers)
+        moe = moe_from_config(cfg, model_type) if routed else None
         hidden = int(cfg["hidden_size"])
         n_layers = int(cfg["num_hidden_layers"])
         n_heads = int(cfg["num_attention_heads"])
@@ -275,14 +279,6 @@ class ModelSpec:
         if not self.windows:
             return self.n_layers * context
         return sum(min(context, w) if w else context for w in self.windows)
-
-    def attended_keys(self, queries: float) -> float:
-        """Keys per query summed over layers for a causal prompt of `queries` tokens (half of
-        them on a full layer; about the window on a windowed one, w - w^2 / 2s)."""
-        full = queries / 2
-        if not self.windows:
-            return self.n_layers * full
-        return sum(min(w - w * w / (2 * queries), full) if w else full for w in self.windows)
 
 
 def part_of(name: str) -> str:

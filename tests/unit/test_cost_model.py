@@ -167,8 +167,11 @@ def test_unplannable_moe_refused_naming_what_is_missing() -> None:
         ModelSpec.from_config({**moe, "model_type": "mixtral", "scoring_func": "sigmoid"})
     with pytest.raises(ModelConfigError, match="grouped expert routing"):
         ModelSpec.from_config({**moe, "model_type": "mixtral", "n_group": 8, "topk_group": 4})
-    with pytest.raises(ModelConfigError, match="only 8"):
+    with pytest.raises(ModelConfigError, match="more than the 8 experts"):
         ModelSpec.from_config({**moe, "model_type": "mixtral", "num_experts_per_tok": 9})
+    # the config's bounds come before anything allocates per block
+    with pytest.raises(ModelConfigError, match="num_hidden_layers.*10,000"):
+        ModelSpec.from_config({**moe, "model_type": "mixtral", "num_hidden_layers": 10**12})
     with pytest.raises(ModelConfigError, match="'num_experts_per_tok'"):
         ModelSpec.from_config({**_TOY_CFG, "model_type": "mixtral", "num_local_experts": 8})
 

@@ -86,22 +86,27 @@ def test_gpt_oss_windows_sinks_fused_gate_up_and_mxfp4_source() -> None:
     assert dense.windows == () and dense.kv_bytes_at(1000) == 1000 * dense.kv_bytes_per_token()
 
 
-def test_attended_keys_window_and_full() -> None:
-    spec = resolve_config("gpt-oss-20b")
+def test_causal_pairs_window_and_full() -> None:
+    from autoplan.cost.fixed import _causal_pairs
+
+    windows = resolve_config("gpt-oss-20b").windows
+    assert sorted(set(windows)) == [0, 128]
     s = 1000
-    assert spec.attended_keys(s) == pytest.approx(12 * s / 2 + 12 * (128 - 128 ** 2 / (2 * s)))
-    assert resolve_config("llama-3.1-8b").attended_keys(s) == 32 * s / 2
+    pairs = sum(_causal_pairs(s, w) for w in windows)
+    assert pairs == pytest.approx(12 * s * s / 2 + 12 * (128 * s - 128 ** 2 / 2))
+    # a prompt shorter than the window attends causally to all of it: never negative
+    assert sum(_causal_pairs(16, w) for w in windows) == 24 * 16 * 16 / 2
 
 
 @pytest.mark.parametrize(("change", "needle"), [
-    ({"num_experts_per_tok": 0}, "'num_experts_per_tok' must be a positive integer"),
-    ({"num_experts": "8"}, "'num_experts' must be a positive integer"),
+    ({"num_experts_per_tok": 0}, "num_experts_per_tok must be an integer from 1 "),
+    ({"num_experts": "8"}, "num_experts must be an integer, got '8'"),
     ({"mlp_only_layers": "all"}, "'mlp_only_layers' must be a list"),
-    ({"shared_expert_intermediate_size": -1}, "'shared_expert_intermediate_size'"),
+    ({"shared_expert_intermediate_size": -1}, "shared_expert_intermediate_size must be an integer"),
     ({"topk_method": "noaux_tc"}, "router topk_method 'noaux_tc'"),
     ({"routed_scaling_factor": 2.5}, "routed_scaling_factor"),
     ({"quantization_config": {"quant_method": "fp8"}}, "pre-quantized"),
-    ({"decoder_sparse_step": 0}, "'decoder_sparse_step' must be an integer from 1"),
+    ({"decoder_sparse_step": 0}, "decoder_sparse_step must be an integer from 1"),
     ({"decoder_sparse_step": 100}, r"routes no block to experts \(decoder_sparse_step 100"),
     ({"mlp_only_layers": [0, 1, 2, 3]}, "routes no block to experts"),
 ])
