@@ -7,9 +7,10 @@ message to upgrade. Every model forbids unknown keys, so a typo never passes sil
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autoplan.workload import Workload
 
@@ -306,6 +307,27 @@ class Plan(_Strict):
     routing: dict[str, Any] | None = None
     kv_cache: KvCache | None = None
     deploy: Deploy | None = None
+
+    @field_validator("routing")
+    @classmethod
+    def _routing_shares(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """cost/moe.Routing.to_json's shape: report and fleet price the plan with it."""
+        if value is None:
+            return None
+        shares = value.get("shares")
+        if not isinstance(shares, dict) or not all(
+                isinstance(block, str) and block.isdigit() and isinstance(row, list) and row
+                and all(_share(x) for x in row) for block, row in shares.items()):
+            raise ValueError("'shares' must map block indices to lists of non-negative "
+                             "numbers, each expert's share of the tokens")
+        if not isinstance(value.get("source", ""), str):
+            raise ValueError("'source' must be a string")
+        return value
+
+
+def _share(x: Any) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and x >= 0)
 
 
 __all__ = [

@@ -132,6 +132,24 @@ def test_missing_required_field_named(tmp_path: Path) -> None:
         load_plan(path)
 
 
+@pytest.mark.parametrize("routing", [
+    {"shares": {"0": ["x"]}}, {"shares": [0.5, 0.5]}, {"shares": {"first": [0.5]}},
+    {"shares": {"0": []}}, {"shares": {"0": [-0.1]}}, {"shares": {"0": [True]}},
+    {"source": 3, "shares": {"0": [0.5]}}])
+def test_malformed_routing_is_a_one_line_error(tmp_path: Path, routing: dict) -> None:
+    """report and fleet price an MoE plan with its routing shares: a hand-edited one that
+    cannot be read is refused at load, not a traceback when a command uses it."""
+    path = tmp_path / "plan.json"
+    save_plan(sample_plan(routing={"source": "calibration routing (8 tokens)",
+                                   "shares": {"0": [0.25, 1.75], "1": [1.0, 1.0]}}), path)
+    assert load_plan(path).routing["shares"]["0"] == [0.25, 1.75]
+    raw = _raw(path)
+    raw["routing"] = routing
+    path.write_text(json.dumps(raw))
+    with pytest.raises(PlanError, match=r"not a valid plan: routing: .*'(shares|source)'"):
+        load_plan(path)
+
+
 def test_migrations_applied_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A v1 plan written before two imaginary schema bumps still loads."""
     path = tmp_path / "old.json"
