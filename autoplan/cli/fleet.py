@@ -15,6 +15,7 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, resolve_config
 from autoplan.cost.model import USABLE_MEMORY
+from autoplan.cost.moe import Routing
 from autoplan.cost.operating import NoOperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.fleet import FleetSizing, ReplicaDoesNotFit, does_not_fit, size_fleet
@@ -244,9 +245,11 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     # space's baseline: fp32 on CPUs, bf16 on GPUs), not the fastest dtype the node has.
     base = Choice.parse(load_space_file(target.platform).baseline)
     spec = resolve_config(model)
+    # an MoE plan's predictions assumed its calibration routing: both sides are sized with it
+    routing = Routing.from_json(spec, plan.full.routing if plan.full else None)
 
     def model_for(w: Workload) -> CostModel:
-        return CostModel(spec, lay.target, w, baseline=base)
+        return CostModel(spec, lay.target, w, baseline=base, routing=routing)
 
     cap = max_replicas or None
     sides = {"baseline": {layer.name: base for layer in spec.layers}, "plan": plan.decisions}

@@ -91,3 +91,41 @@ def test_cli_compares_against_the_search_baseline(tmp_path):
     linear = sum(layer.params for layer in spec.layers)
     assert first["label"] == "memory per replica"
     assert float(first["formula"].split(" B")[0]) >= 4 * linear * 0.999  # not bf16's 2 B
+
+
+def test_cli_sizes_an_moe_plan_with_its_routing(tmp_path):
+    """A searched MoE plan's predictions assumed its calibration routing; fleet sizes both
+    sides with it, so a replica's service time is the plan's, not uniform routing's."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.backends.registry import resolve_target
+    from autoplan.cli import cli
+    from autoplan.cost import CostModel, resolve_config
+    from autoplan.cost.moe import Routing
+    from autoplan.formats import Choice
+    from autoplan.plan.io import save_plan
+    from autoplan.workload import Workload
+    from tests.unit.test_plan_io import sample_plan
+
+    spec = resolve_config("mixtral-8x7b")
+    hot = Routing.from_counts(spec, {b: [10_000, 10_000] + [0] * 6
+                                     for b in spec.moe.moe_blocks}, 10_000)
+    decisions = {layer.name: "dense+fp8_e4m3" for layer in spec.layers}
+    service = {}
+    for name, routing in (("hot", hot.to_json()), ("none", None)):
+        path = tmp_path / f"{name}.json"
+        save_plan(sample_plan(decisions=decisions, routing=routing), path)
+        out = CliRunner().invoke(cli, ["fleet", "--plan", str(path), "--model", "mixtral-8x7b",
+                                       "--node", "h100", "--batch", "8", "--qps", "1",
+                                       "--p99-ms", "60000", "--json"])
+        assert out.exit_code == 0, out.output
+        service[name] = json.loads(out.stdout)["plan"]["service_s"]
+    w = Workload(batch=8, input_len=512, output_len=128)
+    choices = {k: Choice.parse(v) for k, v in decisions.items()}
+    for name, routing in (("hot", hot), ("none", Routing.uniform(spec))):
+        cm = CostModel(spec, resolve_target("h100"), w, routing=routing)
+        assert service[name] == pytest.approx(cm.evaluate(choices).metrics.request_latency_s,
+                                              rel=1e-6)
+    assert service["hot"] < 0.8 * service["none"]  # two hot experts: fewer bytes a step
