@@ -14,7 +14,7 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, Estimate, LayerBreakdown, resolve_config
 from autoplan.cost.measured import load_cost_table
-from autoplan.cost.moe import experts_kept_dense
+from autoplan.cost.moe import experts_kept_dense, routed_expert_choice
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
@@ -222,12 +222,12 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     if not kv_ok.ok:
         raise UnsupportedFormatError(f"--kv-cache {kv_cand.value}: {kv_ok.reason}")
     label = str(choice) if kv_asked is None else f"{choice}, KV {kv_cand.value}"
-    uniform = experts_kept_dense(spec, choice)
-    experts = {} if uniform is choice else {"routed_experts": f"dense+{prec.value}"}
+    expert_choice, why = routed_expert_choice(spec, tgt, runtime, choice, probe.baseline)
+    uniform = experts_kept_dense(spec, choice, expert_choice)
+    experts = {} if uniform is choice else {"routed_experts": str(expert_choice)}
     if experts:
-        label = f"{label} (experts dense)"
-        err_console.print(f"note: routed experts stay dense {prec.value}: no engine runs "
-                          f"grouped expert GEMMs on {choice.sparsity} weights")
+        label = f"{label} (experts {expert_choice})"
+        err_console.print(f"note: routed experts stay {expert_choice}: {why}")
     cand_model = lambda w: model_for(w, kv_cand)  # noqa: E731
     base_model = lambda w: model_for(w, kv_base)  # noqa: E731
     points: dict[str, OperatingPoint] = {

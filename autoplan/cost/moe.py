@@ -17,6 +17,7 @@ from autoplan.cost.linear import call_overhead, gemm_time
 from autoplan.errors import UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
 from autoplan.modelspec import LinearLayer, ModelSpec
+from autoplan.runtimes import supports
 from autoplan.targets import Target
 
 GROUPED_GEMM_EFF = 1.0  # [DEEPGEMM]: grouped / normal FP8 GEMM at equal rows, 0.99 and 1.07
@@ -111,13 +112,33 @@ def expert_takes(choice: Choice) -> bool:
     return choice.sparsity.kind == "dense"
 
 
-def experts_kept_dense(spec: ModelSpec, choice: Choice) -> Choice | dict[str, Choice]:
-    """`choice` on every linear layer, except that routed experts keep its precision dense
-    where they cannot take its sparsity (``expert_takes``)."""
-    if spec.moe is None or expert_takes(choice):
+def experts_kept_dense(spec: ModelSpec, choice: Choice,
+                       experts: Choice | None = None) -> Choice | dict[str, Choice]:
+    """`choice` on every linear layer, except routed experts: `experts` where given (a
+    runtime refuses `choice` for them), else its precision dense where they cannot take its
+    sparsity (``expert_takes``)."""
+    if experts is None:
+        experts = choice if expert_takes(choice) else Choice(Sparsity(), choice.precision)
+    if spec.moe is None or experts == choice:
         return choice
-    dense = Choice(Sparsity(), choice.precision)
-    return {la.name: dense if la.expert >= 0 else choice for la in spec.layers}
+    return {la.name: experts if la.expert >= 0 else choice for la in spec.layers}
+
+
+def routed_expert_choice(spec: ModelSpec, target: Target, runtime: str, choice: Choice,
+                         baseline: Choice) -> tuple[Choice, str]:
+    """What the routed experts of a uniform `choice` are stored in, and why when it is not
+    `choice`: dense where they cannot take its sparsity, the baseline where the runtime's
+    fused-MoE kernels refuse the format (the rules the search's space applies)."""
+    if spec.moe is None:
+        return choice, ""
+    experts, why = choice, ""
+    if not expert_takes(choice):
+        experts = Choice(Sparsity(), choice.precision)
+        why = f"no engine runs grouped expert GEMMs on {choice.sparsity} weights"
+    rule = supports(target, runtime, experts, "routed_experts")
+    if experts != baseline and not rule.ok:
+        return baseline, rule.reason
+    return experts, why
 
 
 def expert_members(spec: ModelSpec) -> int:
@@ -161,5 +182,5 @@ def routing_time(spec: ModelSpec, eff: FamilyEfficiency, batch: int, prefill_tok
 
 
 __all__ = ["EXPERT_GEMMS", "GROUPED_GEMM_EFF", "ROUTING_KERNELS", "Routing", "expert_members",
-           "expert_overhead", "expert_step", "expert_takes", "experts_kept_dense",
+           "expert_overhead", "expert_step", "expert_takes", "experts_kept_dense", "routed_expert_choice",
            "routing_time", "touched"]

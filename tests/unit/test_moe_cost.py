@@ -131,6 +131,31 @@ def test_estimate_keeps_routed_experts_dense_under_a_sparse_choice() -> None:
     assert "routed_experts" not in dense
 
 
+def test_estimate_keeps_routed_experts_where_the_runtime_runs_them() -> None:
+    """vLLM's CPU build has no quantized fused-MoE kernel (a rule about routed experts only):
+    `estimate` prices their int8 as the search would plan it, experts at the baseline."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    args = ["estimate", "--model", "mixtral-8x7b", "--target", "xeon-8480", "--runtime", "vllm",
+            "--precision", "int8", "--breakdown", "--json"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["choice"] == "dense+int8" and doc["routed_experts"] == "dense+bf16"
+    layers = doc["candidate"]["layers"]
+    assert {la["choice"] for la in layers if ".experts." in la["name"]} == {"dense+bf16"}
+    assert {la["choice"] for la in layers if ".self_attn." in la["name"]} == {"dense+int8"}
+    assert "no quantized fused-MoE kernel" in out.stderr
+    gpu = json.loads(CliRunner().invoke(cli, ["estimate", "--model", "mixtral-8x7b", "--target",
+                                              "h100", "--runtime", "vllm", "--precision", "int8",
+                                              "--json"]).stdout)
+    assert "routed_experts" not in gpu  # vLLM on a GPU runs int8 fused-MoE
+
+
 def test_an_expert_calibration_never_picked_is_still_read_at_large_batch() -> None:
     """One pseudo-pick per expert (Laplace's rule): shares sum to top_k, an unpicked expert's
     is small but not 0, and with top_k = E every share is exactly 1."""
