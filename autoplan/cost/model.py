@@ -15,8 +15,8 @@ from autoplan.cost.fixed import ZERO, FixedCost, PhaseTime, fixed_cost
 from autoplan.cost.kv import KvInput, KvLayout, bytes_per_token, cache_bytes
 from autoplan.cost.linear import call_overhead, gemm_time, math_peak, stored_bits
 from autoplan.cost.measured import MeasuredTable
-from autoplan.cost.moe import (Routing, expert_members, expert_overhead, expert_step,
-                               routing_time, touched)
+from autoplan.cost.moe import (Routing, expert_members, expert_overhead, expert_rows,
+                               expert_step, routing_time, touched)
 from autoplan.cost.report import (Estimate, KvSummary, LayerBreakdown, Memory, Metrics,
                                   Objective, metrics_from_times)
 from autoplan.errors import UnknownNameError, UserInputError
@@ -143,16 +143,18 @@ class CostModel:
         overhead = expert_overhead(self.target, self.eff, choice, self._members)
 
         def step(tokens: int) -> float:
-            return expert_step(self.target, self.eff, layer, choice, share, tokens, base)
+            """One step of `tokens` tokens, its share of the grouped-GEMM calls included."""
+            hit = self.measured.seconds(expert_rows(share, tokens), layer.out_features,
+                                        layer.in_features, choice)
+            if hit is not None:  # a measured GEMM of the rows a picked expert gets, if picked
+                return touched(share, tokens) * hit + (
+                    0.0 if self.measured.includes_dispatch else overhead)
+            return expert_step(self.target, self.eff, layer, choice, share, tokens,
+                               base) + overhead
 
-        decode = step(self.workload.batch) + overhead
-        reads = touched(share, self.workload.batch)
-        rows = max(1, round(self.workload.batch * share / reads)) if reads else 1
-        hit = self.measured.seconds(rows, layer.out_features, layer.in_features, choice)
-        if hit is not None:  # a measured GEMM of the rows a touched expert gets, when touched
-            decode = reads * hit + (0.0 if self.measured.includes_dispatch else overhead)
+        decode = step(self.workload.batch)
         prefill = (self._chunks - 1) * step(self._chunk_m) + step(self._last_m)
-        result = PhaseTime(prefill + self._chunks * overhead, decode)
+        result = PhaseTime(prefill, decode)
         self._memo[key] = result
         return result
 

@@ -106,6 +106,14 @@ def touched(share: float, tokens: float) -> float:
     return 1.0 - math.exp(tokens * math.log1p(-share)) if share > 0 else 0.0
 
 
+def expert_rows(share: float, tokens: float) -> int:
+    """Rows a routed expert's GEMM gets in a step of `tokens` tokens when the step picks it:
+    its expected rows (tokens x share) over the chance it is picked, at least 1. A measured
+    kernel table times routed experts at these rows (backends/cpu/predict.kernel_rows)."""
+    reads = touched(share, tokens)
+    return max(1, round(tokens * share / reads)) if reads else 1
+
+
 def expert_takes(choice: Choice) -> bool:
     """Whether a routed expert may be stored in `choice`: dense formats only, since no
     engine runs its grouped expert GEMMs on 2:4 or block-sparse weights."""
@@ -182,5 +190,5 @@ def routing_time(spec: ModelSpec, eff: FamilyEfficiency, batch: int, prefill_tok
 
 
 __all__ = ["EXPERT_GEMMS", "GROUPED_GEMM_EFF", "ROUTING_KERNELS", "Routing", "expert_members",
-           "expert_overhead", "expert_step", "expert_takes", "experts_kept_dense", "routed_expert_choice",
+           "expert_overhead", "expert_rows", "expert_step", "expert_takes", "experts_kept_dense", "routed_expert_choice",
            "routing_time", "touched"]

@@ -33,6 +33,7 @@ def kernel_rows(spec: Any, workload: Mapping[str, int], decisions: Mapping[str, 
 
     from autoplan.backends.cpu.ort_microbench import row_key
     from autoplan.cost.model import PREFILL_CHUNK
+    from autoplan.cost.moe import expert_rows
 
     manifest = manifest or {}
     entries = manifest.get("layers", {})
@@ -47,12 +48,16 @@ def kernel_rows(spec: Any, workload: Mapping[str, int], decisions: Mapping[str, 
     chunks = math.ceil(tokens / PREFILL_CHUNK)
     chunk_m = min(tokens, PREFILL_CHUNK)
     last_m = tokens - (chunks - 1) * chunk_m
+    moe = getattr(spec, "moe", None)
+    share = moe.top_k / moe.n_experts if moe is not None else 1.0  # uniform routing
     rows = []
     for members in nodes.values():
         first = members[0]
         choice = decisions.get(first.name, FP32)
         n = sum(by_name[m.name].out_features for m in members)
         ms = {b} if first.role == "lm_head" else {b, chunk_m, last_m}
+        if first.expert >= 0:  # a picked routed expert's rows in each step (cost/moe.py)
+            ms = {expert_rows(share, t) for t in ms}
         rows += [row_key(m, n, first.in_features, choice) for m in sorted(ms)]
     return list(dict.fromkeys(rows))
 

@@ -175,3 +175,35 @@ def test_an_expert_calibration_never_picked_is_still_read_at_large_batch() -> No
                                     "num_experts_per_tok": 8})  # top_k = E, as MoEfied e8k8
     every = Routing.from_counts(all_on, {b: [1024] * 8 for b in all_on.moe.moe_blocks}, 1024)
     assert set(every.shares[0]) == {1.0}
+
+
+def test_timed_expert_rows_are_the_rows_the_cost_model_reads() -> None:
+    """A local kernel table times each routed expert at the rows a picked expert gets in a
+    decode step and in each prefill chunk (uniform routing): the cost model then prices the
+    expert from those rows, at decode and in prefill, not from the roofline."""
+    from autoplan.backends.cpu.predict import kernel_rows
+    from autoplan.cost.model import PREFILL_CHUNK
+    from autoplan.cost.moe import expert_overhead, expert_rows
+    from autoplan.formats import Choice
+
+    spec = resolve_config("mixtral-8x7b")
+    choice = Choice.parse("int8")
+    decisions = {layer.name: choice for layer in spec.layers}
+    wl = {"concurrency": 8, "input_len": 512, "output_len": 128}
+    rows = kernel_rows(spec, wl, decisions)
+    expert = next(la for la in spec.layers if la.expert >= 0)
+    timed_m = {m for m, n, k, _ in rows if (n, k) == (expert.out_features, expert.in_features)}
+    share, chunk = 2 / 8, min(8 * 512, PREFILL_CHUNK)
+    assert expert_rows(share, 8) == 2  # 8 x 1/4 rows over the 90 % chance it is picked
+    assert {expert_rows(share, 8), expert_rows(share, chunk)} <= timed_m
+    us = 12_345.0
+    table = {"rows": [{"m": m, "n": n, "k": k, "choice": c, "median_us": us}
+                      for m, n, k, c in rows]}
+    plain = _model("mixtral-8x7b", 8, target="xeon-8480")
+    timed = _model("mixtral-8x7b", 8, target="xeon-8480", measured=table)
+    got, roofline = timed._expert_time(expert, choice), plain._expert_time(expert, choice)
+    call = expert_overhead(timed.target, timed.eff, choice, timed._members)
+    assert got.decode_s == pytest.approx(touched(share, 8) * us * 1e-6 + call)
+    chunks = math.ceil(8 * 512 / chunk)
+    assert got.prefill_s == pytest.approx(chunks * (touched(share, chunk) * us * 1e-6 + call))
+    assert got.prefill_s > 10 * roofline.prefill_s  # the table, not the roofline
