@@ -138,6 +138,11 @@ def moe_from_config(cfg: dict[str, Any], model_type: str) -> MoESpec:
         ModelConfigError: an MoE architecture autoplan does not plan (naming what is
             missing), a router it does not model, or a missing / non-positive field.
     """
+    if not model_type:
+        raise ModelConfigError(
+            "config.json lacks 'model_type', which names the architecture: add the one "
+            f"its checkpoint was made for, e.g. \"model_type\": \"qwen3_moe\" (supported "
+            f"mixture-of-experts types: {', '.join(SUPPORTED)})")
     if model_type in _REFUSED:
         raise ModelConfigError(
             f"'{model_type}' uses {_REFUSED[model_type]}, which autoplan does not plan; "
@@ -146,7 +151,7 @@ def moe_from_config(cfg: dict[str, Any], model_type: str) -> MoESpec:
         return _deepseek_moe(cfg)
     if model_type not in SUPPORTED:
         raise ModelConfigError(
-            f"'{model_type or '(missing model_type)'}' is a mixture-of-experts model autoplan "
+            f"'{model_type}' is a mixture-of-experts model autoplan "
             f"does not plan; supported mixture-of-experts types: {', '.join(SUPPORTED)}")
     if cfg.get("kv_lora_rank"):
         raise ModelConfigError("multi-head latent attention (MLA, kv_lora_rank) is not "
@@ -196,7 +201,7 @@ def moe_from_config(cfg: dict[str, Any], model_type: str) -> MoESpec:
         raise ModelConfigError(f"a '{source}' pre-quantized {model_type} checkpoint is not "
                                "supported; pass the unquantized model (gpt-oss: its mxfp4 "
                                "experts are read as they are)")
-    default_norm = model_type != "qwen2_moe"  # transformers' defaults per type
+    default_norm = not model_type.startswith("qwen")  # transformers' defaults per type
     return MoESpec(
         n_experts=experts, top_k=top_k, expert_intermediate=inter,
         shared_intermediate=shared, moe_blocks=blocks, dense_intermediate=dense,
@@ -264,9 +269,13 @@ def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> tuple[
     from ``max_window_layers`` on only with ``use_sliding_window``, Gemma 1 never does, and
     any other config with a ``sliding_window`` (Mistral v0.1, Mixtral, Phi-3) slides in
     every block."""
-    listed = cfg.get("layer_types")
-    unknown = sorted({str(t) for t in listed} - _ATTENTION_TYPES) if isinstance(listed, list) \
-        else []
+    types = cfg.get("layer_types")
+    if types is not None and (not isinstance(types, list) or len(types) != n_layers):
+        # transformers refuses the config too (PreTrainedConfig.validate_layer_type)
+        raise ModelConfigError(f"config.json lists {len(types) if isinstance(types, list) else 0}"
+                               f" layer_types for {n_layers} layers (num_hidden_layers): "
+                               "list one per layer")
+    unknown = sorted({str(t) for t in types} - _ATTENTION_TYPES) if types else []
     if unknown:  # a hybrid (linear attention, state-space layers) would cost as attention
         raise ModelConfigError(f"config.json layer_types {', '.join(unknown)} are not supported; "
                                f"autoplan plans layers of type {' and '.join(sorted(_ATTENTION_TYPES))}")
@@ -276,14 +285,12 @@ def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> tuple[
     if not isinstance(window, int) or isinstance(window, bool) or window < 0:
         raise ModelConfigError(f"config.json field 'sliding_window' must be a positive integer, "
                                f"got {window!r}")
-    types = cfg.get("layer_types")
+    if model_type.startswith("qwen") and not cfg.get("use_sliding_window"):
+        return ()  # transformers drops a Qwen config's window unless use_sliding_window
     if model_type == "gpt_oss" and not types:
-        types = ["sliding_attention", "full_attention"] * ((n_layers + 1) // 2)
+        types = (["sliding_attention", "full_attention"] * ((n_layers + 1) // 2))[:n_layers]
     if types:
-        if not isinstance(types, list) or len(types) < n_layers:
-            raise ModelConfigError(f"config.json lists {len(types) if isinstance(types, list) else 0}"
-                                   f" layer_types for {n_layers} layers")
-        slides = [t == "sliding_attention" for t in types[:n_layers]]
+        slides = [t == "sliding_attention" for t in types]
     elif model_type == "gemma":
         return ()
     elif model_type == "gemma2":
@@ -293,7 +300,7 @@ def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> tuple[
         slides = [(i + 1) % pattern != 0 for i in range(n_layers)]
     elif model_type.startswith("qwen"):
         first = int(cfg.get("max_window_layers") or 0)
-        slides = [bool(cfg.get("use_sliding_window")) and i >= first for i in range(n_layers)]
+        slides = [i >= first for i in range(n_layers)]
     else:
         slides = [True] * n_layers
     if not any(slides):

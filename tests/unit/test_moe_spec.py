@@ -131,3 +131,32 @@ def test_a_missing_shared_width_and_unknown_layer_types_are_named() -> None:
     assert ModelSpec.from_config(dense).moe is None
     with pytest.raises(ModelConfigError, match="layer_types mamba"):
         ModelSpec.from_config({**dense, "layer_types": ["mamba"] * 4})
+
+
+def test_qwen_layer_types_follow_transformers() -> None:
+    """One layer type per layer, whatever the window (transformers refuses other lengths);
+    a Qwen config's window counts only with use_sliding_window, as transformers drops it."""
+    for types in (["full_attention"] * 3, ["full_attention"] * 5, "full_attention"):
+        with pytest.raises(ModelConfigError, match="layer_types for 4 layers"):
+            ModelSpec.from_config({**_QWEN2_MOE, "layer_types": types})
+    sliding = {**_QWEN2_MOE, "sliding_window": 16, "layer_types": ["sliding_attention"] * 4}
+    assert ModelSpec.from_config({**sliding, "use_sliding_window": False}).windows == ()
+    assert ModelSpec.from_config(sliding).windows == ()  # transformers' default: False
+    assert ModelSpec.from_config({**sliding, "use_sliding_window": True}).windows == (16,) * 4
+    ruled = {**_QWEN2_MOE, "sliding_window": 16, "use_sliding_window": True,
+             "max_window_layers": 2}
+    assert ModelSpec.from_config(ruled).windows == (0, 0, 16, 16)
+
+
+def test_qwen_moe_renormalizes_top_k_only_when_asked() -> None:
+    """transformers' Qwen2-MoE and Qwen3-MoE configs default norm_topk_prob to False."""
+    for model_type in ("qwen2_moe", "qwen3_moe"):
+        cfg = {**_QWEN2_MOE, "model_type": model_type}
+        assert ModelSpec.from_config(cfg).moe.norm_topk_prob is False
+        assert ModelSpec.from_config({**cfg, "norm_topk_prob": True}).moe.norm_topk_prob is True
+
+
+def test_an_moe_config_without_model_type_says_so() -> None:
+    untyped = {k: v for k, v in _QWEN2_MOE.items() if k != "model_type"}
+    with pytest.raises(ModelConfigError, match="lacks 'model_type'.*\"model_type\": \"qwen3_moe\""):
+        ModelSpec.from_config(untyped)
