@@ -70,6 +70,7 @@ def _summary(cand: Estimate, base: Estimate, label: str, runtime: str,
     for label, est_mem in (("memory GB", lambda e: e.memory.total_bytes / 1e9),
                            ("  weights GB", lambda e: e.memory.weights_bytes / 1e9),
                            ("  KV cache GB", lambda e: e.memory.kv_cache_bytes / 1e9),
+                           ("  workspace GB", lambda e: e.memory.workspace_bytes / 1e9),
                            ("active weights GB read per token",
                             lambda e: e.active_weight_bytes / 1e9)):
         table.add_row(label, f"{est_mem(cand):,.2f}", f"{est_mem(base):,.2f}{at_one}", "")

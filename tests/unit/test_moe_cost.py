@@ -207,3 +207,25 @@ def test_timed_expert_rows_are_the_rows_the_cost_model_reads() -> None:
     chunks = math.ceil(8 * 512 / chunk)
     assert got.prefill_s == pytest.approx(chunks * (touched(share, chunk) * us * 1e-6 + call))
     assert got.prefill_s > 10 * roofline.prefill_s  # the table, not the roofline
+
+
+def test_estimate_memory_rows_add_up() -> None:
+    """The printed memory is weights + KV cache + workspace, each a row of its own."""
+    import re
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    out = CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--target", "h200",
+                                   "--precision", "fp8", "--batch", "max"])
+    assert out.exit_code == 0, out.output
+
+    def row(label: str) -> list[float]:
+        line = next(x for x in out.stdout.splitlines() if re.search(rf"│ +{label} +│", x))
+        return [float(v.replace(",", "")) for v in re.findall(r"[\d,]+\.\d+", line)]
+
+    total = row("memory GB")
+    parts = [row(label) for label in ("weights GB", "KV cache GB", "workspace GB")]
+    for side in range(2):
+        assert total[side] == pytest.approx(sum(p[side] for p in parts), abs=0.015)
