@@ -74,7 +74,7 @@ def write_sidecars(folder: Path, plan: Plan, fmt: str, runtime: str,
     if artifact is not None:
         from autoplan.export.kv import write_deploy
 
-        write_deploy(folder, plan, artifact)
+        write_deploy(folder, plan, artifact, runtime)
 
 
 def engine_names(folder: Path, model_type: str) -> None:

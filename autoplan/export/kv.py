@@ -13,7 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from autoplan.backends.registry import resolve_target as get_target
 from autoplan.compress import tensor_digest
+from autoplan.deploy import Deploy, deploy_for
 from autoplan.errors import UnsupportedFormatError, UserInputError
 from autoplan.formats.kv import KvFormat, kv_spec
 from autoplan.plan.schema import Plan
@@ -91,25 +93,46 @@ def kv_scheme(plan: Plan, exporter: str) -> Any:
     return named or None
 
 
-def write_deploy(folder: Path, plan: Plan, artifact: Path) -> None:
-    """The plan's serving command beside the artifact: JSON and a shell script (with the
-    artifact's path and any options file the command reads)."""
-    from autoplan.atomic import json_text
-    from autoplan.deploy import Deploy
-
+def deploy_of(plan: Plan, runtime: str) -> Deploy | None:
+    """The serving command of the plan's artifact on `runtime`: the plan's own, or, for an
+    export to another engine's format (a vLLM plan exported for TensorRT-LLM), that engine's
+    command at the batch, context and KV cache the plan assumed; None where the plan has
+    none or that engine serves no such cache."""
     if plan.deploy is None:
-        return
+        return None
     d = Deploy.from_json(plan.deploy.model_dump(mode="json"))
+    if d.runtime == runtime:
+        return d
+    w, kv = plan.workload, plan.kv_cache
+    context = int(d.settings.get("max_model_len", w.input_len + w.output_len))
+    try:  # deploy_for serves input_len + output_len tokens: the plan's command's context
+        return deploy_for(runtime, get_target(plan.target.name),
+                          kv=KvFormat.parse(str(d.settings.get("kv_cache", kv and kv.format))),
+                          batch=int(d.settings.get("batch", w.batch)), input_len=context,
+                          output_len=0,
+                          kv_bytes_per_sequence=kv.bytes_per_sequence if kv else 0.0)
+    except (ValueError, UserInputError):  # a cache that engine does not serve
+        return None
+
+
+def write_deploy(folder: Path, plan: Plan, artifact: Path, runtime: str) -> None:
+    """The serving command of the artifact on `runtime` (deploy_of) beside it: JSON and a
+    shell script (with the artifact's path and any options file the command reads)."""
+    from autoplan.atomic import json_text
+
+    d = deploy_of(plan, runtime)
+    if d is None:
+        return
     d = d.with_model(str(artifact))
     (folder / DEPLOY_JSON).write_text(json_text(d.to_json()))
     for name, text in d.files.items():
         (folder / name).write_text(text)
     if d.command:
-        lines = ["#!/bin/sh", f"# {plan.runtime.name}: batch {d.settings.get('batch')}, "
+        lines = ["#!/bin/sh", f"# {d.runtime}: batch {d.settings.get('batch')}, "
                  f"context {d.settings.get('max_model_len')} (what the plan assumed)",
                  'cd "$(dirname "$0")"' if d.files else "", "exec " + d.shell()]
         (folder / DEPLOY_SH).write_text("\n".join(x for x in lines if x) + "\n")
 
 
-__all__ = ["DEPLOY_JSON", "DEPLOY_SH", "kv_scales", "kv_scheme", "scale_digest", "static_kv",
-           "write_deploy"]
+__all__ = ["DEPLOY_JSON", "DEPLOY_SH", "deploy_of", "kv_scales", "kv_scheme", "scale_digest",
+           "static_kv", "write_deploy"]

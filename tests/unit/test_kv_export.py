@@ -84,6 +84,20 @@ def test_modelopt_writes_kv_cache_quant_algo_and_scales(loaded, tmp_path: Path) 
     assert (out / "llm_options.yml").read_text().startswith("kv_cache_config:")
 
 
+def test_an_export_for_another_engine_ships_that_engines_command(loaded, tmp_path: Path) -> None:  # noqa: ANN001
+    """A vLLM plan exported as ModelOpt is served by TensorRT-LLM: the deploy command beside
+    it is trtllm-serve at the plan's batch and context, not the plan's `vllm serve`."""
+    plan = _with_kv(make_plan(loaded, uniform(loaded, "fp8_e4m3")), loaded, KvFormat.FP8_E4M3)
+    assert plan.deploy.runtime == "vllm"
+    out = export_plan(plan, loaded, "modelopt", tmp_path / "mo", calibration=calibration())
+    deploy = json.loads((out / DEPLOY_JSON).read_text())
+    assert deploy["runtime"] == "tensorrt-llm"
+    assert deploy["command"][:2] == ["trtllm-serve", str(out)]
+    assert deploy["settings"]["batch"] == 8 and deploy["settings"]["max_model_len"] == 40
+    script = (out / DEPLOY_SH).read_text()
+    assert "# tensorrt-llm: batch 8" in script and "vllm" not in script
+
+
 @pytest.mark.parametrize(("case", "needle"), [
     ("no digests", "placeholder"), ("no calibration", "calibration set"),
     ("other calibration", "differ from the plan's")])
