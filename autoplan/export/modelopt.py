@@ -110,6 +110,11 @@ class ModelOptExporter:
 
     def write(self, prep: Prepared, out_dir: str | Path) -> Path:
         """Write the checkpoint atomically into ``out_dir``; return its path."""
+        if (not prep.quantized() and kv_scheme(prep.plan, FORMAT) is None
+                and all(c.sparsity.kind == "dense" for c in prep.choices.values())):
+            raise UnsupportedFormatError("the plan quantizes no layer, sparsifies none and has "
+                                         "no KV-cache scales; a ModelOpt checkpoint would be "
+                                         "the original model: serve that")
         model = prep.loaded.model
         config = copy.deepcopy(model.config)
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}

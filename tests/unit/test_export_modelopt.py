@@ -103,3 +103,16 @@ def test_int4_refused_with_the_fix(loaded, tmp_path):
     with pytest.raises(UnsupportedFormatError, match="--format compressed-tensors"):
         export_plan(plan, loaded, "modelopt", tmp_path / "mo")
     assert not (tmp_path / "mo").exists()
+
+
+def test_a_plan_that_changes_nothing_is_refused(loaded, tmp_path):
+    """Like compressed-tensors: an all-16-bit plan with no sparsity and no KV scales would be
+    the original model under a ModelOpt header; 2:4 alone is a checkpoint of its own."""
+    plan = make_plan(loaded, _decisions(loaded, lambda n: BASELINE), runtime="tensorrt-llm")
+    with pytest.raises(UnsupportedFormatError, match="quantizes no layer, sparsifies none"):
+        export_plan(plan, loaded, "modelopt", tmp_path / "mo")
+    assert not (tmp_path / "mo").exists()
+    sparse = _decisions(loaded, lambda n: BASELINE if n == "lm_head" else "2:4+bf16")
+    out = export_plan(make_plan(loaded, sparse, runtime="tensorrt-llm"), loaded, "modelopt",
+                      tmp_path / "sparse")
+    assert json.loads((out / "hf_quant_config.json").read_text())["sparsity"]["layers"]
