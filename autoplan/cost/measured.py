@@ -23,6 +23,11 @@ class MeasuredTable:
     # Measured seconds of everything but the linear layers in one decode step (the
     # document's "non_gemm_decode_s"); replaces the analytic fixed decode terms.
     non_gemm_decode_s: float | None = None
+    # How the source stores the input embedding where the artifact keeps it as it is (a
+    # GGUF export copies token_embd): bits per weight, and the planned choice of that type
+    # (None: a type autoplan does not plan). None: the cost model's baseline.
+    embedding_bits: float | None = None
+    embedding_choice: Choice | None = None
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any] | None) -> MeasuredTable:
@@ -56,8 +61,14 @@ class MeasuredTable:
         fixed = doc.get("non_gemm_decode_s")
         if fixed is not None and not _positive_finite(fixed):
             raise UserInputError("measured non_gemm_decode_s must be a finite number > 0")
+        embedding = doc.get("embedding") or {}
+        bits, choice = embedding.get("bits"), embedding.get("choice")
+        if bits is not None and not _positive_finite(bits):
+            raise UserInputError("measured embedding bits must be a finite number > 0")
         return cls(rows, bool(doc.get("includes_dispatch", False)),
-                   None if fixed is None else float(fixed))
+                   None if fixed is None else float(fixed),
+                   None if bits is None else float(bits),
+                   Choice.parse(str(choice)) if choice else None)
 
     def seconds(self, m: int, n: int, k: int, choice: Choice) -> float | None:
         """The measured time of this GEMM, or None."""

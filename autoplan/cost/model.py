@@ -233,8 +233,12 @@ class CostModel:
         weights = sum(layer.params * stored_bits(self.target, c) / 8
                       for layer, c in zip(spec.layers, choices))
         lm_choice = choices[-1] if spec.layers[-1].role == "lm_head" else self.baseline
-        if not (spec.tie_embeddings and lm_choice == self.baseline):
-            weights += spec.embedding_params * base_bytes  # separate input embedding
+        # the input embedding as the artifact stores it: a GGUF export keeps the source's
+        # token_embd (and ties lm_head to it when lm_head is planned in its type)
+        kept = self.measured.embedding_bits
+        embedding = self.measured.embedding_choice if kept is not None else self.baseline
+        if not (spec.tie_embeddings and lm_choice == embedding):
+            weights += spec.embedding_params * (base_bytes if kept is None else kept / 8)
         weights += (2 * spec.n_layers + 1) * spec.hidden * base_bytes  # norms
         weights += spec.unlisted_params * base_bytes  # MoE routers, gpt-oss biases and sinks
         kv = cache_bytes(spec, self.kv, w.batch, w.input_len + w.output_len)

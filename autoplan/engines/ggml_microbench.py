@@ -388,6 +388,25 @@ def _runs(layer: Any, spec: Any, batch: int) -> float:
     return touched(spec.moe.top_k / spec.moe.n_experts, batch)
 
 
+def source_embedding(loaded: LoadedModel) -> dict[str, Any]:
+    """How the source GGUF stores the input embedding (token_embd), which a GGUF export
+    copies as it is: its ggml type, bits per weight, and the planned choice of that type
+    (None for a type autoplan does not plan, e.g. Q6_K)."""
+    from gguf import GGML_QUANT_SIZES
+
+    from autoplan.export.gguf import source_gguf
+    from autoplan.models.gguf_read import gguf_reader
+
+    tensor = next((t for t in gguf_reader(source_gguf(loaded)).tensors
+                   if t.name == "token_embd.weight"), None)
+    if tensor is None:
+        return {}
+    block, size = GGML_QUANT_SIZES[tensor.tensor_type]
+    precision = {v: k for k, v in GGML_TYPE_IDS.items()}.get(int(tensor.tensor_type))
+    return {"ggml_type": tensor.tensor_type.name, "bits": 8.0 * size / block,
+            "choice": f"dense+{precision.value}" if precision is not None else None}
+
+
 def non_gemm_decode(loaded: LoadedModel, workload: Any, threads: int | None = None,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measured non-GEMM seconds of a decode step: the source GGUF's decode step minus its
@@ -436,12 +455,15 @@ def search_kernel_table(loaded: LoadedModel, space: Any, workload: Any, threads:
     doc = {**table, "rows": [r for r in table["rows"]
                              if (r["m"], r["n"], r["k"], r["choice"]) in keep]}
     source = getattr(loaded, "source", None)
-    if workload.batch == 1 and source is not None and source.path.suffix.lower() == ".gguf":
-        doc.update(non_gemm_decode(loaded, workload, threads, progress))
+    if source is not None and source.path.suffix.lower() == ".gguf":
+        doc["embedding"] = source_embedding(loaded)  # a GGUF export keeps it: memory
+        if workload.batch == 1:
+            doc.update(non_gemm_decode(loaded, workload, threads, progress))
     return doc
 
 
 __all__ = ["GGML_TYPE_IDS", "METHOD", "SOURCE_PREFIX", "SPREAD_BOUND", "cache_path",
            "copies_for", "decode_rows", "decode_step_seconds", "empty_table", "engine_version",
            "ggml_type_id", "machine_key", "measure_rows", "non_gemm_decode", "quiet_time",
-           "repeatable", "search_kernel_table", "source_decisions", "clock_for"]
+           "repeatable", "search_kernel_table", "source_decisions", "source_embedding",
+           "clock_for"]

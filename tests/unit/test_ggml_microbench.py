@@ -234,3 +234,44 @@ def test_a_layer_the_source_gguf_lacks_is_refused_not_priced_as_another(tmp_path
     with pytest.raises(AutoplanError, match=r"no tensor for model\.layers\.0\.self_attn\.q_proj"
                                             r" .*convert_hf_to_gguf"):
         gm.source_decisions(loaded)
+
+
+def test_the_source_embedding_is_read_as_the_file_stores_it(tmp_path):
+    """A GGUF export copies token_embd: the search's table says how it is stored."""
+    from autoplan.models.gguf_read import gguf_reader
+    from tests.unit.test_gguf_gptoss_export import gptoss_source
+
+    loaded, _ = gptoss_source(tmp_path)
+    embd = next(t for t in gguf_reader(loaded.source.path).tensors
+                if t.name == "token_embd.weight")
+    got = gm.source_embedding(loaded)
+    assert got["ggml_type"] == embd.tensor_type.name
+    assert got["bits"] * embd.n_elements == pytest.approx(8 * embd.n_bytes)
+    assert got["choice"] == f"dense+{got['ggml_type'].lower()}"
+
+
+def test_memory_counts_the_kept_embedding_once_when_lm_head_is_tied_to_it():
+    """SmolLM2's GGUF stores its tied embedding Q8_0: an export whose lm_head is Q8_0 holds
+    one Q8_0 tensor for both (not an fp32 embedding beside a Q8_0 lm_head); another lm_head
+    type is a tensor of its own beside the Q8_0 embedding."""
+    from autoplan.cost import CostModel, resolve_config
+    from autoplan.formats import Choice
+    from autoplan.targets import get_target
+    from autoplan.workload import Workload
+
+    spec = resolve_config("smollm2-135m")
+    assert spec.tie_embeddings
+    kept = {"rows": [], "embedding": {"ggml_type": "Q8_0", "bits": 8.5, "choice": "dense+q8_0"}}
+    fp32 = Choice.parse("fp32")
+
+    def weights(lm_head: str, measured=None) -> float:  # noqa: ANN001
+        cm = CostModel(spec, get_target("xeon-8480"), Workload(batch=1), baseline=fp32,
+                       measured=measured)
+        choices = tuple(Choice.parse(lm_head) if la.role == "lm_head" else Choice.parse("q8_0")
+                        for la in spec.layers)
+        return cm.memory(choices).weights_bytes
+
+    embedding = spec.embedding_params
+    assert weights("q8_0") - weights("q8_0", kept) == pytest.approx(embedding * 4)  # fp32 gone
+    assert weights("q4_0", kept) - weights("q8_0", kept) == pytest.approx(embedding * 4.5 / 8)
+    assert weights("fp32") == weights("fp32", {"rows": []})  # tied to the fp32 baseline
