@@ -229,3 +229,19 @@ def test_estimate_memory_rows_add_up() -> None:
     parts = [row(label) for label in ("weights GB", "KV cache GB", "workspace GB")]
     for side in range(2):
         assert total[side] == pytest.approx(sum(p[side] for p in parts), abs=0.015)
+
+
+def test_estimate_prints_small_rates_to_three_significant_digits() -> None:
+    """Mixtral on one Xeon decodes a few tokens a second: "7.1 | 6.8 | 1.05x", not "7 | 7"."""
+    import re
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    out = CliRunner().invoke(cli, ["estimate", "--model", "mixtral-8x7b", "--target",
+                                   "xeon-8480", "--runtime", "vllm", "--precision", "int8"])
+    assert out.exit_code == 0, out.output
+    line = next(x for x in out.stdout.splitlines() if "decode tokens/s" in x)
+    cand, base = re.findall(r"(?<=│) +([\d,.]+) +(?=│)", line)[:2]
+    assert re.fullmatch(r"\d\.\d\d", cand) and re.fullmatch(r"\d\.\d\d", base), line
