@@ -327,7 +327,7 @@ def _faster(side: dict, other: dict) -> bool:
 def _table(doc: dict) -> str:
     sides = doc["sides"]
     q8, orig = sides["q8_0"]["decode_tok_s"], sides["original"]["decode_tok_s"]
-    lines = ["| side | linear tensor types | file MB | decode tok/s (median; range) | vs q8_0 | "
+    lines = ["| side | linear tensor types | file MiB | decode tok/s (median; range) | vs q8_0 | "
              "vs original | predicted decode tok/s | TTFT ms | request tok/s | "
              "KL via llama.cpp | ppl | simulated KL | meets budget |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
