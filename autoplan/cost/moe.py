@@ -190,5 +190,5 @@ def routing_time(spec: ModelSpec, eff: FamilyEfficiency, batch: int, prefill_tok
 
 
 __all__ = ["EXPERT_GEMMS", "GROUPED_GEMM_EFF", "ROUTING_KERNELS", "Routing", "expert_members",
-           "expert_overhead", "expert_rows", "expert_step", "expert_takes", "experts_kept_dense", "routed_expert_choice",
-           "routing_time", "touched"]
+           "expert_overhead", "expert_rows", "expert_step", "expert_takes", "experts_kept_dense",
+           "routed_expert_choice", "routing_time", "touched"]

@@ -318,10 +318,11 @@ class Plan(_Strict):
         if not isinstance(shares, dict) or not all(
                 isinstance(block, str) and block.isdigit() and isinstance(row, list) and row
                 and all(_share(x) for x in row) for block, row in shares.items()):
+            # pydantic turns a ValueError (not a TypeError) into its one-line validation error
             raise ValueError("'shares' must map block indices to lists of non-negative "
                              "numbers, each expert's share of the tokens")
         if not isinstance(value.get("source", ""), str):
-            raise ValueError("'source' must be a string")
+            raise ValueError("'source' must be a string")  # noqa: TRY004
         return value
 
 

@@ -264,7 +264,7 @@ def test_memory_counts_the_kept_embedding_once_when_lm_head_is_tied_to_it():
     kept = {"rows": [], "embedding": {"ggml_type": "Q8_0", "bits": 8.5, "choice": "dense+q8_0"}}
     fp32 = Choice.parse("fp32")
 
-    def weights(lm_head: str, measured=None) -> float:  # noqa: ANN001
+    def weights(lm_head: str, measured: dict | None = None) -> float:
         cm = CostModel(spec, get_target("xeon-8480"), Workload(batch=1), baseline=fp32,
                        measured=measured)
         choices = tuple(Choice.parse(lm_head) if la.role == "lm_head" else Choice.parse("q8_0")

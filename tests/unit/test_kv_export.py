@@ -84,7 +84,7 @@ def test_modelopt_writes_kv_cache_quant_algo_and_scales(loaded, tmp_path: Path) 
     assert (out / "llm_options.yml").read_text().startswith("kv_cache_config:")
 
 
-def test_an_export_for_another_engine_ships_that_engines_command(loaded, tmp_path: Path) -> None:  # noqa: ANN001
+def test_an_export_for_another_engine_ships_that_engines_command(loaded, tmp_path: Path) -> None:  # noqa: ANN001, E501
     """A vLLM plan exported as ModelOpt is served by TensorRT-LLM: the deploy command beside
     it is trtllm-serve at the plan's batch and context, not the plan's `vllm serve`."""
     plan = _with_kv(make_plan(loaded, uniform(loaded, "fp8_e4m3")), loaded, KvFormat.FP8_E4M3)
