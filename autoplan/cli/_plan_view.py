@@ -51,8 +51,12 @@ def summary_table(plan: Plan) -> Table:
     extra = [f"{uniform_kl:.5f}" if uniform_kl is not None else "-"] if len(cols) > 2 else []
     table.add_row("batch (concurrent sequences)",
                   *[f"{plan.workload.batch:,}" if k == "plan" else "" for k in cols])
-    table.add_row("KL to original (measured)", f"{q.kl:.5f}", "0", *extra)
-    table.add_row("perplexity (measured)", f"{q.ppl:.3f}", f"{q.ppl_ref:.3f}",
+    # quality is measured against the model as is: the baseline itself, unless the source
+    # is quantized (a GGUF), whose "as is" candidate is the reference and the baseline (its
+    # dequantization) was not measured
+    as_is = any(point.kind == "as-is" for point in plan.search.points)
+    table.add_row("KL to original (measured)", f"{q.kl:.5f}", "-" if as_is else "0", *extra)
+    table.add_row("perplexity (measured)", f"{q.ppl:.3f}", "-" if as_is else f"{q.ppl_ref:.3f}",
                   *(["-"] if len(cols) > 2 else []))
     return table
 
@@ -122,7 +126,7 @@ def kv_lines(plan: Plan) -> list[str]:
     rounding = f", queries rounded to {kv.query}" if kv.query else ""
     out.append(f"KV cache: {kv.format} (engine flag {kv.flag}; runtime's own {kv.default}); "
                f"{kv.bytes_per_token / 1024:,.2f} KiB per token, "
-               f"{kv.bytes_per_sequence / 1e6:,.2f} MB per sequence; scales: {kv.scales}"
+               f"{kv.bytes_per_sequence / 2**20:,.2f} MiB per sequence; scales: {kv.scales}"
                f"{rounding}; one type for every layer")
     if plan.quality.kl_long is not None:
         out.append(f"KL short / long prompts (measured): {plan.quality.kl:.5f} / "
@@ -162,8 +166,10 @@ def render(plan: Plan) -> Group:
             f"outcome: {s.outcome}; {s.trials} surrogate trials, {s.real_evaluations} real "
             f"evaluations, {s.wall_time_s:.1f} s; sampler {s.sampler}, seed {s.seed}"]
     if cert:
-        text.append(f"certificate: exact optimum of the surrogate problem {cert.optimum_objective:,.2f}"
-                    f", search {cert.search_objective:,.2f}, gap {cert.gap * 100:.3f}%")
+        # objectives differ by orders of magnitude (tok/s, seconds per token): 5 digits each
+        text.append(f"certificate: exact optimum of the surrogate problem "
+                    f"{cert.optimum_objective:,.5g} ({plan.objective}), search "
+                    f"{cert.search_objective:,.5g}, gap {cert.gap * 100:.3f}%")
     text += _quality_lines(plan) + kv_lines(plan) + deploy_lines(plan)
     if s.gain_over_best_uniform:
         text.append(f"predicted gain over best uniform recipe ({s.best_uniform}): "
