@@ -89,7 +89,7 @@ def size_fleet(*, weight_bytes: float, kv_bytes_per_token: float, node_memory_by
                batch: int, input_len: int, output_len: int, ttft_s: float, tpot_s: float,
                qps: float, p99_s: float, price_per_hour: float, usable_fraction: float = 0.9,
                max_replicas: int | None = 1, quantile: float = 0.99,
-               domains: int = 1) -> FleetSizing:
+               domains: int = 1, workspace_bytes: float = 0.0) -> FleetSizing:
     """Size a fleet (docs/modules.md has the model); all figures in SI units.
 
     Args:
@@ -106,6 +106,8 @@ def size_fleet(*, weight_bytes: float, kv_bytes_per_token: float, node_memory_by
         max_replicas: cap on model copies per memory domain (None: memory alone decides).
         domains: memory domains per node, each running its own replicas (sockets of a CPU
             node run one replica per socket; 1 for a GPU).
+        workspace_bytes: one replica's activation workspace at `batch` (the cost model's
+            Memory.workspace_bytes), which it holds beside its weights and KV cache.
     """
     named = {"qps": qps, "p99": p99_s, "TTFT": ttft_s, "weights": weight_bytes,
              "node memory": node_memory_bytes}
@@ -124,9 +126,13 @@ def size_fleet(*, weight_bytes: float, kv_bytes_per_token: float, node_memory_by
         steps.append(Step(label, formula, value, unit))
         return value
 
+    if not 0 <= workspace_bytes < math.inf:
+        raise UserInputError(f"fleet sizing needs a finite workspace >= 0, got {workspace_bytes}")
+    space = f" + {workspace_bytes:.4g} B workspace" if workspace_bytes else ""
     per_replica = step("memory per replica", f"{weight_bytes:.4g} B + {batch} x "
-                       f"({input_len}+{output_len}) x {kv_bytes_per_token:.4g} B",
-                       weight_bytes + batch * (input_len + output_len) * kv_bytes_per_token, "B")
+                       f"({input_len}+{output_len}) x {kv_bytes_per_token:.4g} B{space}",
+                       weight_bytes + batch * (input_len + output_len) * kv_bytes_per_token
+                       + workspace_bytes, "B")
     where = "node" if domains == 1 else "memory domain"
     usable = step(f"usable memory per {where}", f"{usable_fraction} x {node_memory_bytes:.4g} B",
                   usable_fraction * node_memory_bytes, "B")

@@ -46,7 +46,8 @@ def _size(cm: CostModel, decisions, workload: Workload, qps: float, p99_s: float
         input_len=workload.input_len, output_len=workload.output_len,
         ttft_s=est.metrics.ttft_s, tpot_s=est.metrics.tpot_s, qps=qps, p99_s=p99_s,
         price_per_hour=layout.node_price_per_hour, usable_fraction=USABLE_MEMORY,
-        max_replicas=max_replicas, domains=layout.domains)
+        max_replicas=max_replicas, domains=layout.domains,
+        workspace_bytes=est.memory.workspace_bytes)
 
 
 def _steps_table(title: str, sizing: FleetSizing | MeasuredSizing) -> Table:
@@ -61,12 +62,15 @@ def _steps_table(title: str, sizing: FleetSizing | MeasuredSizing) -> Table:
 
 
 def _lengths(measured: MeasuredCurves | None, input_len: int | None,
-             output_len: int | None) -> tuple[int, int]:
+             output_len: int | None, planned: Workload | None) -> tuple[int, int]:
     """The workload: the measured one when sizing from a measurement (a curve says nothing
-    about other lengths), else the given lengths or 512 / 128."""
+    about other lengths), else the given lengths, else the plan's (what its predictions and
+    deploy command assumed), else 512 / 128."""
     if measured is None:
-        return (512 if input_len is None else input_len,
-                128 if output_len is None else output_len)
+        default_in, default_out = ((planned.input_len, planned.output_len) if planned
+                                   else (512, 128))
+        return (default_in if input_len is None else input_len,
+                default_out if output_len is None else output_len)
     for flag, given, have in (("input-len", input_len, measured.input_len),
                               ("output-len", output_len, measured.output_len)):
         if given is not None and given != have:
@@ -198,8 +202,8 @@ def _check_args(*, qps: float, p99_ms: float, input_len: int, output_len: int,
 @click.option("--model", default=None, help="Model (default: the plan's).")
 @click.option("--node", required=True, help="Node target, e.g. xeon-8480 or h100.")
 @click.option("--qps", type=float, required=True, help="Requests per second, whole fleet.")
-@workload_options(1, "Sequences one replica decodes together.",
-                  lengths_from="the --measured workload's")
+@workload_options(1, "Sequences one replica decodes together (default: the plan's batch).",
+                  lengths_from="the --measured workload's, or the plan's")
 @click.option("--p99-ms", type=float, required=True, help="p99 request-latency SLA, ms.")
 @click.option("--max-replicas", type=int, default=1, show_default=True,
               help="Model copies per memory domain (0: as many as memory allows).")
@@ -227,12 +231,14 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     With `--measured` the fleet is also sized from a serving benchmark's capacity curves.
     """
     measured = read_capacity_curves(measured_path) if measured_path else None
-    input_len, output_len = _lengths(measured, input_len, output_len)
+    plan = read_plan(plan_path)
+    planned = plan.full.workload if plan.full else None
+    input_len, output_len = _lengths(measured, input_len, output_len, planned)
     _check_args(qps=qps, p99_ms=p99_ms, input_len=input_len, output_len=output_len,
                 max_replicas=max_replicas)
-    operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms, 1)
+    operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms,
+                               planned.batch if planned else 1)
     curves = _measured_sides(measured, measured_sides) if measured else None
-    plan = read_plan(plan_path)
     model = model or plan.model_id
     if not model:
         raise UserInputError("this plan does not name its model: pass --model")

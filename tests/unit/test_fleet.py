@@ -106,7 +106,6 @@ def test_cli_sizes_an_moe_plan_with_its_routing(tmp_path):
     from autoplan.cost.moe import Routing
     from autoplan.formats import Choice
     from autoplan.plan.io import save_plan
-    from autoplan.workload import Workload
     from tests.unit.test_plan_io import sample_plan
 
     spec = resolve_config("mixtral-8x7b")
@@ -118,14 +117,43 @@ def test_cli_sizes_an_moe_plan_with_its_routing(tmp_path):
         path = tmp_path / f"{name}.json"
         save_plan(sample_plan(decisions=decisions, routing=routing), path)
         out = CliRunner().invoke(cli, ["fleet", "--plan", str(path), "--model", "mixtral-8x7b",
-                                       "--node", "h100", "--batch", "8", "--qps", "1",
-                                       "--p99-ms", "60000", "--json"])
+                                       "--node", "h100", "--qps", "1", "--p99-ms", "60000",
+                                       "--json"])
         assert out.exit_code == 0, out.output
         service[name] = json.loads(out.stdout)["plan"]["service_s"]
-    w = Workload(batch=8, input_len=512, output_len=128)
+    w = sample_plan().workload  # the plan's lengths: fleet's default
     choices = {k: Choice.parse(v) for k, v in decisions.items()}
     for name, routing in (("hot", hot), ("none", Routing.uniform(spec))):
         cm = CostModel(spec, resolve_target("h100"), w, routing=routing)
         assert service[name] == pytest.approx(cm.evaluate(choices).metrics.request_latency_s,
                                               rel=1e-6)
     assert service["hot"] < 0.8 * service["none"]  # two hot experts: fewer bytes a step
+
+
+def test_cli_defaults_to_the_plans_workload_and_counts_the_workspace(tmp_path):
+    """Without --batch / --input-len / --output-len a full plan is sized at the workload its
+    predictions and deploy command assumed, and a replica's memory holds its workspace."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.backends.registry import resolve_target
+    from autoplan.cli import cli
+    from autoplan.cost import CostModel, resolve_config
+    from autoplan.plan.io import save_plan
+    from tests.unit.test_plan_io import sample_plan
+
+    spec = resolve_config("llama-3.1-8b")
+    plan = sample_plan(decisions={layer.name: "dense+fp8_e4m3" for layer in spec.layers})
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    out = CliRunner().invoke(cli, ["fleet", "--plan", str(path), "--model", "llama-3.1-8b",
+                                   "--node", "h100", "--qps", "1", "--p99-ms", "60000", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["workload"] == {"batch": 8, "input_len": 128, "output_len": 32}
+    memory = CostModel(spec, resolve_target("h100"), plan.workload).memory(
+        CostModel(spec, resolve_target("h100"), plan.workload).resolve(plan.decisions))
+    first = doc["plan"]["steps"][0]
+    assert first["label"] == "memory per replica" and "workspace" in first["formula"]
+    assert first["value"] == pytest.approx(memory.total_bytes, rel=1e-9)
