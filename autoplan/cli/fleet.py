@@ -29,6 +29,7 @@ from autoplan.fleet_measured import (
 from autoplan.formats import Choice
 from autoplan.nodes import NodeLayout, node_layout
 from autoplan.plan.io import PlanInput, read_plan
+from autoplan.plan.schema import Predicted
 from autoplan.runtimes import default_runtime, get_runtime, refused_layers, version_on
 from autoplan.search import load_space_file
 from autoplan.targets import Target
@@ -36,15 +37,21 @@ from autoplan.workload import Workload
 
 
 def _size(cm: CostModel, decisions, workload: Workload, qps: float, p99_s: float,
-          max_replicas: int | None, layout: NodeLayout) -> FleetSizing:
+          max_replicas: int | None, layout: NodeLayout,
+          planned: Predicted | None = None) -> FleetSizing:
+    """One side's fleet; `planned`: the plan's own prediction of this side at this target and
+    workload, whose TTFT and TPOT it keeps (a `local` search times the machine's kernels,
+    which the cost model here has not)."""
     est = cm.evaluate(decisions)
     tokens = workload.batch * (workload.input_len + workload.output_len)
+    ttft, tpot = (planned.ttft_s, planned.tpot_s) if planned else (est.metrics.ttft_s,
+                                                                   est.metrics.tpot_s)
     return size_fleet(
         weight_bytes=est.memory.weights_bytes,
         kv_bytes_per_token=est.memory.kv_cache_bytes / tokens,
         node_memory_bytes=cm.target.memory_bytes, batch=workload.batch,
         input_len=workload.input_len, output_len=workload.output_len,
-        ttft_s=est.metrics.ttft_s, tpot_s=est.metrics.tpot_s, qps=qps, p99_s=p99_s,
+        ttft_s=ttft, tpot_s=tpot, qps=qps, p99_s=p99_s,
         price_per_hour=layout.node_price_per_hour, usable_fraction=USABLE_MEMORY,
         max_replicas=max_replicas, domains=layout.domains,
         workspace_bytes=est.memory.workspace_bytes)
@@ -267,7 +274,10 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
             points[side] = resolve_operating_point(spec, lay.target, decisions, operating,
                                                    model_for=model_for)
             w = points[side].workload
-            sized[side] = _size(model_for(w), decisions, w, qps, p99_ms / 1e3, cap, lay)
+            own = (plan.full.predicted.get(side) if plan.full is not None and lay.domains == 1
+                   and plan.full.target.name == lay.target.name and plan.full.workload == w
+                   else None)
+            sized[side] = _size(model_for(w), decisions, w, qps, p99_ms / 1e3, cap, lay, own)
         except (NoOperatingPoint, ReplicaDoesNotFit) as exc:
             if side == "plan":
                 raise

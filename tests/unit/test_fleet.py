@@ -116,15 +116,16 @@ def test_cli_sizes_an_moe_plan_with_its_routing(tmp_path):
     for name, routing in (("hot", hot.to_json()), ("none", None)):
         path = tmp_path / f"{name}.json"
         save_plan(sample_plan(decisions=decisions, routing=routing), path)
+        # another node than the plan's target: the cost model sizes it, not the plan's figures
         out = CliRunner().invoke(cli, ["fleet", "--plan", str(path), "--model", "mixtral-8x7b",
-                                       "--node", "h100", "--qps", "1", "--p99-ms", "60000",
+                                       "--node", "h200", "--qps", "1", "--p99-ms", "60000",
                                        "--json"])
         assert out.exit_code == 0, out.output
         service[name] = json.loads(out.stdout)["plan"]["service_s"]
     w = sample_plan().workload  # the plan's lengths: fleet's default
     choices = {k: Choice.parse(v) for k, v in decisions.items()}
     for name, routing in (("hot", hot), ("none", Routing.uniform(spec))):
-        cm = CostModel(spec, resolve_target("h100"), w, routing=routing)
+        cm = CostModel(spec, resolve_target("h200"), w, routing=routing)
         assert service[name] == pytest.approx(cm.evaluate(choices).metrics.request_latency_s,
                                               rel=1e-6)
     assert service["hot"] < 0.8 * service["none"]  # two hot experts: fewer bytes a step
@@ -157,3 +158,34 @@ def test_cli_defaults_to_the_plans_workload_and_counts_the_workspace(tmp_path):
     first = doc["plan"]["steps"][0]
     assert first["label"] == "memory per replica" and "workspace" in first["formula"]
     assert first["value"] == pytest.approx(memory.total_bytes, rel=1e-9)
+
+
+def test_cli_keeps_the_plans_own_times_on_its_target_and_workload(tmp_path):
+    """On the plan's own target at its workload, a replica's TTFT and TPOT are the plan's
+    predictions (what show prints: a `local` search timed the machine's kernels, which
+    fleet's cost model has not); elsewhere the cost model's."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+    from autoplan.cost import resolve_config
+    from autoplan.plan.io import save_plan
+    from tests.unit.test_plan_io import sample_plan
+
+    spec = resolve_config("llama-3.1-8b")
+    plan = sample_plan(decisions={layer.name: "dense+fp8_e4m3" for layer in spec.layers})
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+
+    def times(*extra: str) -> tuple[float, float]:
+        out = CliRunner().invoke(cli, ["fleet", "--plan", str(path), "--model", "llama-3.1-8b",
+                                       "--qps", "1", "--p99-ms", "60000", "--json", *extra])
+        assert out.exit_code == 0, out.output
+        steps = {s["label"]: s["value"] for s in json.loads(out.stdout)["plan"]["steps"]}
+        return steps["TTFT per replica"], steps["TPOT per replica"]
+
+    predicted = plan.predicted["plan"]
+    assert times("--node", "h100-sxm") == (predicted.ttft_s, predicted.tpot_s)
+    assert times("--node", "h100-sxm", "--batch", "4") != (predicted.ttft_s, predicted.tpot_s)
+    assert times("--node", "h200") != (predicted.ttft_s, predicted.tpot_s)
