@@ -332,7 +332,7 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
             ("node throughput tok/s", "node_throughput_tok_s", ",.1f"),
             ("nodes", "nodes", "d"), ("p99 latency s", "p99_s", ".3f"),
             ("utilization", "utilization", ".1%"), ("$/month", "usd_per_month", ",.0f"),
-            ("$/1M output tokens", "usd_per_million_tokens", ",.4f"))
+            ("$/1M output tokens at this qps", "usd_per_million_tokens", ",.4f"))
     for label, attr, spec in rows:
         summary.add_row(label, _fmt(_value(before, attr), spec), _fmt(_value(after, attr), spec))
     console.print(summary)
