@@ -265,6 +265,8 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     if operating.mode != "fixed":
         for side, point in points.items():
             err_console.print(f"{side}: {point.detail}")
+    if problem := spec.context_problem(input_len + output_len):  # printed once it stands
+        err_console.print(f"warning: {problem}")
     if not cand.memory.fits:
         err_console.print(f"warning: {choice} needs {cand.memory.total_bytes / 1e9:,.1f} GB, "
                           f"more than the {cand.memory.capacity_bytes / 1e9:,.0f} GB usable "

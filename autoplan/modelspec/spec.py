@@ -94,6 +94,7 @@ class ModelSpec:
     windows: tuple[int, ...] = ()  # per block: sliding window in tokens, 0 = full; () = all full
     sinks: bool = False  # a learned attention-sink logit per head (gpt-oss)
     mla: MLASpec | None = None  # multi-head latent attention (DeepSeek): costed, not loaded
+    max_context: int = 0  # config.json's max_position_embeddings; 0: not given
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -134,6 +135,7 @@ class ModelSpec:
         # absent from config.json, transformers' own default for the type applies
         tie = bool(cfg.get("tie_word_embeddings", model_type in ("gemma", "gemma2", "gemma3_text")))
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        context = int(cfg.get("max_position_embeddings") or 0)
         if moe is not None:
             layers = _moe_layers(moe, n_layers, hidden, n_heads * head_dim, n_kv * head_dim,
                                  vocab)
@@ -142,12 +144,12 @@ class ModelSpec:
             return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv,
                        head_dim, vocab, tie, True, dtype, tuple(layers), name, moe,
                        layer_windows(cfg, model_type, n_layers), model_type == "gpt_oss",
-                       mla)
+                       mla, context)
         builder = {"llama": _llama_layers, "phi3": _phi3_layers, "gpt_neox": _neox_layers}[family]
         layers = builder(n_layers, hidden, intermediate, n_heads * head_dim, n_kv * head_dim, vocab)
         return cls(model_type, family, hidden, intermediate, n_layers, n_heads, n_kv, head_dim,
                    vocab, tie, family != "gpt_neox", dtype, tuple(layers), name,
-                   None, layer_windows(cfg, model_type, n_layers))
+                   None, layer_windows(cfg, model_type, n_layers), max_context=context)
 
     @classmethod
     def from_path(cls, path: str | Path) -> ModelSpec:
@@ -273,6 +275,15 @@ class ModelSpec:
         if not self.windows:
             return context * self.kv_bytes_per_token(kv_bytes)
         return self.kv_tokens(context) * self.cached_width * kv_bytes
+
+    def context_problem(self, tokens: int) -> str:
+        """Why a request of `tokens` tokens (prompt + output) is longer than this model
+        serves, or "" when it is not (or the config gives no max_position_embeddings)."""
+        if not self.max_context or tokens <= self.max_context:
+            return ""
+        return (f"a request of {tokens:,} tokens is longer than the model's context, "
+                f"max_position_embeddings {self.max_context:,}: engines refuse it unless the "
+                "context is extended (rope scaling in config.json)")
 
     def kv_tokens(self, context: float) -> float:
         """Cached tokens summed over layers at `context` (a windowed layer keeps its window)."""

@@ -245,3 +245,18 @@ def test_estimate_prints_small_rates_to_three_significant_digits() -> None:
     line = next(x for x in out.stdout.splitlines() if "decode tokens/s" in x)
     cand, base = re.findall(r"(?<=│) +([\d,.]+) +(?=│)", line)[:2]
     assert re.fullmatch(r"\d\.\d\d", cand) and re.fullmatch(r"\d\.\d\d", base), line
+
+
+def test_estimate_warns_of_a_request_longer_than_the_models_context() -> None:
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+
+    args = ["estimate", "--model", "mixtral-8x7b", "--target", "h200", "--precision", "fp8"]
+    long = CliRunner().invoke(cli, [*args, "--input-len", "32760", "--output-len", "10"])
+    assert long.exit_code == 0, long.output
+    assert "32,770 tokens is longer than the model's context, max_position_embeddings 32,768" \
+        in long.stderr
+    fits = CliRunner().invoke(cli, [*args, "--input-len", "32758", "--output-len", "10"])
+    assert fits.exit_code == 0 and "max_position_embeddings" not in fits.stderr
+    assert resolve_config("mixtral-8x7b").max_context == 32_768
