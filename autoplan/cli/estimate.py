@@ -121,7 +121,7 @@ def _kv_breakdown(est: Estimate) -> Table:
     batch = est.workload["batch"]
     table = Table(title=f"KV cache per block (predicted; batch {batch:,}, "
                         f"{est.kv.bytes_per_token / 1024:,.1f} KiB per token, "
-                        f"{est.kv.bytes_per_sequence / 1e6:,.1f} MB per sequence, "
+                        f"{est.kv.bytes_per_sequence / 2**20:,.1f} MiB per sequence, "
                         f"{est.memory.kv_cache_bytes / 1e9:,.2f} GB for the batch)")
     for col in ("block", "format", "window", "KiB/token", "MB read/step", "attn decode us",
                 "attn prefill ms"):

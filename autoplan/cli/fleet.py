@@ -40,14 +40,17 @@ def _size(cm: CostModel, decisions, workload: Workload, qps: float, p99_s: float
           max_replicas: int | None, layout: NodeLayout,
           planned: Predicted | None = None) -> FleetSizing:
     """One side's fleet; `planned`: the plan's own prediction of this side at this target and
-    workload, whose TTFT and TPOT it keeps (a `local` search times the machine's kernels,
-    which the cost model here has not)."""
+    workload, whose TTFT, TPOT and weights it keeps (a `local` search times the machine's
+    kernels and reads how a GGUF source stores its embedding, which the cost model here has
+    not)."""
     est = cm.evaluate(decisions)
     tokens = workload.batch * (workload.input_len + workload.output_len)
     ttft, tpot = (planned.ttft_s, planned.tpot_s) if planned else (est.metrics.ttft_s,
                                                                    est.metrics.tpot_s)
+    # the plan's weights too: a GGUF export keeps the source's embedding (cost/model.py)
+    weights = planned.weight_gb * 1e9 if planned else est.memory.weights_bytes
     return size_fleet(
-        weight_bytes=est.memory.weights_bytes,
+        weight_bytes=weights,
         kv_bytes_per_token=est.memory.kv_cache_bytes / tokens,
         node_memory_bytes=cm.target.memory_bytes, batch=workload.batch,
         input_len=workload.input_len, output_len=workload.output_len,
@@ -130,7 +133,8 @@ def _print_measured(before: FleetSizing, after: FleetSizing, sized: dict[str, Me
              mp.utilization, ".1%"),
             ("$/month", before.usd_per_month, mb.usd_per_month, after.usd_per_month,
              mp.usd_per_month, ",.0f"),
-            ("$/1M output tokens", before.usd_per_million_tokens, mb.usd_per_million_tokens,
+            ("$/1M output tokens at this qps", before.usd_per_million_tokens,
+             mb.usd_per_million_tokens,
              after.usd_per_million_tokens, mp.usd_per_million_tokens, ",.4f"))
     for label, *values, spec in rows:
         summary.add_row(label, *(_fmt(v, spec) for v in values))
@@ -274,9 +278,12 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
             points[side] = resolve_operating_point(spec, lay.target, decisions, operating,
                                                    model_for=model_for)
             w = points[side].workload
-            own = (plan.full.predicted.get(side) if plan.full is not None and lay.domains == 1
-                   and plan.full.target.name == lay.target.name and plan.full.workload == w
-                   else None)
+            # the plan's own prediction of this side: a replica on the plan's own target (a
+            # GPU, or one socket of a CPU node: not a replica spanning sockets), at the plan's
+            # workload, with a batch not chosen by an SLO on the cost model's times
+            own = (plan.full.predicted.get(side) if plan.full is not None
+                   and lay.target is target and plan.full.target.name == target.name
+                   and operating.mode != "slo" and plan.full.workload == w else None)
             sized[side] = _size(model_for(w), decisions, w, qps, p99_ms / 1e3, cap, lay, own)
         except (NoOperatingPoint, ReplicaDoesNotFit) as exc:
             if side == "plan":
@@ -324,7 +331,7 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     if measured_sized:
         _print_measured(before, after, measured_sized, curves, measured, qps, p99_ms)
         return
-    summary = Table(title=f"fleet for {qps:g} req/s, p99 <= {p99_ms:g} ms (cost-model service "
+    summary = Table(title=f"fleet for {qps:g} req/s, p99 <= {p99_ms:g} ms (predicted service "
                           "times, M/M/k queueing)")
     for col in ("", "baseline (does not fit)" if unfit else "baseline", "plan"):
         summary.add_column(col, justify="right")

@@ -148,13 +148,14 @@ def test_cli_defaults_to_the_plans_workload_and_counts_the_workspace(tmp_path):
     plan = sample_plan(decisions={layer.name: "dense+fp8_e4m3" for layer in spec.layers})
     path = tmp_path / "plan.json"
     save_plan(plan, path)
+    # another node than the plan's h100-sxm: the cost model sizes the replica's memory
     out = CliRunner().invoke(cli, ["fleet", "--plan", str(path), "--model", "llama-3.1-8b",
-                                   "--node", "h100", "--qps", "1", "--p99-ms", "60000", "--json"])
+                                   "--node", "h200", "--qps", "1", "--p99-ms", "60000", "--json"])
     assert out.exit_code == 0, out.output
     doc = json.loads(out.stdout)
     assert doc["workload"] == {"batch": 8, "input_len": 128, "output_len": 32}
-    memory = CostModel(spec, resolve_target("h100"), plan.workload).memory(
-        CostModel(spec, resolve_target("h100"), plan.workload).resolve(plan.decisions))
+    cm = CostModel(spec, resolve_target("h200"), plan.workload)
+    memory = cm.memory(cm.resolve(plan.decisions))
     first = doc["plan"]["steps"][0]
     assert first["label"] == "memory per replica" and "workspace" in first["formula"]
     assert first["value"] == pytest.approx(memory.total_bytes, rel=1e-9)
@@ -189,3 +190,36 @@ def test_cli_keeps_the_plans_own_times_on_its_target_and_workload(tmp_path):
     assert times("--node", "h100-sxm") == (predicted.ttft_s, predicted.tpot_s)
     assert times("--node", "h100-sxm", "--batch", "4") != (predicted.ttft_s, predicted.tpot_s)
     assert times("--node", "h200") != (predicted.ttft_s, predicted.tpot_s)
+    # an SLO picks the batch on the cost model's times: those size it too
+    assert times("--node", "h100-sxm", "--tpot-ms", "1000") != (predicted.ttft_s,
+                                                               predicted.tpot_s)
+
+
+def test_cli_keeps_a_cpu_plans_times_per_socket_not_over_spanning_sockets(tmp_path):
+    """A CPU catalog target is one socket: the default layout runs one replica per socket on
+    the plan's target (its times apply); a replica spanning both sockets is another machine."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+    from autoplan.cost import resolve_config
+    from autoplan.plan.io import save_plan
+    from tests.unit.test_plan_io import sample_plan
+
+    spec = resolve_config("llama-3.1-8b")
+    plan = sample_plan(decisions={layer.name: "dense+int8" for layer in spec.layers},
+                       target=sample_plan().target.model_copy(update={"name": "xeon-8480"}))
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+
+    def tpot(layout: str) -> float:
+        out = CliRunner().invoke(cli, ["fleet", "--plan", str(path), "--model", "llama-3.1-8b",
+                                       "--node", "xeon-8480", "--layout", layout, "--qps", "0.1",
+                                       "--p99-ms", "600000", "--json"])
+        assert out.exit_code == 0, out.output
+        steps = {s["label"]: s["value"] for s in json.loads(out.stdout)["plan"]["steps"]}
+        return steps["TPOT per replica"]
+
+    assert tpot("socket") == plan.predicted["plan"].tpot_s
+    assert tpot("spanning") != plan.predicted["plan"].tpot_s
