@@ -62,8 +62,11 @@ class MeasuredTable:
         if fixed is not None and not _positive_finite(fixed):
             raise UserInputError("measured non_gemm_decode_s must be a finite number > 0")
         embedding = doc.get("embedding") or {}
+        if not isinstance(embedding, Mapping):
+            raise UserInputError("a measured table's \"embedding\" must be an object with "
+                                 "\"bits\" and \"choice\" (how the source stores it)")
         bits, choice = embedding.get("bits"), embedding.get("choice")
-        if bits is not None and not _positive_finite(bits):
+        if bits is not None and (isinstance(bits, bool) or not _positive_finite(bits)):
             raise UserInputError("measured embedding bits must be a finite number > 0")
         return cls(rows, bool(doc.get("includes_dispatch", False)),
                    None if fixed is None else float(fixed),

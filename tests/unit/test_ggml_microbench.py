@@ -275,3 +275,12 @@ def test_memory_counts_the_kept_embedding_once_when_lm_head_is_tied_to_it():
     assert weights("q8_0") - weights("q8_0", kept) == pytest.approx(embedding * 4)  # fp32 gone
     assert weights("q4_0", kept) - weights("q8_0", kept) == pytest.approx(embedding * 4.5 / 8)
     assert weights("fp32") == weights("fp32", {"rows": []})  # tied to the fp32 baseline
+
+
+@pytest.mark.parametrize("embedding", [8.5, {"bits": True}, {"bits": -1}, {"bits": "x"}])
+def test_a_malformed_embedding_entry_is_one_line(embedding):
+    from autoplan.cost.measured import MeasuredTable
+    from autoplan.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="embedding"):
+        MeasuredTable.from_document({"rows": [], "embedding": embedding})
