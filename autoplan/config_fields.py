@@ -206,6 +206,20 @@ def _routing(cfg: Config) -> str | None:
     return None
 
 
+# Blocks x routed experts: one expert group each, three linear layers each in the spec.
+# Kimi K2 (61 x 384 = 23,424) is the largest published; 2**18 is over ten times it.
+MAX_EXPERT_GROUPS = 2**18
+
+
+def _expert_groups(cfg: Config) -> str | None:
+    experts, layers = _experts(cfg), cfg.get("num_hidden_layers")
+    if experts is not None and isinstance(layers, int) and layers * experts > MAX_EXPERT_GROUPS:
+        return (f"num_hidden_layers {layers:,} x {experts:,} routed experts is "
+                f"{layers * experts:,} expert groups, more than {MAX_EXPERT_GROUPS:,} (over ten "
+                "times the largest published model's): fix one of the two")
+    return None
+
+
 MOE = FieldSet("mixture-of-experts routing", tuple(
     Field(key, "the number of routed experts", maximum=2**16) for key in EXPERT_COUNT_KEYS)
     + (Field("num_experts_per_tok", "the experts each token is routed to", maximum=2**16),
@@ -215,7 +229,7 @@ MOE = FieldSet("mixture-of-experts routing", tuple(
        Field("shared_expert_intermediate_size", "the shared expert's MLP width",
              minimum=0, maximum=2**22),
        Field("n_shared_experts", "the number of shared experts", minimum=0, maximum=2**16)),
-    (CrossRule("experts per token", _routing),),
+    (CrossRule("experts per token", _routing), CrossRule("expert groups", _expert_groups)),
     applies=lambda cfg: _present(cfg, *EXPERT_COUNT_KEYS, "num_experts_per_tok"))
 
 _SETS: list[FieldSet] = [DENSE, SOFTCAPS, MOE]
@@ -267,5 +281,5 @@ def check_config(cfg: Config, source: str = "config.json") -> None:
                 raise ModelConfigError(f"{source}: {problem}")
 
 
-__all__ = ["DENSE", "EXPERT_COUNT_KEYS", "MOE", "SOFTCAPS", "CrossRule", "Field", "FieldSet",
+__all__ = ["DENSE", "EXPERT_COUNT_KEYS", "MAX_EXPERT_GROUPS", "MOE", "SOFTCAPS", "CrossRule", "Field", "FieldSet",
            "check_config", "field_sets", "head_dim", "numeric_fields", "register_field_set"]

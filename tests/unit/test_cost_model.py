@@ -172,6 +172,9 @@ def test_unplannable_moe_refused_naming_what_is_missing() -> None:
     # the config's bounds come before anything allocates per block
     with pytest.raises(ModelConfigError, match="num_hidden_layers.*10,000"):
         ModelSpec.from_config({**moe, "model_type": "mixtral", "num_hidden_layers": 10**12})
+    with pytest.raises(ModelConfigError, match="655,360,000 expert groups, more than 262,144"):
+        ModelSpec.from_config({**moe, "model_type": "mixtral", "num_hidden_layers": 10_000,
+                               "num_local_experts": 65_536})
     with pytest.raises(ModelConfigError, match="'num_experts_per_tok'"):
         ModelSpec.from_config({**_TOY_CFG, "model_type": "mixtral", "num_local_experts": 8})
 
