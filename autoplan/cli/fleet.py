@@ -250,6 +250,7 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms,
                                planned.batch if planned else 1)
     curves = _measured_sides(measured, measured_sides) if measured else None
+    own_model = model is None or model == plan.model_id  # the plan's predictions are its model's
     model = model or plan.model_id
     if not model:
         raise UserInputError("this plan does not name its model: pass --model")
@@ -278,10 +279,10 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
             points[side] = resolve_operating_point(spec, lay.target, decisions, operating,
                                                    model_for=model_for)
             w = points[side].workload
-            # the plan's own prediction of this side: a replica on the plan's own target (a
-            # GPU, or one socket of a CPU node: not a replica spanning sockets), at the plan's
-            # workload, with a batch not chosen by an SLO on the cost model's times
-            own = (plan.full.predicted.get(side) if plan.full is not None
+            # the plan's own prediction of this side: the plan's model on the plan's own
+            # target (a GPU, or one socket of a CPU node: not a replica spanning sockets), at
+            # the plan's workload, with a batch not chosen by an SLO on the cost model's times
+            own = (plan.full.predicted.get(side) if plan.full is not None and own_model
                    and lay.target is target and plan.full.target.name == target.name
                    and operating.mode != "slo" and plan.full.workload == w else None)
             sized[side] = _size(model_for(w), decisions, w, qps, p99_ms / 1e3, cap, lay, own)

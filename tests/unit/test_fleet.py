@@ -175,7 +175,8 @@ def test_cli_keeps_the_plans_own_times_on_its_target_and_workload(tmp_path):
     from tests.unit.test_plan_io import sample_plan
 
     spec = resolve_config("llama-3.1-8b")
-    plan = sample_plan(decisions={layer.name: "dense+fp8_e4m3" for layer in spec.layers})
+    plan = sample_plan(decisions={layer.name: "dense+fp8_e4m3" for layer in spec.layers},
+                       model=sample_plan().model.model_copy(update={"id": "llama-3.1-8b"}))
     path = tmp_path / "plan.json"
     save_plan(plan, path)
 
@@ -193,6 +194,8 @@ def test_cli_keeps_the_plans_own_times_on_its_target_and_workload(tmp_path):
     # an SLO picks the batch on the cost model's times: those size it too
     assert times("--node", "h100-sxm", "--tpot-ms", "1000") != (predicted.ttft_s,
                                                                predicted.tpot_s)
+    assert times("--node", "h100-sxm", "--model", "mistral-7b-v0.3") != (predicted.ttft_s,
+                                                                        predicted.tpot_s)
 
 
 def test_cli_keeps_a_cpu_plans_times_per_socket_not_over_spanning_sockets(tmp_path):
@@ -209,7 +212,8 @@ def test_cli_keeps_a_cpu_plans_times_per_socket_not_over_spanning_sockets(tmp_pa
 
     spec = resolve_config("llama-3.1-8b")
     plan = sample_plan(decisions={layer.name: "dense+int8" for layer in spec.layers},
-                       target=sample_plan().target.model_copy(update={"name": "xeon-8480"}))
+                       target=sample_plan().target.model_copy(update={"name": "xeon-8480"}),
+                       model=sample_plan().model.model_copy(update={"id": "llama-3.1-8b"}))
     path = tmp_path / "plan.json"
     save_plan(plan, path)
 
