@@ -16,9 +16,10 @@ from autoplan.cost import CostModel, Estimate, LayerBreakdown, resolve_config
 from autoplan.cost.measured import load_cost_table
 from autoplan.cost.moe import experts_kept_dense, routed_expert_choice
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
-from autoplan.errors import UnsupportedFormatError, UserInputError
+from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
 from autoplan.formats.kv import KvFormat, parse_kv_mix
+from autoplan.models.registry import resolve_model_arg
 from autoplan.runtimes import (default_kv, default_runtime, kv_of_mix, kv_supports,
                                runtime_names, supports)
 from autoplan.backends.registry import resolve_target as get_target
@@ -172,6 +173,24 @@ def _pick_runtime(tgt, runtime: str | None, choice: Choice):
 
 
 
+def _kept_embedding(measured: dict | None, model: str, runtime: str) -> dict | None:
+    """The cost table, with how a GGUF model stores its token embedding when llama.cpp runs
+    it: autoplan's GGUF exports keep the file's token_embd (and tie lm_head to it in its
+    type), so memory counts it as stored, as the search does (ggml_microbench)."""
+    if runtime != "llama.cpp":
+        return measured
+    try:
+        source = resolve_model_arg(model)
+    except AutoplanError:  # a bundled config name or a config.json: no file to read
+        return measured
+    if source.path.suffix.lower() != ".gguf":
+        return measured
+    from autoplan.engines.ggml_microbench import gguf_embedding
+
+    embedding = gguf_embedding(source.path)
+    return {**(measured or {"rows": []}), "embedding": embedding} if embedding else measured
+
+
 @click.command("estimate")
 @click.option("--model", "model", required=True,
               help="HF model folder, config.json, or bundled name (e.g. llama-3.1-8b).")
@@ -223,6 +242,7 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     runtime, support = _pick_runtime(tgt, runtime, choice)
     if not support.ok:
         raise UnsupportedFormatError(support.reason)
+    measured = _kept_embedding(measured, model, runtime)  # model_for reads it from here on
     kv_base = default_kv(tgt, runtime)
     if kv_mix is not None:
         kv_asked = kv_of_mix(runtime, kv_mix, spec.n_layers, kv_base)

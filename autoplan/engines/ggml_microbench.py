@@ -389,16 +389,21 @@ def _runs(layer: Any, spec: Any, batch: int) -> float:
 
 
 def source_embedding(loaded: LoadedModel) -> dict[str, Any]:
-    """How the source GGUF stores the input embedding (token_embd), which a GGUF export
-    copies as it is: its ggml type, bits per weight, and the planned choice of that type
-    (None for a type autoplan does not plan, e.g. Q6_K)."""
+    """How the model's source GGUF stores the input embedding (gguf_embedding)."""
+    from autoplan.export.gguf import source_gguf
+
+    return gguf_embedding(source_gguf(loaded))
+
+
+def gguf_embedding(path: Path) -> dict[str, Any]:
+    """How a GGUF stores the input embedding (token_embd), which a GGUF export copies as it
+    is: its ggml type, bits per weight, and the planned choice of that type (None for a type
+    autoplan does not plan, e.g. Q6_K); {} when the file has none. Header only."""
     from gguf import GGML_QUANT_SIZES
 
-    from autoplan.export.gguf import source_gguf
     from autoplan.models.gguf_read import gguf_reader
 
-    tensor = next((t for t in gguf_reader(source_gguf(loaded)).tensors
-                   if t.name == "token_embd.weight"), None)
+    tensor = next((t for t in gguf_reader(path).tensors if t.name == "token_embd.weight"), None)
     if tensor is None:
         return {}
     block, size = GGML_QUANT_SIZES[tensor.tensor_type]
@@ -464,6 +469,6 @@ def search_kernel_table(loaded: LoadedModel, space: Any, workload: Any, threads:
 
 __all__ = ["GGML_TYPE_IDS", "METHOD", "SOURCE_PREFIX", "SPREAD_BOUND", "cache_path",
            "copies_for", "decode_rows", "decode_step_seconds", "empty_table", "engine_version",
-           "ggml_type_id", "machine_key", "measure_rows", "non_gemm_decode", "quiet_time",
-           "repeatable", "search_kernel_table", "source_decisions", "source_embedding",
-           "clock_for"]
+           "ggml_type_id", "gguf_embedding", "machine_key", "measure_rows", "non_gemm_decode",
+           "quiet_time", "repeatable", "search_kernel_table", "source_decisions",
+           "source_embedding", "clock_for"]

@@ -284,3 +284,24 @@ def test_a_malformed_embedding_entry_is_one_line(embedding):
 
     with pytest.raises(UserInputError, match="embedding"):
         MeasuredTable.from_document({"rows": [], "embedding": embedding})
+
+
+def test_estimate_on_llama_cpp_counts_the_embedding_the_gguf_keeps():
+    """The embedded SmolLM2 GGUF stores its tied embedding Q8_0, which autoplan's GGUF exports
+    keep: estimate's Q8_0 weights on llama.cpp count it once, as the tied lm_head, at 8.5 bits
+    (the exported file: 0.145 GB), not a bf16 embedding beside a Q8_0 lm_head."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+    from autoplan.cost import resolve_config
+
+    spec = resolve_config("smollm2-135m")
+    out = CliRunner().invoke(cli, ["estimate", "--model", "smollm2-135m", "--target", "xeon-8480",
+                                   "--runtime", "llama.cpp", "--precision", "q8_0", "--json"])
+    assert out.exit_code == 0, out.output
+    linear = sum(layer.params for layer in spec.layers)
+    norms = (2 * spec.n_layers + 1) * spec.hidden * 2  # bf16, the estimate's baseline
+    weights = json.loads(out.stdout)["candidate"]["memory"]["weights_bytes"]
+    assert weights == pytest.approx(linear * 8.5 / 8 + norms)
