@@ -14,7 +14,7 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, Estimate, LayerBreakdown, resolve_config
 from autoplan.cost.measured import load_cost_table
-from autoplan.cost.moe import experts_kept_dense, routed_expert_choice
+from autoplan.cost.moe import routed_expert_choice, uniform_with_experts
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
@@ -252,7 +252,7 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
         raise UnsupportedFormatError(f"--kv-cache {kv_cand.value}: {kv_ok.reason}")
     label = str(choice) if kv_asked is None else f"{choice}, KV {kv_cand.value}"
     expert_choice, why = routed_expert_choice(spec, tgt, runtime, choice, probe.baseline)
-    uniform = experts_kept_dense(spec, choice, expert_choice)
+    uniform = uniform_with_experts(spec, choice, expert_choice)
     experts = {} if uniform is choice else {"routed_experts": str(expert_choice)}
     if experts:
         label = f"{label} (experts {expert_choice})"

@@ -120,13 +120,9 @@ def expert_takes(choice: Choice) -> bool:
     return choice.sparsity.kind == "dense"
 
 
-def experts_kept_dense(spec: ModelSpec, choice: Choice,
-                       experts: Choice | None = None) -> Choice | dict[str, Choice]:
-    """`choice` on every linear layer, except routed experts: `experts` where given (a
-    runtime refuses `choice` for them), else its precision dense where they cannot take its
-    sparsity (``expert_takes``)."""
-    if experts is None:
-        experts = choice if expert_takes(choice) else Choice(Sparsity(), choice.precision)
+def uniform_with_experts(spec: ModelSpec, choice: Choice,
+                         experts: Choice) -> Choice | dict[str, Choice]:
+    """`choice` on every linear layer, routed experts in `experts` (routed_expert_choice)."""
     if spec.moe is None or experts == choice:
         return choice
     return {la.name: experts if la.expert >= 0 else choice for la in spec.layers}
@@ -190,5 +186,5 @@ def routing_time(spec: ModelSpec, eff: FamilyEfficiency, batch: int, prefill_tok
 
 
 __all__ = ["EXPERT_GEMMS", "GROUPED_GEMM_EFF", "ROUTING_KERNELS", "Routing", "expert_members",
-           "expert_overhead", "expert_rows", "expert_step", "expert_takes", "experts_kept_dense",
-           "routed_expert_choice", "routing_time", "touched"]
+           "expert_overhead", "expert_rows", "expert_step", "expert_takes", "routed_expert_choice",
+           "routing_time", "touched", "uniform_with_experts"]
