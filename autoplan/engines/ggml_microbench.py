@@ -51,6 +51,7 @@ def _ggml_type_ids() -> dict[Precision, int]:
 
 # ggml_type ids (ggml.h) of the precisions a GGUF stores, from their FormatSpecs' GGUF names
 GGML_TYPE_IDS = _ggml_type_ids()
+_PLANNED_OF_TYPE = {v: k for k, v in GGML_TYPE_IDS.items()}  # ggml type id -> Precision
 # Rows of source-file types autoplan does not plan with (e.g. Q4_K) carry this prefix.
 SOURCE_PREFIX = "gguf:"
 
@@ -297,7 +298,6 @@ def source_decisions(loaded: LoadedModel) -> dict[str, str]:
     types = {n: int(t.tensor_type) for n, t in by_name.items()}
     names = {n: t.tensor_type.name for n, t in by_name.items()}
     hf_names = hf_to_gguf_names(loaded.model, loaded.spec.n_layers)
-    by_id = {v: k for k, v in GGML_TYPE_IDS.items()}
     out: dict[str, str] = {}
     for layer in loaded.spec.layers:
         tensor = hf_names.get(f"{layer.name}.weight", "")
@@ -314,7 +314,7 @@ def source_decisions(loaded: LoadedModel) -> dict[str, str]:
             tensor = found[0]
         if tensor not in types:
             tensor = _missing_tensor(layer, tensor, types)
-        precision = by_id.get(types[tensor])
+        precision = _PLANNED_OF_TYPE.get(types[tensor])
         out[layer.name] = str(Choice.parse(precision.value)) if precision else \
             f"{SOURCE_PREFIX}{names[tensor]}"
     return out
@@ -407,7 +407,7 @@ def gguf_embedding(path: Path) -> dict[str, Any]:
     if tensor is None:
         return {}
     block, size = GGML_QUANT_SIZES[tensor.tensor_type]
-    precision = {v: k for k, v in GGML_TYPE_IDS.items()}.get(int(tensor.tensor_type))
+    precision = _PLANNED_OF_TYPE.get(int(tensor.tensor_type))
     return {"ggml_type": tensor.tensor_type.name, "bits": 8.0 * size / block,
             "choice": f"dense+{precision.value}" if precision is not None else None}
 
