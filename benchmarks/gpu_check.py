@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,7 +123,10 @@ def orchestrate(args: argparse.Namespace, names: list[str]) -> int:
     }
     _write_json(out / "gpu_check.json", report)
     try:
-        _run_all(args, names, report, start, state, boxes)
+        try:
+            _run_all(args, names, report, start, state, boxes)
+        finally:  # the sections' partial results are copied into the report already
+            shutil.rmtree(state, ignore_errors=True)
     except _Stopped:  # the running section was killed with its children; say so, then stop
         for name in names:
             report["sections"].setdefault(name, {
