@@ -107,6 +107,9 @@ class Target(BaseModel):
     tdp_w: Figure
     price_per_hour: Figure = Field(description="default $/hour for one device (or one socket)")
     cores: int | None = None
+    machine: str | None = Field(
+        default=None, description="`local`: the CPU its figures were measured on (model, cores, "
+        "threads), so a plan or table measured there is not taken for another machine's")
     l2_mb: Figure | None = None
     llc_mb: Figure | None = Field(
         default=None, description="last-level cache: CPU L3, AMD Infinity Cache"

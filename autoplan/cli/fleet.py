@@ -280,10 +280,12 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
                                                    model_for=model_for)
             w = points[side].workload
             # the plan's own prediction of this side: the plan's model on the plan's own
-            # target (a GPU, or one socket of a CPU node: not a replica spanning sockets), at
-            # the plan's workload, with a batch not chosen by an SLO on the cost model's times
+            # target (a GPU, or one socket of a CPU node: not a replica spanning sockets; for
+            # `local`, the same machine), at the plan's workload, with a batch not chosen by
+            # an SLO on the cost model's times
             own = (plan.full.predicted.get(side) if plan.full is not None and own_model
                    and lay.target is target and plan.full.target.name == target.name
+                   and plan.full.target.machine == target.machine
                    and operating.mode != "slo" and plan.full.workload == w else None)
             sized[side] = _size(model_for(w), decisions, w, qps, p99_ms / 1e3, cap, lay, own)
         except (NoOperatingPoint, ReplicaDoesNotFit) as exc:

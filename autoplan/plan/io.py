@@ -42,11 +42,18 @@ def _v3_to_v4(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "schema_version": 4}
 
 
+def _v4_to_v5(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 5 records the machine a `local` plan was searched on; a version 4 plan does
+    not say (None), so nothing reuses its local figures as this machine's."""
+    return {**raw, "schema_version": 5}
+
+
 # from_version -> function upgrading a raw dict by one version; load_plan applies them in
 # order, so a v1 plan keeps loading after every future bump.
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2,
                                                                       2: _v2_to_v3,
-                                                                      3: _v3_to_v4}
+                                                                      3: _v3_to_v4,
+                                                                      4: _v4_to_v5}
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

@@ -20,7 +20,8 @@ from autoplan.workload import Workload
 # 4: why the search stopped and what the plan holds, the per-family calibration of each
 # round, the speed uncertainty and quality reference; outcome "as-is" (a quantized source
 # returned unchanged); a version 3 plan lacks only these (their defaults)
-SCHEMA_VERSION = 4
+# 5: the machine a `local` plan was searched on (`target.machine`)
+SCHEMA_VERSION = 5
 
 Outcome = Literal["plan", "uniform-fallback", "baseline-fallback", "as-is"]
 PointKind = Literal["baseline", "as-is", "uniform", "candidate", "front", "plan"]
@@ -42,6 +43,8 @@ class TargetRef(_Strict):
     name: str
     price_per_hour: float
     price_source: str
+    machine: str | None = Field(None, description="`local`: the CPU the search measured "
+                                "(model, cores, threads); None for a catalog target")
 
 
 class RuntimeRef(_Strict):

@@ -29,7 +29,8 @@ from autoplan.cache_dir import cache_root
 from autoplan.targets import Figure, Target
 
 # Bump when the measurement or the Target schema changes, so old cache files are redone.
-CACHE_VERSION = 2  # 2: int8 peak on AVX2-only CPUs (ORT MatMulInteger)
+# 2: int8 peak on AVX2-only CPUs (ORT MatMulInteger); 3: the machine it was measured on
+CACHE_VERSION = 3
 # AWS m7i on-demand, 2026 (hw-facts §1e [C3X]): the default price of one vCPU-hour.
 PRICE_PER_VCPU_HOUR = 0.0504
 # No power reading on most machines; a rough per-core figure keeps J/token finite.
@@ -97,6 +98,11 @@ def _peaks(info: CpuInfo) -> dict[str, Figure]:
     return peaks
 
 
+def machine_of(info: CpuInfo) -> str:
+    """The machine as plans record it: what its measured figures depend on."""
+    return f"{info.model}, {info.cores} cores, {info.threads} threads"
+
+
 def measure_local_target(info: CpuInfo) -> Target:
     """Measure this machine (a few seconds) and describe it as a Target."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
@@ -114,6 +120,7 @@ def measure_local_target(info: CpuInfo) -> Target:
         kind="cpu",
         family=_family(info),
         cores=info.cores,
+        machine=machine_of(info),
         features=tuple(sorted(info.flags)),
         memory_gb=_measured(info.memory_gb, "MemTotal from /proc/meminfo"),
         bandwidth_gbps=_measured(gbps, method),
@@ -169,4 +176,4 @@ def local_target(refresh: bool = False) -> Target:
     return target
 
 
-__all__ = ["cache_dir", "cache_path", "local_target", "measure_local_target"]
+__all__ = ["cache_dir", "cache_path", "local_target", "machine_of", "measure_local_target"]

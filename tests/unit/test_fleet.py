@@ -227,3 +227,40 @@ def test_cli_keeps_a_cpu_plans_times_per_socket_not_over_spanning_sockets(tmp_pa
 
     assert tpot("socket") == plan.predicted["plan"].tpot_s
     assert tpot("spanning") != plan.predicted["plan"].tpot_s
+
+
+@pytest.mark.parametrize("searched_on, reused", [("this", True), ("another", False),
+                                                 (None, False)])
+def test_cli_keeps_a_local_plans_times_only_on_the_machine_it_was_searched_on(
+        tmp_path, searched_on, reused):
+    """`local` names whatever machine runs autoplan: a local plan's times are the machine it
+    was searched on (the plan records it), so on another machine, or when a plan from before
+    the record does not say, the cost model sizes the fleet."""
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.backends.registry import resolve_target
+    from autoplan.cli import cli
+    from autoplan.cost import resolve_config
+    from autoplan.plan.io import save_plan
+    from tests.unit.test_plan_io import sample_plan
+
+    here = resolve_target("local")
+    machine = {"this": here.machine, "another": "Some Other CPU, 64 cores, 128 threads",
+               None: None}[searched_on]
+    assert here.machine and str(here.cores) in here.machine
+    spec = resolve_config("smollm2-135m")
+    plan = sample_plan(
+        decisions={layer.name: "int8a8_g128" for layer in spec.layers},
+        target=sample_plan().target.model_copy(update={"name": "local", "machine": machine}),
+        runtime=sample_plan().runtime.model_copy(update={"name": "onnxruntime"}),
+        model=sample_plan().model.model_copy(update={"id": "smollm2-135m"}))
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    out = CliRunner().invoke(cli, ["fleet", "--plan", str(path), "--model", "smollm2-135m",
+                                   "--node", "local", "--qps", "0.1", "--p99-ms", "600000",
+                                   "--json"])
+    assert out.exit_code == 0, out.output
+    steps = {s["label"]: s["value"] for s in json.loads(out.stdout)["plan"]["steps"]}
+    assert (steps["TPOT per replica"] == plan.predicted["plan"].tpot_s) is reused

@@ -45,3 +45,13 @@ def test_the_certificate_prints_small_objectives_readably() -> None:
         update={"certificate": cert})})
     line = next(x for x in _text(render(plan)).splitlines() if "certificate" in x)
     assert "0.011483 (tpot), search 0.011484" in line
+
+
+def test_a_local_plan_names_the_machine_it_was_searched_on() -> None:
+    """`local` is whichever machine runs autoplan: the title says which one the plan's
+    figures are from; a catalog target's title is its name alone."""
+    plan = sample_plan()
+    assert "[" not in _text(summary_table(plan)).splitlines()[0]
+    local = plan.model_copy(update={"target": plan.target.model_copy(update={
+        "name": "local", "machine": "AMD EPYC 7B13, 2 cores, 2 threads"})})
+    assert "on local [AMD EPYC 7B13, 2 cores, 2 threads]" in _text(summary_table(local))

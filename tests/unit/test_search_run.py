@@ -86,6 +86,7 @@ def test_h100_plan_round_trips_and_meets_budget(h100: SearchOutcome, model_dir: 
     assert plan.search.trials == sum(r.trials for r in plan.search.rounds)
     assert plan.search.stopped  # the record says why the rounds stopped
     assert plan.target.name == "h100-sxm" and plan.runtime.name == "vllm"
+    assert plan.target.machine is None
     assert plan.budget.metric == "kl" and plan.budget.limit == 0.05
     # every linear decided, lm_head kept, fused q/k/v and gate/up share one choice
     spec = ModelSpec.from_path(model_dir)
@@ -150,12 +151,17 @@ def test_cpu_target_onnxruntime(model_dir: Path, tmp_path: Path) -> None:
 
 def test_a_local_plan_records_the_installed_runtime_version(model_dir: Path,
                                                              tmp_path: Path) -> None:
-    """`local` is this machine: its plan runs on the ONNX Runtime installed here."""
+    """`local` is this machine: its plan runs on the ONNX Runtime installed here, and says
+    which machine it was searched on (a catalog target's plan names no machine)."""
     from importlib.metadata import version
+
+    from autoplan.backends.cpu.local_target import machine_of
+    from autoplan.backends.cpu.probe import cpu_info
 
     outcome = run_search(_request(model_dir, tmp_path / "local.json", target="local",
                                   runtime="onnxruntime", trials=20))
     assert outcome.plan.runtime.version == version("onnxruntime")
+    assert outcome.plan.target.machine == machine_of(cpu_info())
 
 
 def test_impossible_budget_falls_back_and_still_meets_it(model_dir: Path, tmp_path: Path) -> None:

@@ -202,7 +202,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
                           params=loaded.spec.total_params),
         target=ps.TargetRef(name=target.name, price_per_hour=cost.price_per_hour,
                             price_source="user" if req.price_per_hour is not None
-                            else target.price_per_hour.source),
+                            else target.price_per_hour.source, machine=target.machine),
         runtime=ps.RuntimeRef(name=rt.name, version=version_on(target, rt.name)),  # installed, here
         workload=req.workload, objective=req.objective.value,
         budget=ps.Budget(text=budget.text, metric=budget.metric, limit=budget.limit,
