@@ -14,8 +14,9 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 from autoplan.cli._workload_options import operating_from, workload_options
 from autoplan.cost import CostModel, Estimate, LayerBreakdown, resolve_config
 from autoplan.cost.measured import load_cost_table
-from autoplan.cost.moe import routed_expert_choice, uniform_with_experts
+from autoplan.cost.moe import Routing, routed_expert_choice, uniform_with_experts
 from autoplan.cost.operating import NoOperatingPoint, OperatingPoint, resolve_operating_point
+from autoplan.cost.routing_file import read_routing
 from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
 from autoplan.formats import Choice, Precision, Sparsity
 from autoplan.formats.kv import KvFormat, parse_kv_mix
@@ -205,12 +206,15 @@ def _kept_embedding(measured: dict | None, model: str, runtime: str) -> dict | N
 @workload_options(1)
 @click.option("--price-per-hour", type=float, default=None, help="$/hour (default: catalog).")
 @click.option("--cost-table", default=None, help="Measured GEMM times (cost_table.json from benchmarks/gpu_check.sh).")
+@click.option("--routing", "routing_file", default=None, metavar="FILE",
+              help="Mixture-of-experts routing shares: a plan.json from an MoE search or a "
+                   "profile JSON (default: uniform, top_k / E per expert).")
 @click.option("--breakdown", is_flag=True, help="Show the per-layer breakdown.")
 @json_option
 def command(model: str, target: str, precision: str | None, sparsity: str, runtime: str | None,
             kv_cache: str | None, batch: str | None, input_len: int, output_len: int, ttft_ms: float | None,
             tpot_ms: float | None, price_per_hour: float | None, cost_table: str | None,
-            breakdown: bool, as_json: bool) -> None:
+            routing_file: str | None, breakdown: bool, as_json: bool) -> None:
     """Predict speed, memory, energy and $/1M tokens of one choice for every linear layer
     (and a KV-cache format with --kv-cache) against the uncompressed baseline.
 
@@ -226,10 +230,11 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     measured = load_cost_table(cost_table)
     tgt = get_target(target)
     spec = resolve_config(model, command="estimate")
+    routing = read_routing(spec, routing_file) if routing_file else Routing.uniform(spec)
 
     def model_for(workload: Workload, kv: KvFormat | None = None) -> CostModel:
         return CostModel(spec, tgt, workload, price_per_hour=price_per_hour, measured=measured,
-                         kv=kv)
+                         kv=kv, routing=routing)
 
     try:
         probe = model_for(Workload(batch=1, input_len=input_len, output_len=output_len))
@@ -297,6 +302,7 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
         base_doc = base.to_json() | ({"status": base_status, "reason": base_reason}
                                      if base_status else {"status": "ok"})
         doc = {"predicted": True, "runtime": runtime, "choice": str(choice), **experts,
+               **({"routing": routing.source} if spec.moe else {}),
                "kv_cache": kv_cand.value, "baseline_kv_cache": kv_base.value,
                "candidate": cand.to_json(), "baseline": base_doc,
                "speedup": {} if base_status else _speedups(cand, base),
@@ -311,6 +317,10 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
         emit_json(doc)
         return
     console.print(_summary(cand, base, label, runtime, base_status))
+    if spec.moe:  # what sets the experts a step reads (--routing names a measured one)
+        console.print(f"expert routing: {routing.source}"
+                      + ("" if routing_file else " (top_k / E per expert; --routing FILE "
+                         "takes a plan's or profile's calibration routing)"))
     if breakdown:
         console.print(_breakdown(cand))
         console.print(_kv_breakdown(cand))
