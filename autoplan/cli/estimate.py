@@ -174,6 +174,16 @@ def _pick_runtime(tgt, runtime: str | None, choice: Choice):
 
 
 
+def _runtime_baseline(tgt, runtime: str, preferred: Choice) -> Choice:
+    """The uncompressed format `runtime` serves on `tgt`: the target's usual one (BF16 where
+    the hardware has BF16 math), else FP32 (ONNX Runtime has no fast BF16 CPU kernel, so a
+    BF16 baseline there would be a column no server runs)."""
+    if supports(tgt, runtime, preferred).ok:
+        return preferred
+    fp32 = Choice(preferred.sparsity, Precision.FP32)
+    return fp32 if supports(tgt, runtime, fp32).ok else preferred
+
+
 def _kept_embedding(measured: dict | None, model: str, runtime: str) -> dict | None:
     """The cost table, with how a GGUF model stores its token embedding when llama.cpp runs
     it: autoplan's GGUF exports keep the file's token_embd (and tie lm_head to it in its
@@ -232,9 +242,11 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     spec = resolve_config(model, command="estimate")
     routing = read_routing(spec, routing_file) if routing_file else Routing.uniform(spec)
 
+    baseline: Choice | None = None  # the runtime's uncompressed format, once it is known
+
     def model_for(workload: Workload, kv: KvFormat | None = None) -> CostModel:
         return CostModel(spec, tgt, workload, price_per_hour=price_per_hour, measured=measured,
-                         kv=kv, routing=routing)
+                         kv=kv, routing=routing, baseline=baseline)
 
     try:
         probe = model_for(Workload(batch=1, input_len=input_len, output_len=output_len))
@@ -242,11 +254,15 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
         first = exc.errors()[0]
         flag = str(first['loc'][0]).replace('_', '-')
         raise UserInputError(f"--{flag}: {first['msg']}") from None
-    prec = Precision.parse(precision) if precision else probe.baseline.precision
-    choice = Choice(Sparsity.parse(sparsity), prec)
+    if precision:
+        choice = Choice(Sparsity.parse(sparsity), Precision.parse(precision))
+    else:  # no compression asked: the runtime's own uncompressed format
+        choice = Choice(Sparsity.parse(sparsity), _runtime_baseline(
+            tgt, runtime or default_runtime(tgt), probe.baseline).precision)
     runtime, support = _pick_runtime(tgt, runtime, choice)
     if not support.ok:
         raise UnsupportedFormatError(support.reason)
+    baseline = _runtime_baseline(tgt, runtime, probe.baseline)
     measured = _kept_embedding(measured, model, runtime)  # model_for reads it from here on
     kv_base = default_kv(tgt, runtime)
     if kv_mix is not None:
@@ -256,7 +272,7 @@ def command(model: str, target: str, precision: str | None, sparsity: str, runti
     if not kv_ok.ok:
         raise UnsupportedFormatError(f"--kv-cache {kv_cand.value}: {kv_ok.reason}")
     label = str(choice) if kv_asked is None else f"{choice}, KV {kv_cand.value}"
-    expert_choice, why = routed_expert_choice(spec, tgt, runtime, choice, probe.baseline)
+    expert_choice, why = routed_expert_choice(spec, tgt, runtime, choice, baseline)
     uniform = uniform_with_experts(spec, choice, expert_choice)
     experts = {} if uniform is choice else {"routed_experts": str(expert_choice)}
     if experts:
