@@ -30,7 +30,9 @@ from autoplan.formats import Choice
 from autoplan.nodes import NodeLayout, node_layout
 from autoplan.plan.io import PlanInput, read_plan
 from autoplan.plan.schema import Predicted
-from autoplan.runtimes import default_runtime, get_runtime, refused_layers, version_on
+from autoplan.formats.kv import KvFormat
+from autoplan.runtimes import (default_kv, default_runtime, get_runtime, kv_supports,
+                               refused_layers, version_on)
 from autoplan.search import load_space_file
 from autoplan.targets import Target
 from autoplan.workload import Workload
@@ -177,6 +179,23 @@ def _node_runtime(plan: PlanInput, node: Target, measured: MeasuredCurves | None
     return runtime, notes
 
 
+def _kv_formats(plan: PlanInput, node: Target, runtime: str) -> tuple[KvFormat, KvFormat]:
+    """(baseline, plan) KV-cache formats: the runtime's own cache on the node, and the plan's
+    where it chose one (a plan without a KV record serves the runtime's own).
+
+    Raises:
+        UnsupportedFormatError: the plan's cache is one the runtime does not serve on the node.
+    """
+    own = default_kv(node, runtime)
+    record = plan.full.kv_cache if plan.full is not None else None
+    planned = KvFormat.parse(record.format) if record is not None else own
+    answer = kv_supports(node, runtime, planned)
+    if not answer.ok:
+        raise UnsupportedFormatError(f"the plan's KV cache {planned.value}: {answer.reason}; "
+                                     f"re-plan with `autoplan search --target {node.name}`")
+    return own, planned
+
+
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -257,6 +276,13 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     target = get_target(node)
     lay = node_layout(target, layout)
     runtime, notes = _node_runtime(plan, target, measured)
+    kv = dict(zip(("baseline", "plan"), _kv_formats(plan, target, runtime)))
+    if (plan.full is not None and plan.full.target.name == target.name
+            and plan.full.target.machine != target.machine):  # `local`: another machine
+        notes.append(f"the plan was searched on "
+                     f"{plan.full.target.machine or 'a machine it does not record'}, not on "
+                     f"this one ({target.machine}): sized with the cost model's times, not "
+                     "the plan's timed ones")
     if measured:
         check_curve_applies(measured, target, runtime)
     # The "before" is what the search compares plans against on this platform (its search
@@ -266,8 +292,8 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     # an MoE plan's predictions assumed its calibration routing: both sides are sized with it
     routing = Routing.from_json(spec, plan.full.routing if plan.full else None)
 
-    def model_for(w: Workload) -> CostModel:
-        return CostModel(spec, lay.target, w, baseline=base, routing=routing)
+    def model_for(w: Workload, side: str) -> CostModel:
+        return CostModel(spec, lay.target, w, baseline=base, routing=routing, kv=kv[side])
 
     cap = max_replicas or None
     sides = {"baseline": {layer.name: base for layer in spec.layers}, "plan": plan.decisions}
@@ -276,8 +302,9 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     unfit: dict[str, str] = {}
     for side, decisions in sides.items():
         try:
-            points[side] = resolve_operating_point(spec, lay.target, decisions, operating,
-                                                   model_for=model_for)
+            points[side] = resolve_operating_point(
+                spec, lay.target, decisions, operating,
+                model_for=lambda w, side=side: model_for(w, side))
             w = points[side].workload
             # the plan's own prediction of this side: the plan's model on the plan's own
             # target (a GPU, or one socket of a CPU node: not a replica spanning sockets; for
@@ -287,7 +314,8 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
                    and lay.target is target and plan.full.target.name == target.name
                    and plan.full.target.machine == target.machine
                    and operating.mode != "slo" and plan.full.workload == w else None)
-            sized[side] = _size(model_for(w), decisions, w, qps, p99_ms / 1e3, cap, lay, own)
+            sized[side] = _size(model_for(w, side), decisions, w, qps, p99_ms / 1e3, cap, lay,
+                                own)
         except (NoOperatingPoint, ReplicaDoesNotFit) as exc:
             if side == "plan":
                 raise
@@ -309,6 +337,7 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
                "searched_for": {"target": plan.target, "runtime": plan.full.runtime.name
                                 if plan.full is not None else None},
                "notes": notes, "layout": lay.to_json(),
+               "kv_cache": {side: k.value for side, k in kv.items()},
                "workload": points["plan"].workload.model_dump(),
                "operating_point": {k: p.to_json() for k, p in points.items()}
                | {k: {"mode": operating.mode, "status": "does not fit", "detail": why}
@@ -329,8 +358,9 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
             console.print(f"{side}: {point.detail}")
     for side, why in unfit.items():
         console.print(f"{side} {base} on {target.name}: {why}")
-    console.print(_steps_table(f"baseline {base} on {target.name}", before))
-    console.print(_steps_table(f"plan on {target.name}", after))
+    console.print(_steps_table(f"baseline {base}, KV {kv['baseline'].value} on {target.name}",
+                               before))
+    console.print(_steps_table(f"plan, KV {kv['plan'].value} on {target.name}", after))
     if measured_sized:
         _print_measured(before, after, measured_sized, curves, measured, qps, p99_ms)
         return

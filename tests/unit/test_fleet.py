@@ -262,5 +262,91 @@ def test_cli_keeps_a_local_plans_times_only_on_the_machine_it_was_searched_on(
                                    "--node", "local", "--qps", "0.1", "--p99-ms", "600000",
                                    "--json"])
     assert out.exit_code == 0, out.output
-    steps = {s["label"]: s["value"] for s in json.loads(out.stdout)["plan"]["steps"]}
+    doc = json.loads(out.stdout)
+    steps = {s["label"]: s["value"] for s in doc["plan"]["steps"]}
     assert (steps["TPOT per replica"] == plan.predicted["plan"].tpot_s) is reused
+    said = [n for n in doc["notes"] if "sized with the cost model's times" in n]
+    assert bool(said) is not reused
+    if said:
+        assert (machine or "a machine it does not record") in said[0] and here.machine in said[0]
+
+
+def _fleet_json(plan, tmp_path, node: str, *extra: str) -> dict:
+    import json
+
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+    from autoplan.plan.io import save_plan
+
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    out = CliRunner().invoke(cli, ["fleet", "--plan", str(path), "--model", "llama-3.1-8b",
+                                   "--node", node, "--qps", "1", "--p99-ms", "600000", "--json",
+                                   *extra])
+    assert out.exit_code == 0, out.output
+    return json.loads(out.stdout)
+
+
+def test_cli_sizes_each_side_with_its_kv_cache(tmp_path):
+    """A replica holds the KV cache its runtime keeps: ONNX Runtime's fp32 (twice bf16's
+    bytes), and a plan's own KV format where it chose one; the baseline keeps the runtime's."""
+    from autoplan.backends.registry import resolve_target
+    from autoplan.cost import CostModel, resolve_config
+    from autoplan.formats import Choice
+    from autoplan.formats.kv import KvFormat
+    from autoplan.plan import schema as ps
+    from tests.unit.test_plan_io import sample_plan
+
+    spec = resolve_config("llama-3.1-8b")
+    model = sample_plan().model.model_copy(update={"id": "llama-3.1-8b"})
+
+    def kv_and_workspace(target: str, plan, kv: str, base: str) -> float:
+        cm = CostModel(spec, resolve_target(target), plan.workload, baseline=Choice.parse(base),
+                       kv=KvFormat.parse(kv))
+        memory = cm.memory(cm.resolve(plan.decisions))
+        return memory.kv_cache_bytes + memory.workspace_bytes
+
+    # fleet on the plan's own target keeps the plan's weights (2 GB in sample_plan)
+    ort = sample_plan(decisions={la.name: "int8a8_g128" for la in spec.layers}, model=model,
+                      target=sample_plan().target.model_copy(update={"name": "xeon-8480"}),
+                      runtime=sample_plan().runtime.model_copy(update={"name": "onnxruntime"}))
+    doc = _fleet_json(ort, tmp_path, "xeon-8480")
+    assert doc["kv_cache"] == {"baseline": "fp32", "plan": "fp32"}
+    assert doc["plan"]["steps"][0]["value"] == pytest.approx(
+        2e9 + kv_and_workspace("xeon-8480", ort, "fp32", "dense+fp32"), rel=1e-9)
+
+    kv = ps.KvCache(format="fp8_e4m3", default="bf16", flag="fp8", scales="dynamic",
+                    bytes_per_token=1.0, bytes_per_sequence=1.0)
+    fp8 = sample_plan(decisions={la.name: "dense+fp8_e4m3" for la in spec.layers}, model=model,
+                      kv_cache=kv)
+    doc = _fleet_json(fp8, tmp_path, "h100-sxm")
+    assert doc["kv_cache"] == {"baseline": "bf16", "plan": "fp8_e4m3"}
+    assert doc["plan"]["steps"][0]["value"] == pytest.approx(
+        2e9 + kv_and_workspace("h100-sxm", fp8, "fp8_e4m3", "dense+bf16"), rel=1e-9)
+    assert doc["baseline"]["steps"][0]["value"] == pytest.approx(
+        2e9 + kv_and_workspace("h100-sxm", fp8.model_copy(update={"decisions": {}}), "bf16",
+                               "dense+bf16"), rel=1e-9)
+
+
+def test_cli_refuses_a_plan_whose_kv_cache_the_nodes_runtime_does_not_serve(tmp_path):
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+    from autoplan.cost import resolve_config
+    from autoplan.plan import schema as ps
+    from autoplan.plan.io import save_plan
+    from tests.unit.test_plan_io import sample_plan
+
+    spec = resolve_config("llama-3.1-8b")
+    kv = ps.KvCache(format="nvfp4", default="bf16", flag="nvfp4", scales="dynamic",
+                    bytes_per_token=1.0, bytes_per_sequence=1.0)
+    plan = sample_plan(decisions={la.name: "dense+fp8_e4m3" for la in spec.layers},
+                       model=sample_plan().model.model_copy(update={"id": "llama-3.1-8b"}),
+                       kv_cache=kv)
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    out = CliRunner().invoke(cli, ["fleet", "--plan", str(path), "--node", "h100-sxm",
+                                   "--qps", "1", "--p99-ms", "60000"])
+    assert out.exit_code == 2 and "the plan's KV cache nvfp4" in out.output
+    assert "re-plan with `autoplan search --target h100-sxm`" in out.output
