@@ -142,7 +142,8 @@ class Certificate(_Strict):
     solver: str
     optimum_objective: float
     search_objective: float
-    gap: float
+    gap: float = Field(description="the search's best over the optimum, in the time the "
+                       "objective is monotone in (request time; TPOT for tpot), minus 1")
     surrogate_limit: float
 
 

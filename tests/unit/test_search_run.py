@@ -108,6 +108,10 @@ def test_h100_audit_and_predictions(h100: SearchOutcome) -> None:
     assert plan.predicted["plan"].weight_gb < plan.predicted["baseline"].weight_gb
     cert = plan.search.certificate
     assert cert is not None and -1e-9 <= cert.gap <= 0.01
+    # the gap is between whole request times: throughput is inversely proportional to them
+    assert plan.objective == "throughput"
+    assert cert.gap == pytest.approx(cert.optimum_objective / cert.search_objective - 1,
+                                     abs=1e-9)
     # every verified candidate was measured and its verdict matches the budget
     for rnd in plan.search.rounds:
         for v in rnd.verified:

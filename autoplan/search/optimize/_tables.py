@@ -51,6 +51,13 @@ class Tables:
         totals = self._total_times
         return sum(float(totals[u][c]) for u, c in enumerate(picks))
 
+    @property
+    def constant_time(self) -> float:
+        """The part of the time `total_time` weighs that no decision changes (fixed terms,
+        protected layers): with `request_time` it gives the whole, whose ratios are the
+        objective's."""
+        return self.prefill_weight * self.const_prefill + (self.output_len - 1) * self.const_decode
+
     @cached_property
     def labels(self) -> tuple[tuple[str, ...], ...]:
         """Per unit, its choices as the strings Optuna stores as parameter values."""

@@ -96,11 +96,16 @@ def certify(prep: Prepared, rounds: Rounds, rep: Reporter) -> ps.Certificate:
     exact = solve_exact(tables, rounds.limit)
     best = rounds.best_searched
     nan = float("nan")
+
+    def whole(picks) -> float:  # noqa: ANN001 - any picks
+        # the whole time, constant terms included: the gap relative to the variable part
+        # alone read 3.5 % where the objectives printed beside it were 0.9 % apart
+        return prep.tables.request_time(picks) + prep.tables.constant_time
+
     return ps.Certificate(
         solver="scipy.optimize.milp (HiGHS)", optimum_objective=prep.value(exact.picks),
         search_objective=prep.value(best.picks) if best else nan,
-        gap=(prep.tables.request_time(best.picks) - exact.total_time) / exact.total_time
-        if best else nan,
+        gap=(whole(best.picks) - whole(exact.picks)) / whole(exact.picks) if best else nan,
         surrogate_limit=rounds.limit)
 
 
