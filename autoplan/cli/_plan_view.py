@@ -28,9 +28,7 @@ _ROWS = (
 
 def summary_table(plan: Plan) -> Table:
     w = plan.workload
-    where = (f"{plan.target.name} [{plan.target.machine}]" if plan.target.machine
-             else plan.target.name)
-    table = Table(title=f"{plan.model.id} on {where} ({plan.runtime.name} "
+    table = Table(title=f"{plan.model.id} on {plan.target.shown} ({plan.runtime.name} "
                         f"{plan.runtime.version}), batch {w.batch}, {w.input_len} in / "
                         f"{w.output_len} out, objective {plan.objective}"
                         + (f" ({plan.operating_point.detail})" if plan.operating_point else ""))

@@ -11,12 +11,14 @@ from autoplan.cost.operating import OperatingRequest
 
 
 def workload_options(default_batch: int, batch_help: str = "Concurrent sequences.", *,
-                     lengths_from: str | None = None) -> Callable:
+                     lengths_from: str | None = None,
+                     batch_default: str | None = None) -> Callable:
     """Add the five options; the command receives `batch`, `input_len`, `output_len`,
     `ttft_ms`, `tpot_ms` and builds an OperatingRequest with `operating_from`.
 
     With ``lengths_from`` (e.g. "the --measured workload's") the lengths default to None, so
-    the command can take them from there, and the help says so."""
+    the command can take them from there, and the help says so; ``batch_default`` says in
+    the help where a batch comes from when --batch is not given, if not `default_batch`."""
     def add(fn: Callable) -> Callable:
         fn = click.option("--tpot-ms", type=float, default=None,
                           help="SLO: time per output token at most this (with --ttft-ms: "
@@ -33,7 +35,8 @@ def workload_options(default_batch: int, batch_help: str = "Concurrent sequences
                 fn = click.option(flag, type=int, default=None,
                                   help=f"{what} [default: {default}, or {lengths_from}]")(fn)
         return click.option("--batch", default=None,
-                            help=f"{batch_help} An integer (default {default_batch}) or "
+                            help=f"{batch_help} An integer (default "
+                                 f"{batch_default or default_batch}) or "
                                  "'max': the largest batch whose weights, KV cache and "
                                  "workspace fit the target's memory.")(fn)
     return add

@@ -232,8 +232,9 @@ def _check_args(*, qps: float, p99_ms: float, input_len: int, output_len: int,
 @click.option("--model", default=None, help="Model (default: the plan's).")
 @click.option("--node", required=True, help="Node target, e.g. xeon-8480 or h100.")
 @click.option("--qps", type=float, required=True, help="Requests per second, whole fleet.")
-@workload_options(1, "Sequences one replica decodes together (default: the plan's batch).",
-                  lengths_from="the --measured workload's, or the plan's")
+@workload_options(1, "Sequences one replica decodes together.",
+                  lengths_from="the --measured workload's, or the plan's",
+                  batch_default="the plan's batch, else 1")
 @click.option("--p99-ms", type=float, required=True, help="p99 request-latency SLA, ms.")
 @click.option("--max-replicas", type=int, default=1, show_default=True,
               help="Model copies per memory domain (0: as many as memory allows).")

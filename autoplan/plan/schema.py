@@ -46,6 +46,11 @@ class TargetRef(_Strict):
     machine: str | None = Field(None, description="`local`: the CPU the search measured "
                                 "(model, cores, threads); None for a catalog target")
 
+    @property
+    def shown(self) -> str:
+        """The name as show and the report print it: with the machine a local plan is of."""
+        return f"{self.name} [{self.machine}]" if self.machine else self.name
+
 
 class RuntimeRef(_Strict):
     name: str

@@ -279,7 +279,7 @@ def render_report(source: Path, model: str | None = None) -> str:
         plan = load_plan(source)
         if model is not None:
             check_model([plan], model)
-        title = f"autoplan plan: {plan.model.id} on {plan.target.name}"
+        title = f"autoplan plan: {plan.model.id} on {plan.target.shown}"
         html_part, plots = plan_section(plan, f"{plan.target.name} / {plan.runtime.name}", model)
         parts.append(html_part)
     else:

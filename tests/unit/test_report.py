@@ -121,3 +121,16 @@ def test_report_renders_in_headless_chromium(compare_dir: Path, tmp_path: Path) 
     # non-blank: plots put many non-white pixels on the page
     non_white = (img[..., :3] < 0.9).any(axis=-1).mean()
     assert non_white > 0.05, non_white
+
+
+def test_a_local_plans_report_names_the_machine_it_was_searched_on(tmp_path: Path) -> None:
+    from autoplan.plan.io import save_plan
+    from tests.unit.test_plan_io import sample_plan
+
+    plan = sample_plan()
+    plan = plan.model_copy(update={"target": plan.target.model_copy(update={
+        "name": "local", "machine": "AMD EPYC <7B13>, 2 cores, 2 threads"})})
+    save_plan(plan, tmp_path / "plan.json")
+    page = render_report(tmp_path / "plan.json")
+    assert ("<h1>autoplan plan: tiny on local [AMD EPYC &lt;7B13&gt;, 2 cores, 2 threads]</h1>"
+            in page)
