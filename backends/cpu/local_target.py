@@ -100,7 +100,8 @@ def _peaks(info: CpuInfo) -> dict[str, Figure]:
 
 def machine_of(info: CpuInfo) -> str:
     """The machine as plans record it: what its measured figures depend on."""
-    return f"{info.model}, {info.cores} cores, {info.threads} threads"
+    cpuid = f" ({info.cpuid})" if info.cpuid else ""
+    return f"{info.model}{cpuid}, {info.cores} cores, {info.threads} threads"
 
 
 def measure_local_target(info: CpuInfo) -> Target:
@@ -166,7 +167,7 @@ def local_target(refresh: bool = False) -> Target:
     info = cpu_info()
     path = cache_path(info)
     cached = None if refresh else _load(path)
-    if cached is not None:
+    if cached is not None and cached.machine == machine_of(info):  # else another CPU's
         return cached
     target = measure_local_target(info)
     try:

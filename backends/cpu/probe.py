@@ -41,6 +41,9 @@ class CpuInfo:
     caches_kb: dict[str, int] = field(default_factory=dict)
     memory_gb: float = 0.0
     clock_ghz: float | None = None
+    # x86: "family F model M stepping S", which tells CPU generations apart where a VM's
+    # model name does not ("AMD EPYC"); ARM: implementer and part; else empty
+    cpuid: str = ""
 
     def has_any(self, flags: tuple[str, ...]) -> bool:
         """True when any of `flags` is present."""
@@ -67,6 +70,16 @@ def _cpuinfo_fields(text: str) -> tuple[dict[str, str], set[tuple[str, str]]]:
         elif key == "core id":
             cores.add((physical, value))
     return first, cores
+
+
+def _cpuid(fields: dict[str, str]) -> str:
+    keys = (("cpu family", "family"), ("model", "model"), ("stepping", "stepping"))
+    if all(fields.get(k) for k, _ in keys):
+        return " ".join(f"{name} {fields[k]}" for k, name in keys)
+    arm = (("CPU implementer", "implementer"), ("CPU part", "part"))
+    if all(fields.get(k) for k, _ in arm):
+        return " ".join(f"{name} {fields[k]}" for k, name in arm)
+    return ""
 
 
 def _caches_kb() -> dict[str, int]:
@@ -110,6 +123,7 @@ def cpu_info() -> CpuInfo:
         caches_kb=_caches_kb(),
         memory_gb=_memory_gb(),
         clock_ghz=float(mhz) / 1000 if mhz else None,
+        cpuid=_cpuid(fields),
     )
 
 

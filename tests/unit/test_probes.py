@@ -169,3 +169,34 @@ def test_probe_under_load_says_so(monkeypatch):
     assert "probe --refresh" in lt.measure_local_target(info).description
     monkeypatch.setattr(lt.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert "probe --refresh" not in lt.measure_local_target(info).description
+
+
+def test_the_machine_tells_cpu_generations_apart_where_the_name_does_not(cached_env,
+                                                                          monkeypatch):
+    """A VM may name every EPYC generation "AMD EPYC": the machine a plan records carries
+    the CPU's family, model and stepping, and a cached target of another CPU is measured
+    again rather than read as this one."""
+    import dataclasses
+
+    from autoplan.backends.cpu import probe
+
+    fields, _ = probe._cpuinfo_fields("model name\t: AMD EPYC\ncpu family\t: 25\nmodel\t\t: 17\n"
+                                      "stepping\t: 1\nflags\t\t: avx2\n")
+    assert probe._cpuid(fields) == "family 25 model 17 stepping 1"
+    arm, _ = probe._cpuinfo_fields("CPU implementer\t: 0x41\nCPU part\t: 0xd40\n")
+    assert probe._cpuid(arm) == "implementer 0x41 part 0xd40"
+    assert probe._cpuid({}) == ""
+    info = probe.CpuInfo(model="AMD EPYC", arch="x86_64", cores=2, threads=2,
+                         flags=frozenset(), cpuid="family 25 model 17 stepping 1")
+    assert lt.machine_of(info) == "AMD EPYC (family 25 model 17 stepping 1), 2 cores, 2 threads"
+    other = dataclasses.replace(info, cpuid="family 23 model 49 stepping 0")
+    assert lt.machine_of(other) != lt.machine_of(info)
+
+    monkeypatch.setattr(lt, "measure_bandwidth", lambda: (7.0, "fake"))
+    monkeypatch.setattr(lt, "measure_matmul", lambda kind: (0.25, 64))
+    monkeypatch.setattr(lt, "cpu_info", lambda: info)
+    assert lt.local_target().machine == lt.machine_of(info)
+    monkeypatch.setattr(lt, "cpu_info", lambda: other)  # same cache file: name and cores
+    monkeypatch.setattr(lt, "measure_bandwidth", lambda: (9.0, "fake"))
+    again = lt.local_target()
+    assert again.machine == lt.machine_of(other) and again.bandwidth_gbps.value == 9.0

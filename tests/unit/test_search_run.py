@@ -297,3 +297,20 @@ def test_the_plan_note_says_where_speed_figures_come_from() -> None:
     assert SpeedSource(kernels="ONNX Runtime", non_gemm_decode=True).note() == \
         f"{head} using this machine's measured ONNX Runtime kernel times and non-GEMM decode " \
         f"step{tail}"
+
+
+def test_a_local_plan_timed_on_fewer_threads_says_so() -> None:
+    """Kernels timed on --threads N are not the machine's: the recorded machine differs, so
+    fleet (which sizes the whole machine) does not take the plan's times for its own."""
+    from types import SimpleNamespace
+
+    from autoplan.search.stages._build import _machine
+
+    def prep(machine: str | None, threads: int | None) -> SimpleNamespace:
+        return SimpleNamespace(platform=SimpleNamespace(target=SimpleNamespace(machine=machine)),
+                               req=SimpleNamespace(threads=threads))
+
+    assert _machine(prep("AMD EPYC, 2 cores, 2 threads", None)) == "AMD EPYC, 2 cores, 2 threads"
+    assert _machine(prep("AMD EPYC, 2 cores, 2 threads", 1)) == ("AMD EPYC, 2 cores, 2 threads; "
+                                                                 "timed on 1 thread")
+    assert _machine(prep(None, 4)) is None  # a catalog target: no machine

@@ -187,6 +187,15 @@ def _deploy(prep: Prepared) -> ps.Deploy | None:
     return ps.Deploy(**d.to_json())
 
 
+def _machine(prep: Prepared) -> str | None:
+    """The machine a `local` plan's times are of: its kernels timed on --threads threads are
+    not the whole machine's, which fleet sizes."""
+    machine, threads = prep.platform.target.machine, prep.req.threads
+    if machine and threads is not None:
+        return f"{machine}; timed on {threads} thread{'s' if threads > 1 else ''}"
+    return machine
+
+
 def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate,
                wall_time_s: float) -> ps.Plan:
     """The plan file's content (not written here)."""
@@ -202,7 +211,7 @@ def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.C
                           params=loaded.spec.total_params),
         target=ps.TargetRef(name=target.name, price_per_hour=cost.price_per_hour,
                             price_source="user" if req.price_per_hour is not None
-                            else target.price_per_hour.source, machine=target.machine),
+                            else target.price_per_hour.source, machine=_machine(prep)),
         runtime=ps.RuntimeRef(name=rt.name, version=version_on(target, rt.name)),  # installed, here
         workload=req.workload, objective=req.objective.value,
         budget=ps.Budget(text=budget.text, metric=budget.metric, limit=budget.limit,
