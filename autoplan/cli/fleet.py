@@ -31,8 +31,8 @@ from autoplan.nodes import NodeLayout, node_layout
 from autoplan.plan.io import PlanInput, read_plan
 from autoplan.plan.schema import Predicted
 from autoplan.formats.kv import KvFormat
-from autoplan.runtimes import (default_kv, default_runtime, get_runtime, kv_supports,
-                               refused_layers, version_on)
+from autoplan.runtimes import (default_kv, default_runtime, get_runtime, installed_version,
+                               kv_supports, refused_layers, version_on)
 from autoplan.search import load_space_file
 from autoplan.targets import Target
 from autoplan.workload import Workload
@@ -196,6 +196,24 @@ def _kv_formats(plan: PlanInput, node: Target, runtime: str) -> tuple[KvFormat, 
     return own, planned
 
 
+def _version_here(node: Target, runtime: str) -> tuple[str, str | None]:
+    """The runtime's version as fleet prints it, and a note when it is not this machine's:
+    on a measured node (`local`) an engine in its own venv reports its installed packages;
+    one not installed here is sized at the catalog's version, which the note says."""
+    version = version_on(node, runtime)
+    if not node.measured or installed_version(runtime) is not None:
+        return version, None
+    from autoplan.engines import engine_names, engine_status, get_engine
+
+    if runtime not in engine_names():
+        return version, None
+    status = engine_status(runtime)
+    if status.installed:
+        return f"{version} (installed: {status.detail})", None
+    return version, (f"{runtime} is not installed here: sized as the catalog's {runtime} "
+                     f"{version} (`{get_engine(runtime).install_command}` installs it)")
+
+
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -329,7 +347,8 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
                                                 p99_s=p99_ms / 1e3, output_len=output_len,
                                                 price_per_hour=lay.node_price_per_hour)
                       for side, name in curves.items()} if curves else {}
-    version = version_on(target, runtime)
+    version, unverified = _version_here(target, runtime)
+    notes += [unverified] if unverified else []
     for note in notes:
         err_console.print(f"note: {note}")
     if as_json:

