@@ -133,3 +133,43 @@ def test_a_quantized_source_is_the_quality_reference_as_llama_cpp_runs_it(tiny_g
     streamed_baseline = prep.verifier.measure(prep.baseline_picks, "baseline")
     assert streamed_as_is.quality.kl == 0.0
     assert streamed_baseline.quality.kl == pytest.approx(baseline.quality.kl, rel=1e-3)
+
+
+def test_when_the_fastest_uniform_recipes_all_fail_the_least_lossy_is_tried():
+    """A CPU space has six 4-bit recipes faster than its int8 one: when a budget fails them
+    all, the recipe the profile predicts least lossy is measured too, so the plan has a bar;
+    a recipe slower than the model as is is never tried."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from autoplan.search.stages import UNIFORM_TRIES, best_uniform
+
+    @dataclass(frozen=True)
+    class Measured:
+        picks: tuple
+        passed: bool
+        label: str = ""
+
+    # (speed, surrogate KL, passes when measured): seven lossy 4-bit recipes, then int8
+    # (faster than the model as is), then a recipe slower than the model as is
+    recipes = {f"q4_{i}": ((i + 1,), 100.0 - i, 0.5, False) for i in range(UNIFORM_TRIES + 1)}
+    recipes |= {"int8": ((20,), 60.0, 0.01, True), "slow": ((30,), 10.0, 0.0, True)}
+    as_is = (0,)
+    speed = {p: s for p, s, _, _ in recipes.values()} | {as_is: 50.0}
+    kl = {p: k for p, _, k, _ in recipes.values()} | {as_is: 0.0}
+    passes = {p: ok for p, _, _, ok in recipes.values()} | {as_is: True}
+    tried = []
+
+    def measure(picks, label, bounded):  # noqa: ANN001, ANN202
+        tried.append(label)
+        return Measured(picks, passes[picks])
+
+    prep = SimpleNamespace(
+        as_is=SimpleNamespace(picks=as_is, label="as is (baseline)"), baseline_picks=as_is,
+        uniform={name: list(r[0]) for name, r in recipes.items()}, sign=-1.0,
+        value=lambda picks: speed[tuple(picks)],
+        tables=SimpleNamespace(surrogate=lambda picks: kl[tuple(picks)]),
+        verifier=SimpleNamespace(measure=measure))
+    best = best_uniform(prep, SimpleNamespace(stage=lambda name: None))
+    assert best is not None and best.label == "uniform int8"
+    assert tried == [f"uniform q4_{i}" for i in range(UNIFORM_TRIES)] + ["uniform int8"]

@@ -35,9 +35,17 @@ def best_uniform(prep: Prepared, rep: Reporter) -> Measurement | None:
     faster than every passing one (among the UNIFORM_TRIES fastest). Only whether each
     passes matters until one does, so each pass stops as soon as its KL is certain to
     exceed the budget (`Verifier.measure(bounded=True)`); the one that passes is measured in
-    full. None: the UNIFORM_TRIES fastest recipes all fail."""
+    full. When all of those fail, one more: the recipe the profile predicts least lossy (a
+    CPU space holds six 4-bit recipes faster than its int8 one, and a budget they all miss
+    left the plan with no bar). None: those fail too."""
     rep.stage("best uniform recipe")
-    for label, picks in recipes(prep)[:UNIFORM_TRIES]:
+    ordered = recipes(prep)
+    tries = ordered[:UNIFORM_TRIES]
+    as_is = [picks for _, picks in ordered].index(prep.as_is.picks)
+    faster = ordered[UNIFORM_TRIES:as_is]  # untried and faster than the model as is
+    if faster:
+        tries.append(min(faster, key=lambda lp: prep.tables.surrogate(lp[1])))
+    for label, picks in tries:
         bounded = picks != prep.as_is.picks  # the model as is: its full KL, for the record
         m = prep.verifier.measure(picks, label, bounded=bounded)
         if acceptable(prep, m):
