@@ -74,7 +74,8 @@ def _table(c: Comparison) -> Table:
               show_default=True)
 @workload_options(32)
 @click.option("--trials", type=int, default=2000, show_default=True,
-              help="Surrogate trials per target.")
+              help="Surrogate trials of each target's first round; each later round runs a "
+                   "quarter as many (each plan records its total).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), default=Path("compare"),
               show_default=True, help="Folder for the plans (one per target and runtime) and "

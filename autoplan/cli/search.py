@@ -31,7 +31,9 @@ from autoplan.quant import QuantMethod
 @click.option("--objective", type=click.Choice(Objective.values()),
               default=Objective.THROUGHPUT.value, show_default=True)
 @workload_options(32)
-@click.option("--trials", type=int, default=2000, show_default=True, help="Surrogate trials.")
+@click.option("--trials", type=int, default=2000, show_default=True,
+              help="Surrogate trials of the first round; each later round runs a quarter as "
+                   "many (the plan records the total).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--storage", default=None, help="Optuna storage URL (default: journal file beside --out).")
 @click.option("--study", default=None, help="Study name (default: derived from all settings).")
