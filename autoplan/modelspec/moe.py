@@ -259,16 +259,27 @@ def _deepseek_moe(cfg: dict[str, Any]) -> MoESpec:
 _ATTENTION_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 
+def _max_window_layers(cfg: dict[str, Any]) -> int:
+    value = cfg.get("max_window_layers")
+    if value is None:
+        return 28  # transformers' default for every Qwen config that reads it
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ModelConfigError(f"config.json field 'max_window_layers' must be an integer >= 0, "
+                               f"got {value!r}")
+    return value
+
+
 def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> tuple[int, ...]:
     """Per block, the sliding attention window in tokens (0: full attention), as
     transformers assigns layer types; empty when every layer attends fully.
 
     ``layer_types`` when the config lists them (gpt-oss alternates windowed and full layers
     when it does not); Gemma 2 alternates (even blocks sliding), Gemma 3 makes every
-    ``sliding_window_pattern``-th block (default 6) global, Qwen2/3 (and their MoE) slide
-    from ``max_window_layers`` on only with ``use_sliding_window``, Gemma 1 never does, and
-    any other config with a ``sliding_window`` (Mistral v0.1, Mixtral, Phi-3) slides in
-    every block."""
+    ``sliding_window_pattern``-th block (default 6) global; a Qwen config slides only with
+    ``use_sliding_window``: Qwen2/3 from ``max_window_layers`` (default 28) on, Qwen2-MoE in
+    its even blocks below it, Qwen3-MoE in every block (transformers 5.25's rules); Gemma 1
+    never does, and any other config with a ``sliding_window`` (Mistral v0.1, Mixtral,
+    Phi-3) slides in every block."""
     types = cfg.get("layer_types")
     if types is not None and (not isinstance(types, list) or len(types) != n_layers):
         # transformers refuses the config too (PreTrainedConfig.validate_layer_type)
@@ -298,8 +309,13 @@ def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> tuple[
     elif model_type == "gemma3_text":
         pattern = int(cfg.get("sliding_window_pattern") or 6)
         slides = [(i + 1) % pattern != 0 for i in range(n_layers)]
+    elif model_type == "qwen2_moe":
+        below = _max_window_layers(cfg)
+        slides = [i % 2 == 0 and i < below for i in range(n_layers)]
+    elif model_type == "qwen3_moe":  # its config has no layer types: one window for all
+        slides = [True] * n_layers
     elif model_type.startswith("qwen"):
-        first = int(cfg.get("max_window_layers") or 0)
+        first = _max_window_layers(cfg)
         slides = [i >= first for i in range(n_layers)]
     else:
         slides = [True] * n_layers

@@ -144,8 +144,18 @@ def test_qwen_layer_types_follow_transformers() -> None:
     assert ModelSpec.from_config(sliding).windows == ()  # transformers' default: False
     assert ModelSpec.from_config({**sliding, "use_sliding_window": True}).windows == (16,) * 4
     ruled = {**_QWEN2_MOE, "sliding_window": 16, "use_sliding_window": True,
-             "max_window_layers": 2}
-    assert ModelSpec.from_config(ruled).windows == (0, 0, 16, 16)
+             "max_window_layers": 3}
+    # transformers 5.25: Qwen2-MoE slides in its even blocks below max_window_layers,
+    # Qwen3-MoE in every block, dense Qwen2/3 from max_window_layers on (default 28)
+    assert ModelSpec.from_config(ruled).windows == (16, 0, 16, 0)
+    assert ModelSpec.from_config({**ruled, "max_window_layers": 1}).windows == (16, 0, 0, 0)
+    assert ModelSpec.from_config({**ruled, "model_type": "qwen3_moe"}).windows == (16,) * 4
+    dense = {k: v for k, v in ruled.items() if "expert" not in k and "sparse" not in k
+             and k != "mlp_only_layers"} | {"model_type": "qwen3"}
+    assert ModelSpec.from_config(dense).windows == (0, 0, 0, 16)
+    assert ModelSpec.from_config({**dense, "max_window_layers": None}).windows == ()
+    with pytest.raises(ModelConfigError, match="max_window_layers"):
+        ModelSpec.from_config({**dense, "max_window_layers": "2"})
 
 
 def test_qwen_moe_renormalizes_top_k_only_when_asked() -> None:
