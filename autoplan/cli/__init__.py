@@ -102,6 +102,10 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        except RecursionError:  # Python's JSON reader on thousands of nested brackets
+            click.echo("error: an input is nested too deeply to read (Python's recursion "
+                       "limit): check the JSON files passed", err=True)
+            ctx.exit(2)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -5,6 +5,7 @@ recorded). Without one, the cost model assumes uniform routing (top_k / E per ex
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,32 @@ def _doc(path: Path, flag: str) -> dict[str, Any]:
         raise UserInputError(f"{flag} {path}: no such file; {HINT}") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise UserInputError(f"{flag} {path}: not readable JSON ({exc}); {HINT}") from None
+    except RecursionError:  # nesting deeper than any plan or profile
+        raise UserInputError(f"{flag} {path}: JSON nested too deeply; {HINT}") from None
     if not isinstance(doc, dict):
         raise UserInputError(f"{flag} {path}: not a plan or profile; {HINT}")
     return doc
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _shares(block: int, row: object, flag: str, path: Path) -> tuple[float, ...]:
+    """A block's shares: each the chance a token picks the expert, a number in [0, 1]."""
+    if not isinstance(row, list) or not all(_number(x) and 0 <= x <= 1 for x in row):
+        raise UserInputError(f"{flag} {path}: block {block}'s routing shares must be numbers "
+                             "from 0 to 1, one per expert; re-run the search")
+    return tuple(float(x) for x in row)
+
+
+def _counts(block: str, row: object, flag: str, path: Path) -> list[int]:
+    """A block's calibration counts: tokens that picked each expert, whole numbers >= 0."""
+    if not isinstance(row, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                            and x >= 0 for x in row):
+        raise UserInputError(f"{flag} {path}: block {block}'s routing counts must be whole "
+                             "numbers >= 0, one per expert; re-run `autoplan profile`")
+    return row
 
 
 def read_routing(spec: ModelSpec, path: str | Path, flag: str = "--routing") -> Routing:
@@ -47,11 +71,10 @@ def read_routing(spec: ModelSpec, path: str | Path, flag: str = "--routing") -> 
             raise UserInputError(f"{flag} {path}: the plan records no routing (a dense "
                                  f"model's plan, or one from before MoE); {HINT}")
         shares = routing["shares"]
-        try:
-            rows = {int(b): tuple(float(x) for x in s) for b, s in shares.items()}
-        except (TypeError, ValueError):
-            raise UserInputError(f"{flag} {path}: its routing shares are not numbers "
-                                 "per block; re-run the search") from None
+        if not all(isinstance(b, str) and b.isdigit() for b in shares):
+            raise UserInputError(f"{flag} {path}: its routing is keyed by something other "
+                                 "than block numbers; re-run the search")
+        rows = {int(b): _shares(int(b), s, flag, path) for b, s in shares.items()}
         if set(rows) != set(moe.moe_blocks) or any(len(s) != moe.n_experts
                                                    for s in rows.values()):
             raise UserInputError(f"{flag} {path}: its routing is for another model "
@@ -68,17 +91,15 @@ def read_routing(spec: ModelSpec, path: str | Path, flag: str = "--routing") -> 
         if not counts:
             raise UserInputError(f"{flag} {path}: the profile records no routing (profiled "
                                  f"on a dense model?); {HINT}")
-        if not isinstance(counts, dict) or not isinstance(tokens, int) or tokens <= 0:
+        if (not isinstance(counts, dict) or not isinstance(tokens, int)
+                or isinstance(tokens, bool) or tokens <= 0):
             raise UserInputError(f"{flag} {path}: its routing counts are malformed; "
                                  "re-run `autoplan profile`")
         if set(counts) != {str(b) for b in moe.moe_blocks}:
             raise UserInputError(f"{flag} {path}: its routing is for another model "
                                  f"({len(counts)} blocks); {model} has {shape}")
-        try:
-            return Routing.from_counts(spec, counts, tokens)
-        except (TypeError, ValueError):
-            raise UserInputError(f"{flag} {path}: its routing counts are malformed; "
-                                 "re-run `autoplan profile`") from None
+        rows = {b: _counts(b, row, flag, path) for b, row in counts.items()}
+        return Routing.from_counts(spec, rows, tokens)
     raise UserInputError(f"{flag} {path}: not a plan or profile; {HINT}")
 
 

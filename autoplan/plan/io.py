@@ -87,6 +87,8 @@ def _read_object(path: str | Path) -> tuple[str, dict[str, Any]]:
         raw = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PlanError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:  # nesting deeper than any plan: not one
+        raise PlanError(f"{path} is not an autoplan plan (JSON nested too deeply)") from None
     if not isinstance(raw, dict):
         raise PlanError(f"{path} is not an autoplan plan (expected a JSON object)")
     return text, raw

@@ -275,6 +275,10 @@ CASES = [
     C(_F1.replace("{plan}", "{noid_plan}"), 2, "pass --model", FILES),
     C(_F1.replace("{plan}", "{fmt_plan}"), 2, "dense+fp7", FILES),
     C(_F1.replace("{plan}", "{newer_plan}"), 2, "upgrade autoplan", FILES),
+    C(_F1.replace("{plan}", "{deep}"), 2, "JSON nested too deeply", FILES),
+    C(_F1 + " --measured {deep}", 2, "nested too deeply to read", FILES),
+    C("estimate --model llama-3.1-8b --target h100 --cost-table {deep}", 2,
+      "nested too deeply to read", FILES),
     C(_F + " --qps 1", 2, "Missing option '--p99-ms'", ARGS),
     # ---- worker ----
     C(_W + " --storage nosuchdb://user:hunter2@host/db", 2, "cannot read storage", ARGS),
@@ -416,6 +420,7 @@ def build_inputs(root: Path, tiny: Path, cache: Path) -> dict[str, str]:
         + "/config.json"
     moe = {"model_type": "deepseek_v32", "n_routed_experts": 8, "kv_lora_rank": 16, **_TINY_CFG}
     for name, text in (("moe.json", json.dumps(moe)), ("notjson.json", "{not json"),
+                       ("deep.json", "[" * 100_000 + "]" * 100_000),
                        ("ct_obj.json", '{"foo": 1}'), ("ct_list.json", "[]"),
                        ("ct_ok.json", json.dumps({"rows": [
                            {"m": 1, "n": 2, "k": 3, "choice": "dense+fp8",

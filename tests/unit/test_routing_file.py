@@ -54,7 +54,13 @@ def test_a_profile_and_a_plan_give_the_same_calibration_routing(tmp_path: Path) 
     ("empty profile", "the profile records no routing"),
     ("other model's profile", "its routing is for another model"),
     ("wrong expert count", "do not match the model's 8 experts"),
-    ("text counts", "its routing counts are malformed"),
+    ("text counts", "block 0's routing counts must be whole numbers >= 0"),
+    ("negative counts", "block 0's routing counts must be whole numbers >= 0"),
+    ("boolean tokens", "its routing counts are malformed"),
+    ("NaN shares", "block 0's routing shares must be numbers from 0 to 1"),
+    ("negative shares", "block 0's routing shares must be numbers from 0 to 1"),
+    ("boolean shares", "block 0's routing shares must be numbers from 0 to 1"),
+    ("deep", "JSON nested too deeply"),
 ])
 def test_a_file_that_cannot_give_the_routing_is_one_line(tmp_path: Path, case: str,
                                                           message: str) -> None:
@@ -73,10 +79,21 @@ def test_a_file_that_cannot_give_the_routing_is_one_line(tmp_path: Path, case: s
         "wrong expert count": lambda: _profile(tmp_path, counts={
             str(b): HOT[:4] for b in spec.moe.moe_blocks}) if spec.moe else None,
         "text counts": lambda: _profile(tmp_path, counts={
-            str(b): ["a"] * 8 for b in spec.moe.moe_blocks}) if spec.moe else None,
+            str(b): ["a"] * 8 for b in spec.moe.moe_blocks}),
+        "negative counts": lambda: _profile(tmp_path, counts={
+            str(b): [-1, 3] + [0] * 6 for b in spec.moe.moe_blocks}),
+        "boolean tokens": lambda: _profile(tmp_path, tokens=True),
+        "NaN shares": lambda: _plan(tmp_path, Routing(
+            {b: (float("nan"),) * 8 for b in spec.moe.moe_blocks})),
+        "negative shares": lambda: _plan(tmp_path, Routing(
+            {b: (-1.0, 3.0) + (0.0,) * 6 for b in spec.moe.moe_blocks})),
+        "boolean shares": lambda: _plan(tmp_path, Routing(
+            {b: (True, True) + (False,) * 6 for b in spec.moe.moe_blocks})),
+        "deep": lambda: tmp_path / "deep.json",
     }[case]()
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(UserInputError) as err:
         read_routing(spec, path)
     assert message in str(err.value) and "\n" not in str(err.value)
