@@ -13,7 +13,7 @@ the first two lines, ``preparation/`` the next two, ``stages/`` the rest):
     run_rounds(prep, rep, queue) -> Rounds           study on the surrogate -> verify the best
                                                      candidates -> refit, round by round
     choose(prep, rounds, rep) -> Chosen              the fallback policy (plan, uniform, baseline)
-    certify(prep, rounds, rep) -> Certificate        the additive problem's exact optimum, the gap
+    certify(prep, rounds, rep) -> Certificate | None the additive problem's exact optimum, the gap
     build_plan(prep, rounds, chosen, cert, wall_s) -> Plan
 
 ``Pipeline(requests).run()`` runs them for one model on one or more platforms, each through

@@ -95,3 +95,19 @@ def test_show_prints_the_cache_the_alternatives_and_the_deploy_command(
     text = result.output
     assert "KV cache:" in text and "tried KV fp8_e4m3" in text and "tried KV bf16" in text
     assert "trtllm-serve" in text and "llm_options.yml" in text and "kv_cache_config" in text
+
+
+def test_no_certificate_when_the_kv_caches_own_kl_exceeds_the_limit() -> None:
+    """Every candidate of a KV variant carries the cache's predicted KL; when that alone is
+    over the last limit the exact problem has no solution: no certificate, not a crash."""
+    from types import SimpleNamespace
+
+    from autoplan.search.stages import certify
+
+    notes = []
+    tables = SimpleNamespace(surrogate=lambda picks: 0.03 + 0.01 * sum(picks))
+    prep = SimpleNamespace(tables=tables, baseline_picks=(0, 0))
+    rounds = SimpleNamespace(calibration=None, limit=0.02, best_searched=None)
+    rep = SimpleNamespace(stage=lambda name: None, note=notes.append)
+    assert certify(prep, rounds, rep) is None
+    assert "no certificate" in notes[0] and "0.03" in notes[0]

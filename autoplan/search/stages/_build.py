@@ -126,7 +126,7 @@ def solver_audit(settings: CompressionSettings) -> dict:
     return {"solver_threads": settings.solver_threads, "solver_numerics": signature()}
 
 
-def _search_meta(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate,
+def _search_meta(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate | None,
                  gain: float | None, wall_time_s: float) -> ps.SearchMeta:
     req, uniform = prep.req, chosen.best_uniform
     if req.sampler is not None:
@@ -196,7 +196,7 @@ def _machine(prep: Prepared) -> str | None:
     return machine
 
 
-def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate,
+def build_plan(prep: Prepared, rounds: Rounds, chosen: Chosen, certificate: ps.Certificate | None,
                wall_time_s: float) -> ps.Plan:
     """The plan file's content (not written here)."""
     req, loaded, cost, budget = prep.req, prep.loaded, prep.cost, prep.req.budget

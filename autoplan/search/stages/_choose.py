@@ -89,10 +89,17 @@ def choose(prep: Prepared, rounds: Rounds, rep: Reporter) -> Chosen:
     return Chosen(prep.verifier.with_slices(chosen), outcome, uniform, why)
 
 
-def certify(prep: Prepared, rounds: Rounds, rep: Reporter) -> ps.Certificate:
-    """The exact optimum of the additive surrogate problem, and the search's gap to it."""
+def certify(prep: Prepared, rounds: Rounds, rep: Reporter) -> ps.Certificate | None:
+    """The exact optimum of the additive surrogate problem, and the search's gap to it; None
+    when the problem has no solution: a KV cache whose own predicted KL exceeds the last
+    limit leaves none, since every candidate carries it (`with_kv_surrogate`)."""
     rep.stage("certificate")
     tables = rounds.calibration.tables(prep.tables) if rounds.calibration else prep.tables
+    floor = tables.surrogate(prep.baseline_picks)  # what the all-baseline candidate costs
+    if floor > rounds.limit:
+        rep.note(f"no certificate: every candidate's predicted KL is at least {floor:.4g} "
+                 f"(the KV cache's), over the surrogate limit {rounds.limit:.4g}")
+        return None
     exact = solve_exact(tables, rounds.limit)
     best = rounds.best_searched
     nan = float("nan")
