@@ -17,7 +17,7 @@ from autoplan.cost import CostModel, resolve_config
 from autoplan.cost.model import USABLE_MEMORY
 from autoplan.cost.moe import Routing
 from autoplan.cost.operating import NoOperatingPoint, resolve_operating_point
-from autoplan.errors import UnsupportedFormatError, UserInputError
+from autoplan.errors import AutoplanError, UnsupportedFormatError, UserInputError
 from autoplan.fleet import FleetSizing, ReplicaDoesNotFit, does_not_fit, size_fleet
 from autoplan.fleet_measured import (
     MeasuredCurves,
@@ -210,6 +210,21 @@ def _other_machine(searched: str | None, here: str | None) -> str:
     return f"the plan was searched on {searched}, not on this machine ({here}): {then}"
 
 
+def _plans_model(plan: PlanInput, model: str | None) -> bool:
+    """Whether --model is the plan's own model: its name, or a folder whose weights have
+    the content hash the plan records (a plan searched on a local folder names only it)."""
+    if model is None or model == plan.model_id:
+        return True
+    if plan.full is None:
+        return False
+    from autoplan.models.loader import content_hash_of
+
+    try:
+        return content_hash_of(model) == plan.full.model.content_hash
+    except AutoplanError:  # not a model argument resolve_config takes either: it says why
+        return False
+
+
 def _version_here(node: Target, runtime: str) -> tuple[str, str | None]:
     """The runtime's version as fleet prints it, and a note when it is not this machine's:
     on a measured node (`local`) an engine in its own venv reports its installed packages;
@@ -304,7 +319,7 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms,
                                planned.batch if planned else 1)
     curves = _measured_sides(measured, measured_sides) if measured else None
-    own_model = model is None or model == plan.model_id  # the plan's predictions are its model's
+    own_model = _plans_model(plan, model)  # the plan's predictions are its model's
     model = model or plan.model_id
     if not model:
         raise UserInputError("this plan does not name its model: pass --model")

@@ -56,6 +56,18 @@ class LoadedModel:
     source: ModelSource | None = None
 
 
+def content_hash_of(model: str) -> str | None:
+    """The content hash a loaded `model` would have (``LoadedModel.content_hash``: the
+    weights hash of the HF folder it loads from), from the files alone (cached per file);
+    None where that folder is not at hand: a bare config.json, or a GGUF not converted yet
+    (converting it is minutes of work a report or fleet does not do)."""
+    source = resolve_model_arg(model)
+    if source.kind == "config":
+        return None
+    folder = source.path if source.kind == "hf" else converted_dir(source)
+    return weights_hash(folder) if any(folder.glob("*.safetensors")) else None
+
+
 def converted_dir(source: ModelSource) -> Path:
     """The cache folder a GGUF/alias source converts into (it may not exist yet)."""
     stem = re.sub(r"[^a-z0-9._-]+", "-", source.model_id.lower()).strip("-") or "model"
@@ -278,5 +290,5 @@ def load_model(spec: str, *, trust_remote_code: bool = False,
                        source)
 
 
-__all__ = ["LoadedModel", "check_loadable", "converted_dir", "ensure_hf_folder",
+__all__ = ["LoadedModel", "check_loadable", "content_hash_of", "converted_dir", "ensure_hf_folder",
            "load_config_dict", "load_model", "load_spec", "open_checkpoint"]

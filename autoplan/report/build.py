@@ -46,22 +46,6 @@ def _img(fig: Figure) -> str:
             f"{html.escape(fig.caption)}</figcaption></figure>")
 
 
-def _weights_hash(model: str) -> str | None:
-    """The content hash export checks (``LoadedModel.content_hash``: the weights hash of the
-    HF folder the model loads from), from the files alone (cached per file); None where that
-    folder is not at hand: a bare config.json, or a GGUF not converted yet (converting it is
-    minutes of work a report does not do)."""
-    from autoplan.models.hashing import weights_hash
-    from autoplan.models.loader import converted_dir
-    from autoplan.models.registry import resolve_model_arg
-
-    source = resolve_model_arg(model)
-    if source.kind == "config":
-        return None
-    folder = source.path if source.kind == "hf" else converted_dir(source)
-    return weights_hash(folder) if any(folder.glob("*.safetensors")) else None
-
-
 def _per_token(plan: Plan) -> int | None:
     """Experts each token is routed to in the plan's model, from its routing (each token
     picks top_k experts, so a block's shares sum to top_k); None for a dense plan."""
@@ -84,9 +68,9 @@ def check_model(plans: list[Plan], model: str) -> None:
     Raises:
         UserInputError: one line naming the fix.
     """
-    from autoplan.models.loader import load_spec
+    from autoplan.models.loader import content_hash_of, load_spec
 
-    digest = _weights_hash(model)
+    digest = content_hash_of(model)
     spec = load_spec(model) if digest is None else None
     for plan in plans:
         ref = plan.model

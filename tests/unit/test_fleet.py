@@ -408,3 +408,26 @@ def test_cli_a_plan_keeping_its_runtimes_cache_keeps_the_nodes_runtimes(tmp_path
     doc = _fleet_json(plan, tmp_path, "xeon-8480")
     assert doc["runtime"]["name"] == "onnxruntime"
     assert doc["kv_cache"] == {"baseline": "fp32", "plan": "fp32"}
+
+
+def test_a_plans_own_model_is_known_by_its_weights(tmp_path):
+    """A plan searched on a local folder records the folder's name and weights hash: that
+    folder passed as --model is the plan's model (its own predictions apply), another
+    model's folder is not."""
+    from autoplan.cli.fleet import _plans_model
+    from autoplan.models.hashing import weights_hash
+    from autoplan.plan.io import read_plan, save_plan
+    from tests.unit._tiny import save_tiny_folder
+    from tests.unit.test_plan_io import sample_plan
+
+    folder = save_tiny_folder(tmp_path / "my-model")
+    ref = sample_plan().model.model_copy(update={"id": "my-model",
+                                                 "content_hash": weights_hash(folder)})
+    save_plan(sample_plan(model=ref), tmp_path / "plan.json")
+    plan = read_plan(tmp_path / "plan.json")
+    assert _plans_model(plan, None) and _plans_model(plan, "my-model")
+    assert _plans_model(plan, str(folder))
+    assert not _plans_model(plan, "llama-3.1-8b")  # a bundled config: no weights to compare
+    other = sample_plan(model=ref.model_copy(update={"content_hash": "cd" * 32}))
+    save_plan(other, tmp_path / "other.json")
+    assert not _plans_model(read_plan(tmp_path / "other.json"), str(folder))
