@@ -92,11 +92,13 @@ def deploy_for(runtime: str, target: Target, *, kv: KvFormat, batch: int, input_
         flag = _flag(target, runtime, kv)
         cmd = ["vllm", "serve", MODEL, "--kv-cache-dtype", flag, "--max-num-seqs", str(batch),
                "--max-model-len", str(ctx)]
+        # the plan's baseline and activations are bf16; vLLM's "auto" serves a float32
+        # checkpoint (autoplan loads and exports in fp32) in fp16 instead
+        cmd += ["--dtype", "bfloat16"]
         env: dict[str, str] = {}
         if target.platform == "cpu":
             gib = max(1, math.ceil(batch * kv_bytes_per_sequence * 1.1 / 2**30))
             env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)  # GiB for the planned batch, +10 %
-            cmd += ["--dtype", "bfloat16"]
         else:
             cmd += ["--gpu-memory-utilization", f"{USABLE_MEMORY:g}"]
         return Deploy(runtime, tuple(cmd), env, {}, settings | {"kv_cache_dtype": flag},

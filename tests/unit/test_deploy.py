@@ -15,9 +15,12 @@ def _d(runtime: str, target: str, kv: KvFormat, **kw) -> Deploy:  # noqa: ANN003
 
 
 def test_vllm_gpu_line_names_the_cache_the_batch_and_the_context() -> None:
+    """... and bf16, the plan's baseline: vLLM's "auto" serves a float32 checkpoint (what
+    autoplan exports) in fp16."""
     d = _d("vllm", "h100", KvFormat.FP8_E4M3)
     assert d.command == ("vllm", "serve", MODEL, "--kv-cache-dtype", "fp8", "--max-num-seqs",
-                         "48", "--max-model-len", "2304", "--gpu-memory-utilization", "0.9")
+                         "48", "--max-model-len", "2304", "--dtype", "bfloat16",
+                         "--gpu-memory-utilization", "0.9")
     assert d.with_model("/srv/plan").shell().startswith("vllm serve /srv/plan --kv-cache-dtype fp8")
     assert d.settings == {"batch": 48, "max_model_len": 2304, "kv_cache": "fp8_e4m3",
                           "kv_cache_dtype": "fp8"}
