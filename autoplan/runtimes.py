@@ -349,10 +349,15 @@ def refused_layers(target: Target, runtime: str, choices: Mapping[str, Choice],
     refused = refusals(target, runtime, choices)
     if not refused:
         return None
-    why, names = next(iter(refused.items()))
+    groups = list(refused.items())
+    (why, names), others = groups[0], groups[1:]
     total = sum(len(v) for v in refused.values())
+    # the other groups by count and reason (names only for the first: one line)
+    more = "".join(f"; {len(n)} are {w}" for w, n in others[:2])
+    rest = sum(len(n) for _, n in others[2:])
+    more += f"; {rest} more in {len(others) - 2} other format(s)" if rest else ""
     return (f"{total} planned layer(s) on {target.name}; {len(names)} are {why}: "
-            f"{listing(names, shown)}")
+            f"{listing(names, shown)}{more}")
 
 
 def format_family(choice: Choice) -> str:

@@ -207,3 +207,17 @@ def test_refused_formats_are_summarized_by_family():
     assert summarize_refused({}) == "-"
     assert summarize_refused({"2:4+fp8_e4m3": "a", "2:4+int8": "b", "dense+nvfp4": "c"}) == (
         "3 formats: 2:4 sparsity (2), FP4 (1)")
+
+
+def test_a_refusal_counts_every_refused_format_not_only_the_first() -> None:
+    """The message names the first group's layers and says how many of each other format
+    are refused too: "773 planned layers; 238 are mxfp4" left 535 int4 layers unsaid."""
+    from autoplan.formats import Choice
+    from autoplan.runtimes import refused_layers
+    from autoplan.targets import get_target
+
+    choices = {f"l{i}": Choice.parse("dense+fp8_e4m3") for i in range(3)}
+    choices |= {f"m{i}": Choice.parse("dense+int4_g64") for i in range(5)}
+    text = refused_layers(get_target("xeon-8480"), "llama.cpp", choices)
+    assert text.startswith("8 planned layer(s) on xeon-8480; 3 are dense+fp8_e4m3")
+    assert "; 5 are dense+int4_g64" in text and "\n" not in text
