@@ -320,6 +320,7 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
                                planned.batch if planned else 1)
     curves = _measured_sides(measured, measured_sides) if measured else None
     own_model = _plans_model(plan, model)  # the plan's predictions are its model's
+    named = model is None  # the plan's name: a bundled model, or a folder's name alone
     model = model or plan.model_id
     if not model:
         raise UserInputError("this plan does not name its model: pass --model")
@@ -335,7 +336,14 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     # The "before" is what the search compares plans against on this platform (its search
     # space's baseline: fp32 on CPUs, bf16 on GPUs), not the fastest dtype the node has.
     base = Choice.parse(load_space_file(target.platform).baseline)
-    spec = resolve_config(model)
+    try:
+        spec = resolve_config(model)
+    except UserInputError as exc:
+        if not named:
+            raise
+        # a plan searched on a local folder records its name, which no config answers to
+        raise UserInputError(f"the plan's model '{model}' is not a bundled name or a path "
+                             "here: pass --model with its folder or config.json") from exc
     # an MoE plan's predictions assumed its calibration routing: both sides are sized with it
     routing = Routing.from_json(spec, plan.full.routing if plan.full else None)
 

@@ -431,3 +431,21 @@ def test_a_plans_own_model_is_known_by_its_weights(tmp_path):
     other = sample_plan(model=ref.model_copy(update={"content_hash": "cd" * 32}))
     save_plan(other, tmp_path / "other.json")
     assert not _plans_model(read_plan(tmp_path / "other.json"), str(folder))
+
+
+def test_cli_asks_for_model_when_the_plan_names_a_folder_it_cannot_find(tmp_path):
+    """A plan searched on a local folder records the folder's name; fleet without --model
+    asks for it rather than suggesting another bundled model by spelling."""
+    from click.testing import CliRunner
+
+    from autoplan.cli import cli
+    from autoplan.plan.io import save_plan
+    from tests.unit.test_plan_io import sample_plan
+
+    plan = sample_plan(model=sample_plan().model.model_copy(update={"id": "smollm2-135m-moe"}))
+    save_plan(plan, tmp_path / "plan.json")
+    out = CliRunner().invoke(cli, ["fleet", "--plan", str(tmp_path / "plan.json"), "--node",
+                                   "h100-sxm", "--qps", "1", "--p99-ms", "60000"])
+    assert out.exit_code == 2, out.output
+    assert "the plan's model 'smollm2-135m-moe' is not a bundled name or a path here: pass " \
+           "--model" in out.output and "Did you mean" not in out.output
