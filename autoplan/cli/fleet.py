@@ -40,17 +40,17 @@ from autoplan.workload import Workload
 
 def _size(cm: CostModel, decisions, workload: Workload, qps: float, p99_s: float,
           max_replicas: int | None, layout: NodeLayout,
-          planned: Predicted | None = None) -> FleetSizing:
+          planned: Predicted | None = None, weight_gb: float | None = None) -> FleetSizing:
     """One side's fleet; `planned`: the plan's own prediction of this side at this target and
-    workload, whose TTFT, TPOT and weights it keeps (a `local` search times the machine's
-    kernels and reads how a GGUF source stores its embedding, which the cost model here has
-    not)."""
+    workload, whose TTFT and TPOT it keeps (a `local` search times the machine's kernels,
+    which the cost model here has not); `weight_gb`: the plan's own weights of this side (a
+    GGUF export keeps the source's embedding, cost/model.py), which no workload or machine
+    changes."""
     est = cm.evaluate(decisions)
     tokens = workload.batch * (workload.input_len + workload.output_len)
     ttft, tpot = (planned.ttft_s, planned.tpot_s) if planned else (est.metrics.ttft_s,
                                                                    est.metrics.tpot_s)
-    # the plan's weights too: a GGUF export keeps the source's embedding (cost/model.py)
-    weights = planned.weight_gb * 1e9 if planned else est.memory.weights_bytes
+    weights = weight_gb * 1e9 if weight_gb is not None else est.memory.weights_bytes
     return size_fleet(
         weight_bytes=weights,
         kv_bytes_per_token=est.memory.kv_cache_bytes / tokens,
@@ -217,7 +217,7 @@ def _plans_model(plan: PlanInput, model: str | None) -> bool:
         return True
     if plan.full is None:
         return False
-    from autoplan.models.loader import content_hash_of
+    from autoplan.models.hashing import content_hash_of
 
     try:
         return content_hash_of(model) == plan.full.model.content_hash
@@ -365,12 +365,13 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
             # target (a GPU, or one socket of a CPU node: not a replica spanning sockets; for
             # `local`, the same machine), at the plan's workload, with a batch not chosen by
             # an SLO on the cost model's times
-            own = (plan.full.predicted.get(side) if plan.full is not None and own_model
-                   and lay.target is target and plan.full.target.name == target.name
+            mine = (plan.full.predicted.get(side) if plan.full is not None and own_model
+                    and plan.full.target.name == target.name else None)
+            own = (mine if mine is not None and lay.target is target
                    and plan.full.target.machine == target.machine
                    and operating.mode != "slo" and plan.full.workload == w else None)
             sized[side] = _size(model_for(w, side), decisions, w, qps, p99_ms / 1e3, cap, lay,
-                                own)
+                                own, mine.weight_gb if mine is not None else None)
         except (NoOperatingPoint, ReplicaDoesNotFit) as exc:
             if side == "plan":
                 raise

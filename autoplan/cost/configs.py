@@ -40,8 +40,9 @@ def resolve_config(model: str, *, command: str = "the cost model") -> ModelSpec:
 
     Raises:
         ModelConfigError: nothing matches, or the config is malformed or unsupported.
-        UserInputError: a GGUF file or GGUF alias (no config to read), or a repo id that is
-            not in the Hugging Face cache (the message names where it looked).
+        UserInputError: a GGUF file or GGUF alias not converted yet (no config to read: a
+            search or profile converts it), or a repo id that is not in the Hugging Face
+            cache (the message names where it looked).
     """
     from autoplan.models.registry import resolve_model_arg
 
@@ -59,6 +60,11 @@ def resolve_config(model: str, *, command: str = "the cost model") -> ModelSpec:
             f"ORG/NAME from the Hugging Face cache, or a bundled name.{hint} Bundled: "
             f"{', '.join(sorted(bundled))}") from None
     if source.kind in ("gguf", "alias"):
+        from autoplan.models.hashing import converted_dir
+
+        converted = converted_dir(source)  # a search converted it: its config.json is the model's
+        if (converted / "config.json").is_file():
+            return dataclasses.replace(ModelSpec.from_path(converted), name=source.model_id)
         raise UserInputError(
             f"{command} takes a config (config.json), an HF folder or an alias with a bundled "
             f"config, not the GGUF file {source.path.name}: pass the config.json of the model "

@@ -17,7 +17,7 @@ _EXPORTS = {
     "weights_hash": "autoplan.models.hashing",
     "LoadedModel": "autoplan.models.loader",
     "check_loadable": "autoplan.models.loader",
-    "converted_dir": "autoplan.models.loader",
+    "converted_dir": "autoplan.models.hashing",
     "ensure_hf_folder": "autoplan.models.loader",
     "load_model": "autoplan.models.loader",
     "load_spec": "autoplan.models.loader",

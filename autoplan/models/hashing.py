@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from pathlib import Path
 
 from autoplan.errors import UserInputError
-from autoplan.models._cache import cache_root, read_json, write_json_atomic
+from autoplan.models._cache import cache_root, models_dir, read_json, write_json_atomic
+from autoplan.models.registry import ModelSource, resolve_model_arg
 
 _CHUNK = 1 << 24
 
@@ -102,4 +104,22 @@ def file_hash(path: str | Path) -> str:
     return _cached(Path(path), "file-v1", _sha256_file)
 
 
-__all__ = ["file_hash", "weights_hash"]
+def content_hash_of(model: str) -> str | None:
+    """The content hash a loaded `model` would have (``LoadedModel.content_hash``: the
+    weights hash of the HF folder it loads from), from the files alone (cached per file);
+    None where that folder is not at hand: a bare config.json, or a GGUF not converted yet
+    (converting it is minutes of work a report or fleet does not do)."""
+    source = resolve_model_arg(model)
+    if source.kind == "config":
+        return None
+    folder = source.path if source.kind == "hf" else converted_dir(source)
+    return weights_hash(folder) if any(folder.glob("*.safetensors")) else None
+
+
+def converted_dir(source: ModelSource) -> Path:
+    """The cache folder a GGUF/alias source converts into (it may not exist yet)."""
+    stem = re.sub(r"[^a-z0-9._-]+", "-", source.model_id.lower()).strip("-") or "model"
+    return models_dir() / f"{stem}-{file_hash(source.path)[:8]}"
+
+
+__all__ = ["content_hash_of", "converted_dir", "file_hash", "weights_hash"]

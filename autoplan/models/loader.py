@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,11 @@ import torch
 
 from autoplan.errors import UserInputError
 from autoplan.modelspec import ModelSpec
-from autoplan.models._cache import models_dir
 from autoplan.models.gguf_convert import convert_gguf, quiet_transformers
 from autoplan.models.gguf_moe import moe_config
 from autoplan.models.gguf_read import TRANSFORMERS_GGUF_ERRORS, per_file
 from autoplan.models.graph import verify_layer_graph
-from autoplan.models.hashing import file_hash, weights_hash
+from autoplan.models.hashing import content_hash_of, converted_dir, weights_hash
 from autoplan.models.moe import check_moe_checkpoint, source_quantization, unfuse_experts
 from autoplan.models.registry import ModelSource, resolve_model_arg
 
@@ -54,24 +52,6 @@ class LoadedModel:
     content_hash: str
     path: Path
     source: ModelSource | None = None
-
-
-def content_hash_of(model: str) -> str | None:
-    """The content hash a loaded `model` would have (``LoadedModel.content_hash``: the
-    weights hash of the HF folder it loads from), from the files alone (cached per file);
-    None where that folder is not at hand: a bare config.json, or a GGUF not converted yet
-    (converting it is minutes of work a report or fleet does not do)."""
-    source = resolve_model_arg(model)
-    if source.kind == "config":
-        return None
-    folder = source.path if source.kind == "hf" else converted_dir(source)
-    return weights_hash(folder) if any(folder.glob("*.safetensors")) else None
-
-
-def converted_dir(source: ModelSource) -> Path:
-    """The cache folder a GGUF/alias source converts into (it may not exist yet)."""
-    stem = re.sub(r"[^a-z0-9._-]+", "-", source.model_id.lower()).strip("-") or "model"
-    return models_dir() / f"{stem}-{file_hash(source.path)[:8]}"
 
 
 def _refuse_unweighted(source: ModelSource) -> None:

@@ -68,7 +68,8 @@ def check_model(plans: list[Plan], model: str) -> None:
     Raises:
         UserInputError: one line naming the fix.
     """
-    from autoplan.models.loader import content_hash_of, load_spec
+    from autoplan.models.hashing import content_hash_of
+    from autoplan.models.loader import load_spec
 
     digest = content_hash_of(model)
     spec = load_spec(model) if digest is None else None

@@ -36,3 +36,26 @@ def test_public_shapes() -> None:
 def test_unknown_name_lists_bundled() -> None:
     with pytest.raises(ModelConfigError, match="llama-3.1-8b"):
         resolve_config("llama-3.1-8")
+
+
+def test_a_converted_gguf_is_costed_from_its_converted_config(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """estimate and fleet take a GGUF a search already converted (its cache folder holds
+    the model's config.json); one never converted is refused in one line, as before."""
+    from autoplan.errors import UserInputError
+    from autoplan.models.hashing import converted_dir
+    from autoplan.models.registry import resolve_model_arg
+
+    monkeypatch.setenv("AUTOPLAN_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "my-model.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
+    with pytest.raises(UserInputError, match="not the GGUF file my-model.gguf"):
+        resolve_config(str(gguf), command="fleet")
+    folder = converted_dir(resolve_model_arg(str(gguf)))
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(bundled_configs()["smollm2-135m"])
+    spec = resolve_config(str(gguf), command="fleet")
+    bundled = resolve_config("smollm2-135m")
+    assert spec.name == "my-model"
+    assert (spec.model_type, spec.n_layers, spec.total_params) == (
+        bundled.model_type, bundled.n_layers, bundled.total_params)

@@ -265,6 +265,9 @@ def test_cli_keeps_a_local_plans_times_only_on_the_machine_it_was_searched_on(
     doc = json.loads(out.stdout)
     steps = {s["label"]: s["value"] for s in doc["plan"]["steps"]}
     assert (steps["TPOT per replica"] == plan.predicted["plan"].tpot_s) is reused
+    # the plan's weights (2 GB in sample_plan) hold on any machine: no machine changes them
+    memory = next(s for s in doc["plan"]["steps"] if s["label"] == "memory per replica")
+    assert memory["formula"].startswith("2e+09 B + "), memory["formula"]
     said = [n for n in doc["notes"] if "sized with the cost model's times" in n]
     assert bool(said) is not reused
     expect = {"this": "", "another": f"searched on {machine}, not on this machine "
