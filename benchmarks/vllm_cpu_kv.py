@@ -3,7 +3,10 @@ attention backend's check (`_get_attn_isa` in vllm/v1/attention/backends/cpu_att
 `vllm serve --kv-cache-dtype X` runs at load) asked for each dtype, and its answer or its
 own error recorded, beside this CPU's AVX-512 / AMX flags.
 
-    python benchmarks/vllm_cpu_kv.py [--out benchmarks/results/vllm_cpu_kv.json]
+    python benchmarks/vllm_cpu_kv.py [--out FILE]
+
+The default file is named by the CPU's widest vector unit, since the answer depends on it:
+benchmarks/results/vllm_cpu_kv_{amx,avx512,avx2}.json.
 
 Needs `autoplan engines install vllm`.
 """
@@ -39,7 +42,7 @@ print("RESULT " + json.dumps(out))
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="benchmarks/results/vllm_cpu_kv.json")
+    p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     info, command = start_run(0, argv)
     from autoplan.engines import engine_python
@@ -61,13 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     version = subprocess.run([str(exe), "-c", "import vllm; print(vllm.__version__)"],
                              capture_output=True, text=True, timeout=600).stdout.strip()
     flags = cpu_flags()
+    isa = "amx" if flags.get("amx_tile") else "avx512" if flags.get("avx512f") else "avx2"
+    out = args.out or f"benchmarks/results/vllm_cpu_kv_{isa}.json"
     doc = {"what": "KV-cache dtypes vLLM's CPU build serves here (its own check, MEASURED)",
            "machine": {**info, "cpu_flags": flags}, "command": command,
            "vllm": version.splitlines()[-1] if version else None,
            "serves": sorted(k for k, v in answers.items() if v["ok"]),
            "refuses": {k: v["error"] for k, v in answers.items() if not v["ok"]},
            "answers": answers}
-    write_result(args.out, doc)
+    write_result(out, doc)
     for k, v in answers.items():
         print(f"  --kv-cache-dtype {k}: " + (f"served ({v['kernel']} kernel)" if v["ok"]
                                               else v["error"]))
