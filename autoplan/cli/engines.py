@@ -12,7 +12,10 @@ from autoplan.cli._output import console, emit_json, err_console, json_option
 @json_option
 @click.pass_context
 def command(ctx: click.Context, as_json: bool) -> None:
-    """Serving engines autoplan checks exports against, each in its own venv."""
+    """Serving engines autoplan checks exports against, each in its own venv.
+
+    AUTOPLAN_ENGINE_<NAME>_PYTHON (e.g. AUTOPLAN_ENGINE_LLAMA_CPP_PYTHON) points autoplan at
+    a Python that already has the engine instead."""
     if ctx.invoked_subcommand is not None:
         return
     from autoplan.engines import engine_names, engine_status, get_engine

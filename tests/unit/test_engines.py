@@ -55,3 +55,12 @@ def test_cli_lists_engines_as_json() -> None:
     rows = json.loads(result.stdout)
     assert {r["name"] for r in rows} == set(engine_names())
     assert all(not r["installed"] for r in rows)
+
+
+def test_engines_help_names_the_override_variable() -> None:
+    """The variable that points autoplan at an existing engine Python is in the help, in the
+    form every engine's name takes."""
+    text = " ".join(CliRunner().invoke(cli, ["engines", "--help"]).output.split())
+    assert "AUTOPLAN_ENGINE_<NAME>_PYTHON" in text
+    assert "AUTOPLAN_ENGINE_LLAMA_CPP_PYTHON" in text
+    assert all(get_engine(n).env_var.startswith("AUTOPLAN_ENGINE_") for n in engine_names())
