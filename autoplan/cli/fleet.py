@@ -27,10 +27,10 @@ from autoplan.fleet_measured import (
     size_fleet_measured,
 )
 from autoplan.formats import Choice
+from autoplan.formats.kv import KvFormat
 from autoplan.nodes import NodeLayout, node_layout
 from autoplan.plan.io import PlanInput, read_plan
 from autoplan.plan.schema import Predicted
-from autoplan.formats.kv import KvFormat
 from autoplan.runtimes import (default_kv, default_runtime, get_runtime, installed_version,
                                kv_supports, refused_layers, version_on)
 from autoplan.search import load_space_file
@@ -319,12 +319,15 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
     operating = operating_from(batch, input_len, output_len, ttft_ms, tpot_ms,
                                planned.batch if planned else 1)
     curves = _measured_sides(measured, measured_sides) if measured else None
-    own_model = _plans_model(plan, model)  # the plan's predictions are its model's
     named = model is None  # the plan's name: a bundled model, or a folder's name alone
-    model = model or plan.model_id
-    if not model:
+    if not (model or plan.model_id):
         raise UserInputError("this plan does not name its model: pass --model")
     target = get_target(node)
+    # the plan's predictions are its model's; they are used only on its own target, so the
+    # weights are hashed (a read of the whole checkpoint when not cached) only there
+    own_model = (plan.full is not None and plan.full.target.name == target.name
+                 and _plans_model(plan, model))
+    model = model or plan.model_id
     lay = node_layout(target, layout)
     runtime, notes = _node_runtime(plan, target, measured)
     kv = dict(zip(("baseline", "plan"), _kv_formats(plan, target, runtime)))
@@ -365,8 +368,7 @@ def command(plan_path: str, model: str | None, node: str, qps: float, input_len:
             # target (a GPU, or one socket of a CPU node: not a replica spanning sockets; for
             # `local`, the same machine), at the plan's workload, with a batch not chosen by
             # an SLO on the cost model's times
-            mine = (plan.full.predicted.get(side) if plan.full is not None and own_model
-                    and plan.full.target.name == target.name else None)
+            mine = plan.full.predicted.get(side) if own_model else None
             own = (mine if mine is not None and lay.target is target
                    and plan.full.target.machine == target.machine
                    and operating.mode != "slo" and plan.full.workload == w else None)
